@@ -1,0 +1,78 @@
+"""Who is calling: API keys checked by digest, per-key model allowlists, the admin key.
+
+Keys are only ever held as SHA-256 digests. The presented key is hashed and looked up by
+digest, so the comparison never touches the secret itself; the digest comparison for the
+admin key uses ``hmac.compare_digest``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from prefixgate.config import Config
+from prefixgate.errors import AuthenticationFailed, PermissionDenied
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    name: str
+    owner: str | None = None
+    models: tuple[str, ...] = ()
+    capture_text: bool = False
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+ANONYMOUS = Principal(name="anonymous")
+
+
+def presented_key(headers) -> str | None:
+    key = headers.get("x-api-key")
+    if key:
+        return key.strip()
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return None
+
+
+class Authenticator:
+    def __init__(self, config: Config) -> None:
+        self._open = config.open_access
+        self._by_digest = {
+            k.digest(): Principal(k.name, k.owner, tuple(k.models), k.capture_text) for k in config.keys
+        }
+        self._admin = config.admin_digest()
+
+    @property
+    def open_access(self) -> bool:
+        return self._open
+
+    def authenticate(self, headers) -> Principal:
+        key = presented_key(headers)
+        if self._open:
+            return ANONYMOUS
+        if not key:
+            raise AuthenticationFailed("missing API key: send it in x-api-key or Authorization: Bearer")
+        principal = self._by_digest.get(hashlib.sha256(key.encode()).hexdigest())
+        if principal is None:
+            raise AuthenticationFailed("invalid API key")
+        return principal
+
+    def authorize_model(self, principal: Principal, model: str) -> None:
+        if not principal.allows(model):
+            raise PermissionDenied(f"this API key may not use model {model!r}")
+
+    def check_admin(self, headers) -> None:
+        key = presented_key(headers)
+        if self._admin is None:
+            if self._open:
+                return  # open access on loopback: admin routes open too
+            raise PermissionDenied("admin routes are disabled: no admin key is configured")
+        if not key or not hmac.compare_digest(hashlib.sha256(key.encode()).hexdigest(), self._admin):
+            raise AuthenticationFailed("admin key required")

@@ -1,0 +1,199 @@
+"""The configuration file (YAML), parsed once into typed, validated settings.
+
+See ``examples/prefixgate.yaml`` for a commented example. Secrets never live in the file in
+clear: client API keys are given as SHA-256 digests (``prefixgate keys hash``) or read from
+an environment variable and hashed at load time; upstream keys come from the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
+RenderOrder = Literal["tools_first", "system_first"]
+
+
+def hash_key(key: str) -> str:
+    """The stored form of an API key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Model):
+    connect: float = 10.0
+    first_byte: float = 600.0
+    idle: float = 300.0
+
+
+class ChannelConfig(_Model):
+    name: str
+    kind: Literal["openai", "anthropic"] = "openai"
+    base_url: str
+    replicas: tuple[str, ...] = ()
+    api_key_env: str | None = None
+    models: tuple[str, ...] = ()
+    model_map: dict[str, str] = Field(default_factory=dict)
+    priority: int = 0
+    weight: int = Field(default=1, ge=1)
+    timeouts: Timeouts = Timeouts()
+    strip_anthropic_billing_header: bool | None = None
+    anthropic_messages_exclude_cache: bool = True
+    thinking: ThinkingMap = "chat_template_kwargs"
+    history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
+    render_order: RenderOrder = "tools_first"
+    capture_text: bool = False
+    metrics_url: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("base_url must start with http:// or https://")
+        return v.rstrip("/")
+
+    @property
+    def strip_billing_header(self) -> bool:
+        if self.kind == "anthropic":
+            return False  # never: the vendor's own API uses the header
+        return True if self.strip_anthropic_billing_header is None else self.strip_anthropic_billing_header
+
+    def serves(self, model: str) -> bool:
+        return not self.models or model in self.models or model in self.model_map
+
+    def upstream_model(self, model: str) -> str:
+        return self.model_map.get(model, model)
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def urls(self) -> tuple[str, ...]:
+        return (self.base_url, *(u.rstrip("/") for u in self.replicas))
+
+
+class KeyConfig(_Model):
+    name: str
+    owner: str | None = None
+    key_sha256: str | None = None
+    key_env: str | None = None
+    models: tuple[str, ...] = ()  # empty: every model
+    capture_text: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeyConfig:
+        if bool(self.key_sha256) == bool(self.key_env):
+            raise ValueError(f"key {self.name!r}: give exactly one of key_sha256 or key_env")
+        return self
+
+    def digest(self) -> str:
+        if self.key_sha256:
+            return self.key_sha256.lower()
+        value = os.environ.get(self.key_env or "")
+        if not value:
+            raise ValueError(f"key {self.name!r}: environment variable {self.key_env} is not set")
+        return hash_key(value)
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+class StoreConfig(_Model):
+    dsn: str = "sqlite:///prefixgate.db"
+    retention_days: float | None = None
+    capture_segments: bool = True
+    spool_path: str | None = None
+
+
+class Limits(_Model):
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_json_depth: int = 64
+    max_messages: int = 10_000
+    max_tools: int = 1_000
+    max_blocks: int = 100_000
+
+
+class ServerConfig(_Model):
+    host: str = "127.0.0.1"
+    port: int = 8787
+
+
+class Config(_Model):
+    server: ServerConfig = ServerConfig()
+    channels: tuple[ChannelConfig, ...]
+    keys: tuple[KeyConfig, ...] = ()
+    admin_key_sha256: str | None = None
+    admin_key_env: str | None = None
+    store: StoreConfig | None = StoreConfig()
+    limits: Limits = Limits()
+    embedded_upstream: bool = False  # start the simulated upstream in-process
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        names = [c.name for c in self.channels]
+        if len(set(names)) != len(names):
+            raise ValueError("channel names must be unique")
+        if not self.channels:
+            raise ValueError("at least one channel is needed")
+        return self
+
+    @property
+    def open_access(self) -> bool:
+        """No keys configured: any key is accepted (loopback only)."""
+        return not self.keys
+
+    def admin_digest(self) -> str | None:
+        if self.admin_key_sha256:
+            return self.admin_key_sha256.lower()
+        if self.admin_key_env and os.environ.get(self.admin_key_env):
+            return hash_key(os.environ[self.admin_key_env])
+        return None
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_config(path: str | Path) -> Config:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    return parse_config(raw or {})
+
+
+def parse_config(raw: dict) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        lines = [
+            f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        ]
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def quick_config(
+    upstream: str | None, model: str | None, host: str, port: int, store: str | None = None
+) -> Config:
+    """The config of ``prefixgate serve --upstream URL`` (no file): one openai channel."""
+    channel: dict = {"name": "default", "kind": "openai", "base_url": upstream or "http://127.0.0.1:0/v1"}
+    if model:
+        channel["models"] = [model]
+    return parse_config(
+        {
+            "server": {"host": host, "port": port},
+            "channels": [channel],
+            "store": {"dsn": store} if store else {},
+            "embedded_upstream": upstream is None,
+        }
+    )

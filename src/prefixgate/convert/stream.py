@@ -1,0 +1,202 @@
+"""OpenAI Chat Completions SSE chunks → Anthropic Messages SSE events.
+
+A state machine: at most one content block is open at a time; a change of kind (thinking,
+text, a tool call) closes the open block and opens the next, so reasoning, text and tool
+calls may interleave in any order and the client still reads the exact Anthropic sequence:
+
+    message_start, ping, (content_block_start, content_block_delta*, content_block_stop)*,
+    message_delta (stop_reason, usage), message_stop
+
+``message_start`` carries zero usage; the real figures (Anthropic semantics) go in
+``message_delta``. Feeding is pure (no I/O): each call returns the bytes to send.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+import msgspec
+
+from prefixgate.convert.response import new_message_id, stop_reason
+from prefixgate.errors import GatewayError
+from prefixgate.protocol.anthropic import error_event
+from prefixgate.usage import Usage, message_start_usage
+
+log = logging.getLogger(__name__)
+_encode = msgspec.json.encode
+
+
+def sse(event: str, data: dict) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + _encode(data) + b"\n\n"
+
+
+class _PendingTool:
+    __slots__ = ("id", "name", "args", "block")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: str | None = None
+        self.args: list[str] = []
+        self.block: int | None = None  # Anthropic block index once opened
+
+
+class AnthropicStream:
+    def __init__(
+        self,
+        *,
+        model: str,
+        stop_sequences: list[str] | None = None,
+        exclude_cache: bool = True,
+    ) -> None:
+        self.model = model
+        self.stop_sequences = stop_sequences
+        self.exclude_cache = exclude_cache
+        self.message_id = new_message_id()
+        self.usage = Usage()
+        self.finish_reason: str | None = None
+        self.matched_stop: object = None
+        self.saw_content = False
+        self._index = -1  # index of the last opened block
+        self._open: str | None = None  # "text" | "thinking" | "tool" | None
+        self._open_tool: int | None = None  # OpenAI tool-call index of the open tool block
+        self._tools: dict[int, _PendingTool] = {}
+        self.finished = False
+
+    # -- the three phases -------------------------------------------------------------
+    def start(self) -> bytes:
+        message = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": message_start_usage(),
+        }
+        return sse("message_start", {"type": "message_start", "message": message}) + sse(
+            "ping", {"type": "ping"}
+        )
+
+    def feed(self, chunk: dict) -> bytes:
+        out: list[bytes] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = Usage.from_openai(usage)
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                self._switch(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                out.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
+            text = delta.get("content")
+            if text:
+                self._switch(out, "text", {"type": "text", "text": ""})
+                out.append(self._delta({"type": "text_delta", "text": text}))
+            for call in delta.get("tool_calls") or ():
+                self._tool_delta(out, call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                self.matched_stop = choice.get("stop_reason")
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        out: list[bytes] = []
+        # Tool calls that never got a name are opened now, so nothing the model said is lost.
+        for idx, tool in sorted(self._tools.items()):
+            if tool.block is None:
+                self._open_tool_block(out, idx, tool)
+        self._close(out)
+        reason, seq = stop_reason(self.finish_reason, self.matched_stop, self.stop_sequences)
+        if self._tools and reason == "end_turn":
+            reason = "tool_use"
+        out.append(
+            sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": seq},
+                    "usage": self.usage.to_anthropic(self.exclude_cache),
+                },
+            )
+        )
+        out.append(sse("message_stop", {"type": "message_stop"}))
+        self.finished = True
+        return b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        """Failure after the stream started: close the open block, then an ``error`` event."""
+        out: list[bytes] = []
+        self._close(out)
+        out.append(error_event(err))
+        self.finished = True
+        return b"".join(out)
+
+    # -- blocks -------------------------------------------------------------------------
+    def _delta(self, delta: dict) -> bytes:
+        self.saw_content = True
+        return sse("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
+
+    def _switch(self, out: list[bytes], kind: str, block: dict) -> None:
+        if self._open == kind and kind != "tool":
+            return
+        self._close(out)
+        self._index += 1
+        self._open = kind
+        out.append(
+            sse("content_block_start", {"type": "content_block_start", "index": self._index, "content_block": block})
+        )
+
+    def _close(self, out: list[bytes]) -> None:
+        if self._open is None:
+            return
+        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": self._index}))
+        self._open = None
+        self._open_tool = None
+
+    def _tool_delta(self, out: list[bytes], call: dict) -> None:
+        idx = call.get("index", 0)
+        if not isinstance(idx, int):
+            idx = 0
+        tool = self._tools.get(idx)
+        if tool is None:
+            tool = self._tools[idx] = _PendingTool()
+        fn = call.get("function") or {}
+        if call.get("id") and tool.id is None:
+            tool.id = call["id"]
+        if fn.get("name") and tool.name is None:
+            tool.name = fn["name"]
+        args = fn.get("arguments") or ""
+        if tool.block is None:
+            if args:
+                tool.args.append(args)
+            if tool.name is not None:
+                self._open_tool_block(out, idx, tool)
+            return
+        if not args:
+            return
+        if self._open == "tool" and self._open_tool == idx:
+            out.append(self._delta({"type": "input_json_delta", "partial_json": args}))
+        else:
+            # Anthropic blocks cannot reopen; a late fragment of a closed tool call is lost.
+            log.warning("dropped %d chars of arguments for closed tool call %d", len(args), idx)
+
+    def _open_tool_block(self, out: list[bytes], idx: int, tool: _PendingTool) -> None:
+        self._switch(
+            out,
+            "tool",
+            {
+                "type": "tool_use",
+                "id": tool.id or "toolu_" + secrets.token_hex(12),
+                "name": tool.name or "",
+                "input": {},
+            },
+        )
+        tool.block = self._index
+        self._open_tool = idx
+        if tool.args:
+            out.append(self._delta({"type": "input_json_delta", "partial_json": "".join(tool.args)}))
+            tool.args.clear()

@@ -1,0 +1,328 @@
+"""The request pipeline, in one place.
+
+``/v1/messages`` (Anthropic in):
+    auth → read + decode + check → model allowed → record opened →
+    for each target in failover order:
+        [openai channel]    hygiene (billing header) → convert to Chat → send
+        [anthropic channel] passthrough (model mapped) → send
+        retryable failure before the first byte → next target
+    → relay (stream state machine or one-shot conversion) → usage in Anthropic semantics
+    → record closed and submitted
+
+``/v1/chat/completions`` (OpenAI in): the same, with the body passed through (model mapped,
+usage always requested upstream, hidden from a client that did not ask for it).
+
+The protocol details live in ``protocol/`` and ``convert/``; the channel choice in
+``routing/``; the relays in ``relay.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from prefixgate import relay
+from prefixgate.auth import Authenticator, Principal
+from prefixgate.config import ChannelConfig, Config
+from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.errors import GatewayError, InvalidRequest, NotFound, RequestTooLarge, UpstreamError
+from prefixgate.hygiene import strip_billing_header
+from prefixgate.identify import client_of, session_of_chat, session_of_messages
+from prefixgate.protocol import anthropic as anthropic_proto
+from prefixgate.protocol import openai as openai_proto
+from prefixgate.protocol.common import decode_body
+from prefixgate.record import Record
+from prefixgate.routing.channels import ChannelRouter, Target
+from prefixgate.upstream import Upstream, UpstreamRejected, UpstreamResponse
+from prefixgate.usage import Usage
+
+log = logging.getLogger("prefixgate")
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+class _NullRecorder:
+    def submit(self, record: Record) -> None:
+        pass
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        upstream: Upstream | None = None,
+        recorder=None,
+        capture: Callable[..., None] | None = None,
+        token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.auth = Authenticator(config)
+        self.router = ChannelRouter(config.channels)
+        self.upstream = upstream or Upstream()
+        self.recorder = recorder or _NullRecorder()
+        self.capture = capture
+        self.token_counter = token_counter or _estimate_tokens
+
+    # -- entry points ------------------------------------------------------------------
+    async def messages(self, request: Request) -> Response:
+        rec = self._open_record(request, "messages")
+        try:
+            principal = self.auth.authenticate(request.headers)
+            rec.key_name, rec.key_owner = principal.name, principal.owner
+            body = decode_body(await self._read(request), self.config.limits)
+            anthropic_proto.check_messages_request(body, self.config.limits)
+            rec.requested_model = model = body["model"]
+            rec.stream = bool(body.get("stream"))
+            rec.session_id, rec.session_kind = session_of_messages(body, request.headers)
+            self.auth.authorize_model(principal, model)
+            targets = self._targets(model, rec.session_id, kinds=("openai", "anthropic"))
+            return await self._messages_failover(request, body, targets, rec, principal)
+        except GatewayError as err:
+            return self._fail(rec, err, anthropic_proto.error_bytes)
+        except Exception:
+            log.exception("internal error on /v1/messages (request %s)", rec.request_id)
+            return self._fail(rec, GatewayError("internal error"), anthropic_proto.error_bytes)
+
+    async def chat(self, request: Request) -> Response:
+        rec = self._open_record(request, "chat")
+        try:
+            principal = self.auth.authenticate(request.headers)
+            rec.key_name, rec.key_owner = principal.name, principal.owner
+            body = decode_body(await self._read(request), self.config.limits)
+            openai_proto.check_chat_request(body, self.config.limits)
+            rec.requested_model = model = body["model"]
+            rec.stream = bool(body.get("stream"))
+            rec.session_id, rec.session_kind = session_of_chat(body, request.headers)
+            self.auth.authorize_model(principal, model)
+            targets = self._targets(model, rec.session_id, kinds=("openai",))
+            return await self._chat_failover(body, targets, rec, principal)
+        except GatewayError as err:
+            return self._fail(rec, err, openai_proto.error_bytes)
+        except Exception:
+            log.exception("internal error on /v1/chat/completions (request %s)", rec.request_id)
+            return self._fail(rec, GatewayError("internal error"), openai_proto.error_bytes)
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            principal = self.auth.authenticate(request.headers)
+            body = decode_body(await self._read(request), self.config.limits)
+            anthropic_proto.check_count_tokens_request(body, self.config.limits)
+            self.auth.authorize_model(principal, body["model"])
+            targets = self._targets(body["model"], None, kinds=("openai", "anthropic"))
+            channel = targets[0].channel
+            if channel.kind == "openai":
+                body, _ = self._hygiene(body, channel)
+            return JSONResponse({"input_tokens": self.token_counter(body, channel)})
+        except GatewayError as err:
+            return _error_response(err, anthropic_proto.error_bytes)
+        except Exception:
+            log.exception("internal error on /v1/messages/count_tokens")
+            return _error_response(GatewayError("internal error"), anthropic_proto.error_bytes)
+
+    def models(self, request: Request) -> Response:
+        try:
+            principal = self.auth.authenticate(request.headers)
+        except GatewayError as err:
+            fmt = anthropic_proto if "anthropic-version" in request.headers else openai_proto
+            return _error_response(err, fmt.error_bytes)
+        names = [m for m in self.router.models() if principal.allows(m)]
+        if "anthropic-version" in request.headers:
+            data = [
+                {"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
+                for m in names
+            ]
+            return JSONResponse(
+                {"data": data, "has_more": False, "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
+            )
+        return JSONResponse(
+            {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "prefixgate"} for m in names]}
+        )
+
+    # -- failover loops ----------------------------------------------------------------
+    async def _messages_failover(
+        self, request: Request, body: dict, targets: list[Target], rec: Record, principal: Principal
+    ) -> Response:
+        last: GatewayError | None = None
+        for target in targets:
+            ch = target.channel
+            if ch.kind == "openai":
+                clean, _ = self._hygiene(body, ch)
+                out = anthropic_to_openai(
+                    clean,
+                    ConvertOptions(ch.upstream_model(body["model"]), ch.thinking, ch.history_thinking),
+                )
+                url = target.base_url + "/chat/completions"
+                headers = _bearer(ch)
+            else:
+                out = {**body, "model": ch.upstream_model(body["model"])}
+                url = _anthropic_url(target.base_url)
+                headers = _anthropic_headers(ch, request.headers)
+            rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
+            if self.capture is not None:
+                self.capture(rec, body, out, ch, principal)
+            try:
+                resp, first = await self._open(target, url, out, headers, rec)
+                if not rec.stream:
+                    first = await relay.read_all(resp, first, ch.timeouts.idle)
+            except UpstreamError as err:
+                last = self._failed_attempt(target, rec, err)
+                continue
+            if ch.kind == "anthropic":
+                return relay.anthropic_passthrough(self, resp, first, rec, body["model"], out["model"])
+            if rec.stream:
+                return relay.messages_stream(self, resp, first, rec, body, ch)
+            return relay.messages_once(self, first, rec, body, ch)
+        raise last or NotFound(f"no channel serves model {body['model']!r}")
+
+    async def _chat_failover(self, body: dict, targets: list[Target], rec: Record, principal: Principal) -> Response:
+        last: GatewayError | None = None
+        want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        for target in targets:
+            ch = target.channel
+            out = {**body, "model": ch.upstream_model(body["model"])}
+            if rec.stream:
+                out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
+            if self.capture is not None:
+                self.capture(rec, None, out, ch, principal)
+            try:
+                resp, first = await self._open(target, target.base_url + "/chat/completions", out, _bearer(ch), rec)
+                if not rec.stream:
+                    first = await relay.read_all(resp, first, ch.timeouts.idle)
+            except UpstreamError as err:
+                last = self._failed_attempt(target, rec, err)
+                continue
+            if rec.stream:
+                return relay.chat_stream(self, resp, first, rec, body["model"], want_usage)
+            return relay.chat_once(self, first, rec, body["model"])
+        raise last or NotFound(f"no channel serves model {body['model']!r}")
+
+    async def _open(
+        self, target: Target, url: str, out: dict, headers: dict, rec: Record
+    ) -> tuple[UpstreamResponse, bytes]:
+        """Send, and wait for the first body bytes, so that an upstream that accepts the
+        connection and then fails can still be failed over."""
+        ch = target.channel
+        try:
+            resp = await self.upstream.open(url, _encode(out), timeouts=ch.timeouts, extra_headers=headers)
+        except UpstreamRejected as err:
+            if err.overflow is None or "max_tokens" not in out:
+                raise
+            # The prompt fits; only max_tokens pushed it over the window: clamp and resend.
+            room = err.overflow.maximum - err.overflow.prompt
+            if room < 1 or room >= out["max_tokens"]:
+                raise
+            out["max_tokens"] = room
+            resp = await self.upstream.open(url, _encode(out), timeouts=ch.timeouts, extra_headers=headers)
+        first = await relay.first_chunk(resp, ch.timeouts.first_byte)
+        self.router.report_success(target)
+        return resp, first
+
+    def _failed_attempt(self, target: Target, rec: Record, err: UpstreamError) -> UpstreamError:
+        if not err.retryable:
+            raise err
+        log.warning("channel %s (%s) failed: %s", target.name, target.base_url, err.message)
+        self.router.report_failure(target)
+        rec.retries += 1
+        return err
+
+    # -- helpers -----------------------------------------------------------------------
+    def _hygiene(self, body: dict, ch: ChannelConfig) -> tuple[dict, bool]:
+        if ch.strip_billing_header:
+            return strip_billing_header(body)
+        return body, False
+
+    def _targets(self, model: str, affinity: str | None, *, kinds: tuple[str, ...]) -> list[Target]:
+        targets = [t for t in self.router.candidates(model, affinity) if t.channel.kind in kinds]
+        if not targets:
+            raise NotFound(f"model {model!r} is not served here")
+        return targets
+
+    async def _read(self, request: Request) -> bytes:
+        limit = self.config.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise RequestTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > limit:
+                raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
+        return bytes(buf)
+
+    def _open_record(self, request: Request, endpoint: str) -> Record:
+        client, version = client_of(request.headers.get("user-agent"))
+        return Record(
+            request_id=uuid.uuid4().hex,
+            received_at=time.time(),
+            endpoint=endpoint,
+            client=client,
+            client_version=version,
+        )
+
+    def _fail(self, rec: Record, err: GatewayError, shape) -> Response:
+        rec.status, rec.error_type = err.status, err.kind
+        self.finish(rec)
+        return _error_response(err, shape)
+
+    def finish(self, rec: Record, usage: Usage | None = None) -> None:
+        rec.done_at = time.time()
+        rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
+        if rec.first_byte_at is not None:
+            rec.ttft_ms = (rec.first_byte_at - rec.received_at) * 1000.0
+        if usage is not None:
+            rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens = (
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens,
+            )
+        try:
+            self.recorder.submit(rec)
+        except Exception:  # the record must never break the request path
+            log.exception("recorder refused a record")
+
+
+def _error_response(err: GatewayError, shape) -> Response:
+    headers = {}
+    retry_after = getattr(err, "retry_after", None)
+    if retry_after is not None:
+        headers["retry-after"] = str(int(retry_after))
+    return Response(shape(err), status_code=err.status, media_type="application/json", headers=headers)
+
+
+def _bearer(ch: ChannelConfig) -> dict:
+    key = ch.api_key()
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def _anthropic_url(base: str) -> str:
+    return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+
+
+_PASS_HEADERS = ("anthropic-version", "anthropic-beta")
+
+
+def _anthropic_headers(ch: ChannelConfig, incoming) -> dict:
+    headers = {h: incoming[h] for h in _PASS_HEADERS if h in incoming}
+    headers.setdefault("anthropic-version", "2023-06-01")
+    key = ch.api_key()
+    if key:
+        headers["x-api-key"] = key
+    return headers
+
+
+def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
+    """A cheap estimate (about 4 characters a token) of the prompt's tokens."""
+    del channel
+    text = _encode({k: body.get(k) for k in ("system", "messages", "tools")})
+    return max(1, len(text) // 4)
+
+
+__all__ = ["Gateway", "InvalidRequest"]

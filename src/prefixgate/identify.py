@@ -1,0 +1,56 @@
+"""Who the client is and which session a request belongs to, from headers and body."""
+
+from __future__ import annotations
+
+import json
+import re
+
+_UA = re.compile(r"^\s*([A-Za-z][\w.\-]*)(?:/([\w.\-+]+))?")
+_SDK = re.compile(r"^(OpenAI|Anthropic)/(Python|JS|Node)\s+([\w.\-]+)", re.I)
+
+
+def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
+    """``("claude-cli", "2.1.332")`` from ``claude-cli/2.1.332 (external, cli)``;
+    ``("openai-python", "1.40.0")`` from ``OpenAI/Python 1.40.0``."""
+    if not user_agent:
+        return None, None
+    m = _SDK.match(user_agent)
+    if m:
+        return f"{m.group(1).lower()}-{m.group(2).lower()}", m.group(3)
+    m = _UA.match(user_agent)
+    if not m:
+        return None, None
+    return m.group(1).lower(), m.group(2)
+
+
+def session_of_messages(body: dict, headers) -> tuple[str | None, str | None]:
+    """Claude Code's ``session_id`` inside ``metadata.user_id`` (a JSON string) or its
+    ``X-Claude-Code-Session-Id`` header; else the raw ``metadata.user_id``."""
+    sid = headers.get("x-claude-code-session-id")
+    if sid:
+        return sid, "claude-code"
+    md = body.get("metadata")
+    uid = md.get("user_id") if isinstance(md, dict) else None
+    if isinstance(uid, str) and uid:
+        if uid.startswith("{"):
+            try:
+                doc = json.loads(uid)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict) and isinstance(doc.get("session_id"), str):
+                return doc["session_id"], "claude-code"
+        m = re.search(r"_session_([0-9a-f\-]{8,})", uid)
+        if m:
+            return m.group(1), "claude-code"
+        return uid, "anthropic-user"
+    return None, None
+
+
+def session_of_chat(body: dict, headers) -> tuple[str | None, str | None]:
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return user, "openai-user"
+    sid = headers.get("x-session-id")
+    if sid:
+        return sid, "header"
+    return None, None

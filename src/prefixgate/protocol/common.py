@@ -1,0 +1,62 @@
+"""Checks shared by both protocols: JSON decoding with size and depth limits."""
+
+from __future__ import annotations
+
+import msgspec
+
+from prefixgate.config import Limits
+from prefixgate.errors import InvalidRequest, RequestTooLarge
+
+_decoder = msgspec.json.Decoder()
+
+
+def decode_body(raw: bytes, limits: Limits) -> dict:
+    if len(raw) > limits.max_body_bytes:
+        raise RequestTooLarge(
+            f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes} bytes"
+        )
+    if not raw.strip():
+        raise InvalidRequest("request body is empty; a JSON object is required")
+    try:
+        body = _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    if json_depth(body, limits.max_json_depth) > limits.max_json_depth:
+        raise InvalidRequest(f"request JSON is nested deeper than {limits.max_json_depth} levels")
+    return body
+
+
+def json_depth(obj: object, limit: int) -> int:
+    """Nesting depth of a decoded JSON value, iterative; stops counting past ``limit``."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+    return deepest
+
+
+def expect(cond: bool, message: str, param: str | None = None) -> None:
+    if not cond:
+        raise InvalidRequest(message, param=param)
+
+
+def type_name(v: object) -> str:
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)

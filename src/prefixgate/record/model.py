@@ -1,0 +1,65 @@
+"""The one record type that flows from the gateway to the store, the doctor and the dashboard.
+
+Times are UNIX seconds (float). Token figures are the raw upstream figures (OpenAI
+semantics: ``prompt_tokens`` includes ``cached_tokens``); what the client was shown is kept
+apart in the ``reported_*`` fields so usage-semantics bugs can be diagnosed afterwards.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Segment(msgspec.Struct, array_like=True, frozen=True):
+    """One piece of a request's prompt, in upstream order.
+
+    ``kind`` is one of ``tools``, ``tool``, ``system``, ``message``; ``name`` says which
+    (tool name, ``system[1]``, ``messages[3]:user``). ``hash`` is a stable hex digest of the
+    segment's canonical JSON; ``chars`` its size in characters; ``tokens`` an estimate.
+    """
+
+    kind: str
+    name: str
+    hash: str
+    chars: int
+    tokens: int
+
+
+class Record(msgspec.Struct, kw_only=True):
+    request_id: str
+    received_at: float
+    first_byte_at: float | None = None
+    done_at: float | None = None
+    # who
+    key_name: str | None = None
+    key_owner: str | None = None
+    endpoint: str = ""  # "messages" | "chat" | "count_tokens"
+    client: str | None = None  # user-agent family, e.g. "claude-cli", "opencode", "openai-python"
+    client_version: str | None = None
+    session_id: str | None = None
+    session_kind: str | None = None  # e.g. "claude-code", "openai-user", None when unknown
+    # what
+    requested_model: str | None = None
+    upstream_model: str | None = None
+    channel: str | None = None
+    replica: str | None = None
+    stream: bool = False
+    status: int = 0
+    error_type: str | None = None
+    # raw upstream usage (OpenAI semantics)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    # usage as shown to the client (Anthropic semantics on /v1/messages)
+    reported_input_tokens: int | None = None
+    reported_cache_read_tokens: int | None = None
+    reported_output_tokens: int | None = None
+    # timing
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+    retries: int = 0
+    # capture: segment hashes of the request as received and as sent upstream
+    segments_in: list[Segment] | None = None
+    segments_out: list[Segment] | None = None
+    # full text of segments (content-addressed by Segment.hash), only when capture is opted in
+    texts: dict[str, str] | None = None

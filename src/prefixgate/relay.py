@@ -1,0 +1,286 @@
+"""Relaying an open upstream response back to the client, in the client's protocol.
+
+Each relay reads the upstream with the channel's idle timeout, converts (or passes
+through), keeps the raw upstream usage for the record, and closes the record when the
+response ends, fails, or the client goes away (the upstream request is then cancelled by
+closing its connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import msgspec
+from starlette.responses import Response, StreamingResponse
+
+from prefixgate.convert.response import openai_to_anthropic
+from prefixgate.convert.stream import AnthropicStream
+from prefixgate.errors import GatewayError, UpstreamError
+from prefixgate.protocol import anthropic as anthropic_proto
+from prefixgate.protocol import openai as openai_proto
+from prefixgate.sse import SSEDecoder
+from prefixgate.upstream import UpstreamResponse, map_status
+from prefixgate.usage import Usage
+
+if TYPE_CHECKING:
+    from prefixgate.config import ChannelConfig
+    from prefixgate.gateway import Gateway
+    from prefixgate.record import Record
+
+_decode = msgspec.json.decode
+_encode = msgspec.json.encode
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+async def first_chunk(resp: UpstreamResponse, timeout: float) -> bytes:
+    try:
+        chunk = await resp.next(timeout, first=True)
+    except BaseException:
+        await resp.aclose()
+        raise
+    if chunk is None:
+        await resp.aclose()
+        raise UpstreamError("upstream closed the response without a body")
+    return chunk
+
+
+async def read_all(resp: UpstreamResponse, first: bytes, idle: float) -> bytes:
+    parts = [first]
+    try:
+        while (chunk := await resp.next(idle)) is not None:
+            parts.append(chunk)
+    finally:
+        await resp.aclose()
+    return b"".join(parts)
+
+
+def _json(data: bytes) -> dict:
+    try:
+        obj = _decode(data)
+    except msgspec.DecodeError:
+        raise UpstreamError("upstream sent invalid JSON", retryable=False) from None
+    if not isinstance(obj, dict):
+        raise UpstreamError("upstream sent a JSON value that is not an object", retryable=False)
+    return obj
+
+
+def _in_stream_error(obj: dict, data: bytes) -> GatewayError | None:
+    if "error" in obj or obj.get("object") == "error":
+        return map_status(400 if "context length" in data.decode("utf-8", "replace") else 502, data)
+    return None
+
+
+async def _events(resp: UpstreamResponse, first: bytes, idle: float) -> AsyncIterator[bytes]:
+    """The ``data`` payloads of an upstream SSE stream; ends at ``[DONE]`` or EOF."""
+    dec = SSEDecoder()
+    chunk: bytes | None = first
+    while chunk is not None:
+        for _, data in dec.feed(chunk):
+            yield data
+        chunk = await resp.next(idle)
+    for _, data in dec.flush():
+        yield data
+
+
+# -- Anthropic out, from an OpenAI-compatible upstream ------------------------------------
+def messages_once(gw: Gateway, data: bytes, rec: Record, body: dict, ch: ChannelConfig) -> Response:
+    try:
+        obj = _json(data)
+        err = _in_stream_error(obj, data)
+        if err is not None:
+            raise err
+        msg, usage = openai_to_anthropic(
+            obj,
+            model=body["model"],
+            stop_sequences=body.get("stop_sequences"),
+            exclude_cache=ch.anthropic_messages_exclude_cache,
+        )
+    except GatewayError as e:
+        return gw._fail(rec, e, anthropic_proto.error_bytes)
+    rec.status = 200
+    _reported(rec, msg["usage"])
+    gw.finish(rec, usage)
+    return Response(_encode(msg), media_type="application/json")
+
+
+def messages_stream(
+    gw: Gateway, resp: UpstreamResponse, first: bytes, rec: Record, body: dict, ch: ChannelConfig
+) -> StreamingResponse:
+    conv = AnthropicStream(
+        model=body["model"],
+        stop_sequences=body.get("stop_sequences"),
+        exclude_cache=ch.anthropic_messages_exclude_cache,
+    )
+
+    async def gen() -> AsyncIterator[bytes]:
+        done = False
+        try:
+            yield conv.start()
+            async for data in _events(resp, first, ch.timeouts.idle):
+                if data == b"[DONE]":
+                    done = True
+                    break
+                obj = _json(data)
+                err = _in_stream_error(obj, data)
+                if err is not None:
+                    raise err
+                out = conv.feed(obj)
+                if out:
+                    if rec.first_byte_at is None:
+                        rec.first_byte_at = time.time()
+                    yield out
+            if not done and conv.finish_reason is None:
+                raise UpstreamError("upstream stream ended before it finished")
+            yield conv.finish()
+            rec.status = 200
+            _reported(rec, conv.usage.to_anthropic(ch.anthropic_messages_exclude_cache))
+        except GatewayError as e:
+            rec.status, rec.error_type = e.status, e.kind
+            yield conv.error(e)
+        except (asyncio.CancelledError, GeneratorExit):
+            rec.status, rec.error_type = 499, "client_disconnected"
+            raise
+        finally:
+            await resp.aclose()
+            gw.finish(rec, conv.usage)
+
+    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _reported(rec: Record, usage: dict) -> None:
+    rec.reported_input_tokens = usage.get("input_tokens")
+    rec.reported_cache_read_tokens = usage.get("cache_read_input_tokens")
+    rec.reported_output_tokens = usage.get("output_tokens")
+
+
+# -- Anthropic out, from an Anthropic upstream (passthrough) -----------------------------
+def _anthropic_usage(u: object, usage: Usage) -> None:
+    if not isinstance(u, dict):
+        return
+    cached = u.get("cache_read_input_tokens") or 0
+    created = u.get("cache_creation_input_tokens") or 0
+    if isinstance(u.get("input_tokens"), int):
+        usage.prompt_tokens = u["input_tokens"] + cached + created
+        usage.cached_tokens = cached
+    if isinstance(u.get("output_tokens"), int):
+        usage.completion_tokens = u["output_tokens"]
+
+
+def anthropic_passthrough(
+    gw: Gateway, resp: UpstreamResponse, first: bytes, rec: Record, public: str, upstream_model: str
+) -> Response:
+    usage = Usage()
+    idle = _idle_of(gw, rec)
+    swap = (upstream_model.encode(), public.encode()) if upstream_model != public else None
+    if not rec.stream:
+        try:
+            obj = _json(first)
+        except GatewayError as e:
+            return gw._fail(rec, e, anthropic_proto.error_bytes)
+        _anthropic_usage(obj.get("usage"), usage)
+        if swap:
+            obj["model"] = public
+        rec.status = 200
+        gw.finish(rec, usage)
+        return Response(_encode(obj), media_type="application/json")
+
+    async def gen() -> AsyncIterator[bytes]:
+        dec = SSEDecoder()
+        chunk: bytes | None = first
+        try:
+            while chunk is not None:
+                for _, data in dec.feed(chunk):
+                    try:
+                        obj = _decode(data)
+                    except msgspec.DecodeError:
+                        continue
+                    if isinstance(obj, dict):
+                        msg = obj.get("message")
+                        _anthropic_usage((msg or {}).get("usage") if isinstance(msg, dict) else obj.get("usage"), usage)
+                if rec.first_byte_at is None:
+                    rec.first_byte_at = time.time()
+                yield chunk.replace(swap[0], swap[1]) if swap else chunk
+                chunk = await resp.next(idle)
+            rec.status = 200
+        except GatewayError as e:
+            rec.status, rec.error_type = e.status, e.kind
+            yield anthropic_proto.error_event(e)
+        except (asyncio.CancelledError, GeneratorExit):
+            rec.status, rec.error_type = 499, "client_disconnected"
+            raise
+        finally:
+            await resp.aclose()
+            gw.finish(rec, usage)
+
+    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+# -- OpenAI out (chat completions passthrough) -------------------------------------------
+def chat_once(gw: Gateway, data: bytes, rec: Record, public: str) -> Response:
+    try:
+        obj = _json(data)
+        err = _in_stream_error(obj, data)
+        if err is not None:
+            raise err
+    except GatewayError as e:
+        return gw._fail(rec, e, openai_proto.error_bytes)
+    if "model" in obj:
+        obj["model"] = public
+    rec.status = 200
+    gw.finish(rec, Usage.from_openai(obj.get("usage")))
+    return Response(_encode(obj), media_type="application/json")
+
+
+def chat_stream(
+    gw: Gateway, resp: UpstreamResponse, first: bytes, rec: Record, public: str, want_usage: bool
+) -> StreamingResponse:
+    idle = _idle_of(gw, rec)
+
+    async def gen() -> AsyncIterator[bytes]:
+        usage = Usage()
+        done = False
+        try:
+            async for data in _events(resp, first, idle):
+                if data == b"[DONE]":
+                    done = True
+                    yield b"data: [DONE]\n\n"
+                    break
+                obj = _json(data)
+                err = _in_stream_error(obj, data)
+                if err is not None:
+                    raise err
+                if isinstance(obj.get("usage"), dict):
+                    usage = Usage.from_openai(obj["usage"])
+                if not want_usage and "usage" in obj:
+                    if not obj.get("choices"):
+                        continue  # the usage-only chunk the client did not ask for
+                    del obj["usage"]
+                if obj.get("model") not in (None, public):
+                    obj["model"] = public
+                if rec.first_byte_at is None and obj.get("choices"):
+                    rec.first_byte_at = time.time()
+                yield b"data: " + _encode(obj) + b"\n\n"
+            if not done:
+                raise UpstreamError("upstream stream ended before it finished")
+            rec.status = 200
+        except GatewayError as e:
+            rec.status, rec.error_type = e.status, e.kind
+            yield openai_proto.error_chunk(e)
+        except (asyncio.CancelledError, GeneratorExit):
+            rec.status, rec.error_type = 499, "client_disconnected"
+            raise
+        finally:
+            await resp.aclose()
+            gw.finish(rec, usage)
+
+    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _idle_of(gw: Gateway, rec: Record) -> float:
+    for ch in gw.config.channels:
+        if ch.name == rec.channel:
+            return ch.timeouts.idle
+    return 300.0

@@ -1,0 +1,1 @@
+"""Channel choice (priority, weight, failover) and replica choice."""

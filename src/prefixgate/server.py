@@ -1,0 +1,69 @@
+"""The ASGI app: routes and lifecycle. Nothing protocol-specific lives here."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from prefixgate.config import Config
+from prefixgate.gateway import Gateway
+
+log = logging.getLogger("prefixgate")
+
+
+def create_app(config: Config, *, recorder=None, upstream=None, capture=None, token_counter=None) -> Starlette:
+    gateway = Gateway(config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def root(request: Request) -> Response:
+        return JSONResponse({"name": "prefixgate"}) if request.method == "GET" else Response(status_code=200)
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        # Anthropic clients send anthropic-version; everyone else gets the OpenAI shape.
+        if "anthropic-version" in request.headers or request.url.path.startswith("/v1/messages"):
+            etype = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+            body = {"type": "error", "error": {"type": etype, "message": f"{request.method} {request.url.path}: {exc.detail}"}}
+        else:
+            body = {
+                "error": {
+                    "message": f"{request.method} {request.url.path}: {exc.detail}",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        start = getattr(gateway.recorder, "start", None)
+        if start is not None:
+            await start()
+        try:
+            yield
+        finally:
+            close = getattr(gateway.recorder, "close", None)
+            if close is not None:
+                await close()
+            await gateway.upstream.aclose()
+
+    routes = [
+        Route("/v1/messages", gateway.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
+        Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
+        Route("/chat/completions", gateway.chat, methods=["POST"]),
+        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/", root, methods=["GET", "HEAD"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app.state.gateway = gateway
+    return app

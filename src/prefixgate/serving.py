@@ -1,0 +1,71 @@
+"""Running ASGI apps on loopback: in a background thread (tests, demo, benchmarks) or in
+the current event loop (the CLI)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import uvicorn
+
+
+def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def uvicorn_server(app, *, log_level: str = "warning", **kw) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=kw.pop("graceful", 5),
+        **kw,
+    )
+    return uvicorn.Server(config)
+
+
+class ServerThread:
+    """``with ServerThread(app) as s: s.url`` — the app served on a loopback port."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, **kw) -> None:
+        self.sock = bind(host, port)
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.server = uvicorn_server(app, **kw)
+        self.server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"asgi:{self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self.sock]))
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+        self.sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,53 @@
+"""Incremental Server-Sent Events decoding (bytes in, events out). No I/O."""
+
+from __future__ import annotations
+
+
+class SSEDecoder:
+    """Feed raw bytes; get back complete events as ``(event_name, data)`` pairs, where
+    ``data`` is the joined ``data:`` lines (bytes). Comments and ids are ignored."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
+        buf = self._buf + chunk
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events: list[tuple[bytes | None, bytes]] = []
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            block, buf = buf[:end], buf[end + 2 :]
+            ev = _parse_block(block)
+            if ev is not None:
+                events.append(ev)
+        self._buf = buf
+        return events
+
+    def flush(self) -> list[tuple[bytes | None, bytes]]:
+        """Whatever is left when the stream ends (a last event without its blank line)."""
+        block, self._buf = self._buf, b""
+        ev = _parse_block(block.strip(b"\n"))
+        return [ev] if ev is not None else []
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+
+def _parse_block(block: bytes) -> tuple[bytes | None, bytes] | None:
+    event: bytes | None = None
+    data: list[bytes] = []
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            v = line[5:]
+            data.append(v[1:] if v.startswith(b" ") else v)
+        elif line.startswith(b"event:"):
+            event = line[6:].strip()
+    if not data and event is None:
+        return None
+    return event, b"\n".join(data)

@@ -1,0 +1,57 @@
+"""Usage conversion between OpenAI semantics (upstream) and Anthropic semantics (client).
+
+OpenAI-style upstreams count ``prompt_tokens`` INCLUDING the cached part
+(``prompt_tokens_details.cached_tokens``). Anthropic's ``input_tokens`` EXCLUDES cache reads
+and writes. A client such as Claude Code sums ``input_tokens + cache_read_input_tokens +
+cache_creation_input_tokens + output_tokens`` to learn how full its context is, so counting
+the cached part twice makes it compact early. With ``exclude_cache`` off the legacy (wrong)
+figure is reported, for clients that want it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @classmethod
+    def from_openai(cls, usage: object) -> Usage:
+        if not isinstance(usage, dict):
+            return cls()
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(
+            prompt_tokens=_int(usage.get("prompt_tokens")),
+            cached_tokens=_int(cached),
+            completion_tokens=_int(usage.get("completion_tokens")),
+        )
+
+    def to_anthropic(self, exclude_cache: bool = True) -> dict:
+        prompt = self.prompt_tokens or 0
+        cached = self.cached_tokens or 0
+        return {
+            "input_tokens": max(0, prompt - cached) if exclude_cache else prompt,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+            "output_tokens": self.completion_tokens or 0,
+        }
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def message_start_usage() -> dict:
+    """``message_start`` carries no estimate: clients take the larger of the start and end
+    figures, so anything above the true uncached count would inflate their context."""
+    return {
+        "input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }

@@ -1,0 +1,181 @@
+"""A scripted OpenAI-compatible upstream for gateway tests.
+
+Each test sets ``upstream.script`` to a callable ``(body) -> Reply``; every request body is
+kept in ``upstream.requests`` so tests can assert on exactly what the gateway sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Reply:
+    """What the upstream answers. For streams, ``deltas`` are OpenAI ``delta`` dicts."""
+
+    text: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict] | None = None  # [{"id","name","arguments"}]
+    finish_reason: str = "stop"
+    stop_reason: str | None = None
+    prompt_tokens: int = 100
+    cached_tokens: int | None = 0
+    completion_tokens: int = 7
+    status: int = 200
+    error: dict | None = None  # body for a non-200 status
+    headers: dict = field(default_factory=dict)
+    deltas: list[dict] | None = None  # explicit stream deltas, overriding text/reasoning/tool_calls
+    chunk_delay: float = 0.0
+    hang_before: float = 0.0
+    die_after: int | None = None  # stream: drop the connection after this many chunks
+    raw_stream: list[bytes] | None = None  # stream: exact bytes to send
+
+
+def usage_of(r: Reply) -> dict:
+    u = {
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "total_tokens": r.prompt_tokens + r.completion_tokens,
+    }
+    if r.cached_tokens is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": r.cached_tokens}
+    return u
+
+
+def message_of(r: Reply) -> dict:
+    msg: dict = {"role": "assistant", "content": r.text}
+    if r.reasoning:
+        msg["reasoning_content"] = r.reasoning
+    if r.tool_calls:
+        msg["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in r.tool_calls
+        ]
+    return msg
+
+
+def deltas_of(r: Reply) -> list[dict]:
+    if r.deltas is not None:
+        return r.deltas
+    out: list[dict] = [{"role": "assistant", "content": ""}]
+    if r.reasoning:
+        half = len(r.reasoning) // 2
+        out += [{"reasoning_content": r.reasoning[:half]}, {"reasoning_content": r.reasoning[half:]}]
+    if r.text:
+        words = r.text.split(" ")
+        out += [{"content": (" " if i else "") + w} for i, w in enumerate(words)]
+    for i, c in enumerate(r.tool_calls or ()):
+        out.append({"tool_calls": [{"index": i, "id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": ""}}]})
+        args = c["arguments"]
+        mid = len(args) // 2
+        out.append({"tool_calls": [{"index": i, "function": {"arguments": args[:mid]}}]})
+        out.append({"tool_calls": [{"index": i, "function": {"arguments": args[mid:]}}]})
+    return out
+
+
+class ScriptedUpstream:
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.raw: list[bytes] = []
+        self.headers: list[dict] = []
+        self.script = lambda body: Reply(text="Hello from upstream")
+        self.cancelled = 0
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/messages", self.messages, methods=["POST"]),
+            ]
+        )
+
+    async def messages(self, request: Request) -> Response:
+        """An Anthropic-compatible upstream (for passthrough channels)."""
+        raw = await request.body()
+        body = json.loads(raw)
+        self.requests.append(body)
+        self.raw.append(raw)
+        self.headers.append(dict(request.headers))
+        usage = {"input_tokens": 10, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0, "output_tokens": 3}
+        msg = {
+            "id": "msg_up",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": "anthropic upstream"}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return JSONResponse(msg)
+
+        def ev(name: str, data: dict) -> bytes:
+            return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+        async def gen():
+            yield ev("message_start", {"type": "message_start", "message": {**msg, "content": [], "usage": {**usage, "output_tokens": 0}}})
+            yield ev("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            yield ev("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "anthropic upstream"}})
+            yield ev("content_block_stop", {"type": "content_block_stop", "index": 0})
+            yield ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 3}})
+            yield ev("message_stop", {"type": "message_stop"})
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    async def chat(self, request: Request) -> Response:
+        raw = await request.body()
+        body = json.loads(raw)
+        self.requests.append(body)
+        self.raw.append(raw)
+        self.headers.append(dict(request.headers))
+        r = self.script(body)
+        if r.hang_before:
+            await asyncio.sleep(r.hang_before)
+        if r.status != 200:
+            return JSONResponse(r.error or {"error": {"message": "scripted failure"}}, status_code=r.status, headers=r.headers)
+        if not body.get("stream"):
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": message_of(r), "finish_reason": r.finish_reason, "stop_reason": r.stop_reason}],
+                    "usage": usage_of(r),
+                }
+            )
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def gen():
+            try:
+                if r.raw_stream is not None:
+                    for b in r.raw_stream:
+                        yield b
+                        await asyncio.sleep(r.chunk_delay)
+                    return
+                base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": body["model"]}
+                deltas = deltas_of(r)
+                for i, d in enumerate(deltas):
+                    if r.die_after is not None and i >= r.die_after:
+                        raise ConnectionResetError("scripted death")
+                    last = i == len(deltas) - 1
+                    choice = {"index": 0, "delta": d, "finish_reason": r.finish_reason if last else None}
+                    if last and r.stop_reason:
+                        choice["stop_reason"] = r.stop_reason
+                    yield b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+                    if r.chunk_delay:
+                        await asyncio.sleep(r.chunk_delay)
+                if include_usage:
+                    yield b"data: " + json.dumps({**base, "choices": [], "usage": usage_of(r)}).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
