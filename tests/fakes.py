@@ -55,7 +55,11 @@ def message_of(r: Reply) -> dict:
         msg["reasoning_content"] = r.reasoning
     if r.tool_calls:
         msg["tool_calls"] = [
-            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
             for c in r.tool_calls
         ]
     return msg
@@ -67,12 +71,26 @@ def deltas_of(r: Reply) -> list[dict]:
     out: list[dict] = [{"role": "assistant", "content": ""}]
     if r.reasoning:
         half = len(r.reasoning) // 2
-        out += [{"reasoning_content": r.reasoning[:half]}, {"reasoning_content": r.reasoning[half:]}]
+        out += [
+            {"reasoning_content": r.reasoning[:half]},
+            {"reasoning_content": r.reasoning[half:]},
+        ]
     if r.text:
         words = r.text.split(" ")
         out += [{"content": (" " if i else "") + w} for i, w in enumerate(words)]
     for i, c in enumerate(r.tool_calls or ()):
-        out.append({"tool_calls": [{"index": i, "id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": ""}}]})
+        out.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": i,
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
         args = c["arguments"]
         mid = len(args) // 2
         out.append({"tool_calls": [{"index": i, "function": {"arguments": args[:mid]}}]})
@@ -101,7 +119,12 @@ class ScriptedUpstream:
         self.requests.append(body)
         self.raw.append(raw)
         self.headers.append(dict(request.headers))
-        usage = {"input_tokens": 10, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0, "output_tokens": 3}
+        usage = {
+            "input_tokens": 10,
+            "cache_read_input_tokens": 90,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": 3,
+        }
         msg = {
             "id": "msg_up",
             "type": "message",
@@ -119,11 +142,38 @@ class ScriptedUpstream:
             return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
         async def gen():
-            yield ev("message_start", {"type": "message_start", "message": {**msg, "content": [], "usage": {**usage, "output_tokens": 0}}})
-            yield ev("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            yield ev("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "anthropic upstream"}})
+            yield ev(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {**msg, "content": [], "usage": {**usage, "output_tokens": 0}},
+                },
+            )
+            yield ev(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            )
+            yield ev(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": "anthropic upstream"},
+                },
+            )
             yield ev("content_block_stop", {"type": "content_block_stop", "index": 0})
-            yield ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 3}})
+            yield ev(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": 3},
+                },
+            )
             yield ev("message_stop", {"type": "message_stop"})
 
         return StreamingResponse(gen(), media_type="text/event-stream")
@@ -138,7 +188,11 @@ class ScriptedUpstream:
         if r.hang_before:
             await asyncio.sleep(r.hang_before)
         if r.status != 200:
-            return JSONResponse(r.error or {"error": {"message": "scripted failure"}}, status_code=r.status, headers=r.headers)
+            return JSONResponse(
+                r.error or {"error": {"message": "scripted failure"}},
+                status_code=r.status,
+                headers=r.headers,
+            )
         if not body.get("stream"):
             return JSONResponse(
                 {
@@ -146,7 +200,14 @@ class ScriptedUpstream:
                     "object": "chat.completion",
                     "created": 1,
                     "model": body["model"],
-                    "choices": [{"index": 0, "message": message_of(r), "finish_reason": r.finish_reason, "stop_reason": r.stop_reason}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": message_of(r),
+                            "finish_reason": r.finish_reason,
+                            "stop_reason": r.stop_reason,
+                        }
+                    ],
                     "usage": usage_of(r),
                 }
             )
@@ -159,20 +220,33 @@ class ScriptedUpstream:
                         yield b
                         await asyncio.sleep(r.chunk_delay)
                     return
-                base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": body["model"]}
+                base = {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": body["model"],
+                }
                 deltas = deltas_of(r)
                 for i, d in enumerate(deltas):
                     if r.die_after is not None and i >= r.die_after:
                         raise ConnectionResetError("scripted death")
                     last = i == len(deltas) - 1
-                    choice = {"index": 0, "delta": d, "finish_reason": r.finish_reason if last else None}
+                    choice = {
+                        "index": 0,
+                        "delta": d,
+                        "finish_reason": r.finish_reason if last else None,
+                    }
                     if last and r.stop_reason:
                         choice["stop_reason"] = r.stop_reason
                     yield b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
                     if r.chunk_delay:
                         await asyncio.sleep(r.chunk_delay)
                 if include_usage:
-                    yield b"data: " + json.dumps({**base, "choices": [], "usage": usage_of(r)}).encode() + b"\n\n"
+                    yield (
+                        b"data: "
+                        + json.dumps({**base, "choices": [], "usage": usage_of(r)}).encode()
+                        + b"\n\n"
+                    )
                 yield b"data: [DONE]\n\n"
             except asyncio.CancelledError:
                 self.cancelled += 1

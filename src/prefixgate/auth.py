@@ -45,7 +45,8 @@ class Authenticator:
     def __init__(self, config: Config) -> None:
         self._open = config.open_access
         self._by_digest = {
-            k.digest(): Principal(k.name, k.owner, tuple(k.models), k.capture_text) for k in config.keys
+            k.digest(): Principal(k.name, k.owner, tuple(k.models), k.capture_text)
+            for k in config.keys
         }
         self._admin = config.admin_digest()
 
@@ -58,7 +59,9 @@ class Authenticator:
         if self._open:
             return ANONYMOUS
         if not key:
-            raise AuthenticationFailed("missing API key: send it in x-api-key or Authorization: Bearer")
+            raise AuthenticationFailed(
+                "missing API key: send it in x-api-key or Authorization: Bearer"
+            )
         principal = self._by_digest.get(hashlib.sha256(key.encode()).hexdigest())
         if principal is None:
             raise AuthenticationFailed("invalid API key")
@@ -74,5 +77,7 @@ class Authenticator:
             if self._open:
                 return  # open access on loopback: admin routes open too
             raise PermissionDenied("admin routes are disabled: no admin key is configured")
-        if not key or not hmac.compare_digest(hashlib.sha256(key.encode()).hexdigest(), self._admin):
+        if not key or not hmac.compare_digest(
+            hashlib.sha256(key.encode()).hexdigest(), self._admin
+        ):
             raise AuthenticationFailed("admin key required")

@@ -64,7 +64,11 @@ class ChannelConfig(_Model):
     def strip_billing_header(self) -> bool:
         if self.kind == "anthropic":
             return False  # never: the vendor's own API uses the header
-        return True if self.strip_anthropic_billing_header is None else self.strip_anthropic_billing_header
+        return (
+            True
+            if self.strip_anthropic_billing_header is None
+            else self.strip_anthropic_billing_header
+        )
 
     def serves(self, model: str) -> bool:
         return not self.models or model in self.models or model in self.model_map
@@ -173,9 +177,7 @@ def parse_config(raw: dict) -> Config:
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        lines = [
-            f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        ]
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
         raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
 
 
@@ -186,7 +188,11 @@ def quick_config(
     upstream: str | None, model: str | None, host: str, port: int, store: str | None = None
 ) -> Config:
     """The config of ``prefixgate serve --upstream URL`` (no file): one openai channel."""
-    channel: dict = {"name": "default", "kind": "openai", "base_url": upstream or "http://127.0.0.1:0/v1"}
+    channel: dict = {
+        "name": "default",
+        "kind": "openai",
+        "base_url": upstream or "http://127.0.0.1:0/v1",
+    }
     if model:
         channel["models"] = [model]
     return parse_config(

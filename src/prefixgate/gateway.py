@@ -139,10 +139,21 @@ class Gateway:
                 for m in names
             ]
             return JSONResponse(
-                {"data": data, "has_more": False, "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
+                {
+                    "data": data,
+                    "has_more": False,
+                    "first_id": names[0] if names else None,
+                    "last_id": names[-1] if names else None,
+                }
             )
         return JSONResponse(
-            {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "prefixgate"} for m in names]}
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "prefixgate"}
+                    for m in names
+                ],
+            }
         )
 
     # -- failover loops ----------------------------------------------------------------
@@ -156,7 +167,9 @@ class Gateway:
                 clean, _ = self._hygiene(body, ch)
                 out = anthropic_to_openai(
                     clean,
-                    ConvertOptions(ch.upstream_model(body["model"]), ch.thinking, ch.history_thinking),
+                    ConvertOptions(
+                        ch.upstream_model(body["model"]), ch.thinking, ch.history_thinking
+                    ),
                 )
                 url = target.base_url + "/chat/completions"
                 headers = _bearer(ch)
@@ -175,25 +188,34 @@ class Gateway:
                 last = self._failed_attempt(target, rec, err)
                 continue
             if ch.kind == "anthropic":
-                return relay.anthropic_passthrough(self, resp, first, rec, body["model"], out["model"])
+                return relay.anthropic_passthrough(
+                    self, resp, first, rec, body["model"], out["model"]
+                )
             if rec.stream:
                 return relay.messages_stream(self, resp, first, rec, body, ch)
             return relay.messages_once(self, first, rec, body, ch)
         raise last or NotFound(f"no channel serves model {body['model']!r}")
 
-    async def _chat_failover(self, body: dict, targets: list[Target], rec: Record, principal: Principal) -> Response:
+    async def _chat_failover(
+        self, body: dict, targets: list[Target], rec: Record, principal: Principal
+    ) -> Response:
         last: GatewayError | None = None
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         for target in targets:
             ch = target.channel
             out = {**body, "model": ch.upstream_model(body["model"])}
             if rec.stream:
-                out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+                out["stream_options"] = {
+                    **(body.get("stream_options") or {}),
+                    "include_usage": True,
+                }
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
             if self.capture is not None:
                 self.capture(rec, None, out, ch, principal)
             try:
-                resp, first = await self._open(target, target.base_url + "/chat/completions", out, _bearer(ch), rec)
+                resp, first = await self._open(
+                    target, target.base_url + "/chat/completions", out, _bearer(ch), rec
+                )
                 if not rec.stream:
                     first = await relay.read_all(resp, first, ch.timeouts.idle)
             except UpstreamError as err:
@@ -211,7 +233,9 @@ class Gateway:
         connection and then fails can still be failed over."""
         ch = target.channel
         try:
-            resp = await self.upstream.open(url, _encode(out), timeouts=ch.timeouts, extra_headers=headers)
+            resp = await self.upstream.open(
+                url, _encode(out), timeouts=ch.timeouts, extra_headers=headers
+            )
         except UpstreamRejected as err:
             if err.overflow is None or "max_tokens" not in out:
                 raise
@@ -220,7 +244,9 @@ class Gateway:
             if room < 1 or room >= out["max_tokens"]:
                 raise
             out["max_tokens"] = room
-            resp = await self.upstream.open(url, _encode(out), timeouts=ch.timeouts, extra_headers=headers)
+            resp = await self.upstream.open(
+                url, _encode(out), timeouts=ch.timeouts, extra_headers=headers
+            )
         first = await relay.first_chunk(resp, ch.timeouts.first_byte)
         self.router.report_success(target)
         return resp, first
@@ -294,7 +320,9 @@ def _error_response(err: GatewayError, shape) -> Response:
     retry_after = getattr(err, "retry_after", None)
     if retry_after is not None:
         headers["retry-after"] = str(int(retry_after))
-    return Response(shape(err), status_code=err.status, media_type="application/json", headers=headers)
+    return Response(
+        shape(err), status_code=err.status, media_type="application/json", headers=headers
+    )
 
 
 def _bearer(ch: ChannelConfig) -> dict:

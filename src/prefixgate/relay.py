@@ -134,18 +134,22 @@ def messages_stream(
                     yield out
             if not done and conv.finish_reason is None:
                 raise UpstreamError("upstream stream ended before it finished")
-            yield conv.finish()
+            tail = conv.finish()
             rec.status = 200
             _reported(rec, conv.usage.to_anthropic(ch.anthropic_messages_exclude_cache))
+            await _close(gw, resp, rec, conv.usage)  # recorded before the client sees the end
+            yield tail
         except GatewayError as e:
             rec.status, rec.error_type = e.status, e.kind
-            yield conv.error(e)
+            tail = conv.error(e)
+            await _close(gw, resp, rec, conv.usage)
+            yield tail
         except (asyncio.CancelledError, GeneratorExit):
-            rec.status, rec.error_type = 499, "client_disconnected"
+            if rec.done_at is None:
+                rec.status, rec.error_type = 499, "client_disconnected"
             raise
         finally:
-            await resp.aclose()
-            gw.finish(rec, conv.usage)
+            await _close(gw, resp, rec, conv.usage)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -199,21 +203,28 @@ def anthropic_passthrough(
                         continue
                     if isinstance(obj, dict):
                         msg = obj.get("message")
-                        _anthropic_usage((msg or {}).get("usage") if isinstance(msg, dict) else obj.get("usage"), usage)
+                        _anthropic_usage(
+                            (msg or {}).get("usage") if isinstance(msg, dict) else obj.get("usage"),
+                            usage,
+                        )
                 if rec.first_byte_at is None:
                     rec.first_byte_at = time.time()
-                yield chunk.replace(swap[0], swap[1]) if swap else chunk
+                out = chunk.replace(swap[0], swap[1]) if swap else chunk
                 chunk = await resp.next(idle)
-            rec.status = 200
+                if chunk is None:
+                    rec.status = 200
+                    await _close(gw, resp, rec, usage)
+                yield out
         except GatewayError as e:
             rec.status, rec.error_type = e.status, e.kind
+            await _close(gw, resp, rec, usage)
             yield anthropic_proto.error_event(e)
         except (asyncio.CancelledError, GeneratorExit):
-            rec.status, rec.error_type = 499, "client_disconnected"
+            if rec.done_at is None:
+                rec.status, rec.error_type = 499, "client_disconnected"
             raise
         finally:
-            await resp.aclose()
-            gw.finish(rec, usage)
+            await _close(gw, resp, rec, usage)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -246,7 +257,6 @@ def chat_stream(
             async for data in _events(resp, first, idle):
                 if data == b"[DONE]":
                     done = True
-                    yield b"data: [DONE]\n\n"
                     break
                 obj = _json(data)
                 err = _in_stream_error(obj, data)
@@ -266,17 +276,27 @@ def chat_stream(
             if not done:
                 raise UpstreamError("upstream stream ended before it finished")
             rec.status = 200
+            await _close(gw, resp, rec, usage)
+            yield b"data: [DONE]\n\n"
         except GatewayError as e:
             rec.status, rec.error_type = e.status, e.kind
+            await _close(gw, resp, rec, usage)
             yield openai_proto.error_chunk(e)
         except (asyncio.CancelledError, GeneratorExit):
-            rec.status, rec.error_type = 499, "client_disconnected"
+            if rec.done_at is None:
+                rec.status, rec.error_type = 499, "client_disconnected"
             raise
         finally:
-            await resp.aclose()
-            gw.finish(rec, usage)
+            await _close(gw, resp, rec, usage)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _close(gw: Gateway, resp: UpstreamResponse, rec: Record, usage: Usage) -> None:
+    """Close the upstream response and submit the record, once."""
+    await resp.aclose()
+    if rec.done_at is None:
+        gw.finish(rec, usage)
 
 
 def _idle_of(gw: Gateway, rec: Record) -> float:

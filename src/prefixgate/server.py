@@ -17,20 +17,34 @@ from prefixgate.gateway import Gateway
 log = logging.getLogger("prefixgate")
 
 
-def create_app(config: Config, *, recorder=None, upstream=None, capture=None, token_counter=None) -> Starlette:
-    gateway = Gateway(config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter)
+def create_app(
+    config: Config, *, recorder=None, upstream=None, capture=None, token_counter=None
+) -> Starlette:
+    gateway = Gateway(
+        config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter
+    )
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def root(request: Request) -> Response:
-        return JSONResponse({"name": "prefixgate"}) if request.method == "GET" else Response(status_code=200)
+        return (
+            JSONResponse({"name": "prefixgate"})
+            if request.method == "GET"
+            else Response(status_code=200)
+        )
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         # Anthropic clients send anthropic-version; everyone else gets the OpenAI shape.
         if "anthropic-version" in request.headers or request.url.path.startswith("/v1/messages"):
             etype = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-            body = {"type": "error", "error": {"type": etype, "message": f"{request.method} {request.url.path}: {exc.detail}"}}
+            body = {
+                "type": "error",
+                "error": {
+                    "type": etype,
+                    "message": f"{request.method} {request.url.path}: {exc.detail}",
+                },
+            }
         else:
             body = {
                 "error": {

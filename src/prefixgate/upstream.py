@@ -97,17 +97,29 @@ def map_status(status: int, body: bytes, resp: httpx.Response | None = None) -> 
         return UpstreamRejected(f"upstream rejected the request: {msg}", overflow=overflow)
     if status == 429:
         e = RateLimited(f"upstream rate limit: {msg}", retry_after=retry_after)
-        return UpstreamError(e.message, status=429, retryable=True, upstream_status=429, retry_after=retry_after)
+        return UpstreamError(
+            e.message, status=429, retryable=True, upstream_status=429, retry_after=retry_after
+        )
     if status == 503 or status == 529:
-        return Overloaded(f"upstream unavailable ({status}): {msg}", upstream_status=status, retry_after=retry_after)
+        return Overloaded(
+            f"upstream unavailable ({status}): {msg}",
+            upstream_status=status,
+            retry_after=retry_after,
+        )
     if status >= 500:
         return UpstreamError(f"upstream error ({status}): {msg}", upstream_status=status)
     if status in (401, 403):
         # Our upstream credentials are wrong: not the client's fault; another channel may work.
-        return UpstreamError(f"upstream refused the gateway's credentials ({status})", upstream_status=status)
+        return UpstreamError(
+            f"upstream refused the gateway's credentials ({status})", upstream_status=status
+        )
     if status == 404:
-        return UpstreamError(f"upstream has no such route or model ({status}): {msg}", upstream_status=status)
-    return UpstreamError(f"upstream error ({status}): {msg}", upstream_status=status, retryable=False)
+        return UpstreamError(
+            f"upstream has no such route or model ({status}): {msg}", upstream_status=status
+        )
+    return UpstreamError(
+        f"upstream error ({status}): {msg}", upstream_status=status, retryable=False
+    )
 
 
 class UpstreamRejected(InvalidRequest):
@@ -140,7 +152,9 @@ class UpstreamResponse:
                 where = "before the first byte" if first else "mid-response"
                 raise UpstreamTimeout(f"upstream sent nothing for {timeout:g} s {where}") from None
             except httpx.HTTPError as exc:
-                raise UpstreamError(f"upstream connection failed mid-response: {type(exc).__name__}") from exc
+                raise UpstreamError(
+                    f"upstream connection failed mid-response: {type(exc).__name__}"
+                ) from exc
             if chunk:
                 return chunk
 
@@ -153,7 +167,9 @@ class Upstream:
 
     def __init__(self, *, max_connections: int = 1000) -> None:
         self._client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=200, keepalive_expiry=60),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=200, keepalive_expiry=60
+            ),
             timeout=None,
             follow_redirects=False,
             trust_env=False,
@@ -174,14 +190,23 @@ class Upstream:
             url,
             content=body,
             headers=headers,
-            timeout=httpx.Timeout(connect=timeouts.connect, read=timeouts.idle, write=timeouts.idle, pool=timeouts.connect),
+            timeout=httpx.Timeout(
+                connect=timeouts.connect,
+                read=timeouts.idle,
+                write=timeouts.idle,
+                pool=timeouts.connect,
+            ),
         )
         try:
             resp = await asyncio.wait_for(self._client.send(req, stream=True), timeouts.first_byte)
         except TimeoutError:
-            raise UpstreamTimeout(f"upstream did not answer within {timeouts.first_byte:g} s") from None
+            raise UpstreamTimeout(
+                f"upstream did not answer within {timeouts.first_byte:g} s"
+            ) from None
         except httpx.ConnectTimeout:
-            raise UpstreamTimeout(f"upstream connect timed out after {timeouts.connect:g} s") from None
+            raise UpstreamTimeout(
+                f"upstream connect timed out after {timeouts.connect:g} s"
+            ) from None
         except httpx.TimeoutException:
             raise UpstreamTimeout("upstream timed out before the first byte") from None
         except httpx.HTTPError as exc:

@@ -16,7 +16,13 @@ from tests.fakes import Reply
 NAMES = fixture_names()
 pytestmark = pytest.mark.skipif(not NAMES, reason="no Claude Code fixtures in shared/")
 
-_SEND_HEADERS = {"anthropic-version", "anthropic-beta", "user-agent", "x-app", "x-claude-code-session-id"}
+_SEND_HEADERS = {
+    "anthropic-version",
+    "anthropic-beta",
+    "user-agent",
+    "x-app",
+    "x-claude-code-session-id",
+}
 
 
 def _send(gw, fx: dict, stream: bool | None = None) -> httpx.Response:
@@ -40,10 +46,14 @@ def test_upstream_request_is_cache_safe(gateway, upstream, name):
     # No billing header anywhere upstream.
     assert PREFIX not in upstream.raw[-1].decode()
     # The system prompt is system[1] + system[2], in order, at the start.
-    expected_system = "\n".join(b["text"] for b in body["system"] if not b["text"].startswith(PREFIX))
+    expected_system = "\n".join(
+        b["text"] for b in body["system"] if not b["text"].startswith(PREFIX)
+    )
     assert sent["messages"][0] == {"role": "system", "content": expected_system}
     # Tools kept, in order, schemas untouched.
-    assert [t["function"]["name"] for t in sent.get("tools", [])] == [t["name"] for t in body.get("tools", [])]
+    assert [t["function"]["name"] for t in sent.get("tools", [])] == [
+        t["name"] for t in body.get("tools", [])
+    ]
     for t_in, t_out in zip(body.get("tools", []), sent.get("tools", []), strict=True):
         assert t_out["function"]["parameters"] == t_in["input_schema"]
     # Every message kept in place, including a mid-conversation system message.
@@ -55,11 +65,19 @@ def test_upstream_request_is_cache_safe(gateway, upstream, name):
             assert sent["messages"][1 + i]["role"] == "system"
     # Anthropic-only fields dropped; no cache_control leaks upstream.
     raw = upstream.raw[-1].decode()
-    for field in ("cache_control", "context_management", "output_config", "defer_loading", "safeguards"):
+    for field in (
+        "cache_control",
+        "context_management",
+        "output_config",
+        "defer_loading",
+        "safeguards",
+    ):
         assert f'"{field}"' not in raw
     # The record keeps who and what.
     rec = gw.records[-1]
-    assert rec.client == "claude-cli" and rec.session_id == fx["headers"]["X-Claude-Code-Session-Id"]
+    assert (
+        rec.client == "claude-cli" and rec.session_id == fx["headers"]["X-Claude-Code-Session-Id"]
+    )
     assert rec.session_kind == "claude-code"
 
 
@@ -67,13 +85,19 @@ def test_upstream_request_is_cache_safe(gateway, upstream, name):
 def test_sdk_reads_the_converted_stream(gateway, upstream, name):
     fx = load_fixture(name)
     gw = gateway()
-    upstream.script = lambda b: Reply(reasoning="hmm", text="Done.", prompt_tokens=30000, cached_tokens=29952)
+    upstream.script = lambda b: Reply(
+        reasoning="hmm", text="Done.", prompt_tokens=30000, cached_tokens=29952
+    )
     r = _send(gw, fx, stream=True)
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     # Feed the raw SSE bytes to the official SDK's stream reader.
     client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
-    body = {k: v for k, v in fx["body"].items() if k in ("model", "max_tokens", "messages", "system", "tools", "metadata")}
+    body = {
+        k: v
+        for k, v in fx["body"].items()
+        if k in ("model", "max_tokens", "messages", "system", "tools", "metadata")
+    }
     with client.messages.stream(**body) as s:
         final = s.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "text"]

@@ -22,9 +22,14 @@ def o_client(gw, **kw) -> openai.OpenAI:
 
 def test_messages_non_streaming_text_and_usage(gateway, upstream):
     gw = gateway()
-    upstream.script = lambda b: Reply(text="Hi there", prompt_tokens=1000, cached_tokens=768, completion_tokens=5)
+    upstream.script = lambda b: Reply(
+        text="Hi there", prompt_tokens=1000, cached_tokens=768, completion_tokens=5
+    )
     msg = a_client(gw).messages.create(
-        model="m", max_tokens=50, system="Be brief.", messages=[{"role": "user", "content": "hello"}]
+        model="m",
+        max_tokens=50,
+        system="Be brief.",
+        messages=[{"role": "user", "content": "hello"}],
     )
     assert msg.content[0].type == "text" and msg.content[0].text == "Hi there"
     assert msg.stop_reason == "end_turn"
@@ -33,7 +38,10 @@ def test_messages_non_streaming_text_and_usage(gateway, upstream):
     assert msg.usage.cache_read_input_tokens == 768
     assert msg.usage.output_tokens == 5
     sent = upstream.requests[-1]
-    assert sent["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+    ]
     assert sent["max_tokens"] == 50
     rec = gw.records[-1]
     assert (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens) == (1000, 768, 5)
@@ -56,7 +64,13 @@ def test_messages_streaming_thinking_text_tool(gateway, upstream):
         model="m",
         max_tokens=100,
         messages=[{"role": "user", "content": "read /tmp/x"}],
-        tools=[{"name": "Read", "description": "read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
+        tools=[
+            {
+                "name": "Read",
+                "description": "read",
+                "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+            }
+        ],
         thinking={"type": "enabled", "budget_tokens": 2000},
     ) as stream:
         events = [e.type for e in stream]
@@ -81,7 +95,9 @@ def test_message_start_carries_no_inflated_usage(gateway, upstream):
     gw = gateway()
     upstream.script = lambda b: Reply(text="x", prompt_tokens=90000, cached_tokens=89000)
     client = a_client(gw)
-    with client.messages.stream(model="m", max_tokens=10, messages=[{"role": "user", "content": "q"}]) as stream:
+    with client.messages.stream(
+        model="m", max_tokens=10, messages=[{"role": "user", "content": "q"}]
+    ) as stream:
         start = next(iter(stream))
         assert start.type == "message_start"
         assert start.message.usage.input_tokens == 0
@@ -92,11 +108,20 @@ def test_message_start_carries_no_inflated_usage(gateway, upstream):
 def test_tool_use_round_trip(gateway, upstream):
     gw = gateway()
     upstream.script = lambda b: Reply(
-        tool_calls=[{"id": "call_9", "name": "get_weather", "arguments": '{"city":"Paris"}'}], finish_reason="tool_calls"
+        tool_calls=[{"id": "call_9", "name": "get_weather", "arguments": '{"city":"Paris"}'}],
+        finish_reason="tool_calls",
     )
     client = a_client(gw)
-    tools = [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
-    first = client.messages.create(model="m", max_tokens=64, tools=tools, messages=[{"role": "user", "content": "weather?"}])
+    tools = [
+        {
+            "name": "get_weather",
+            "description": "Weather",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
+    first = client.messages.create(
+        model="m", max_tokens=64, tools=tools, messages=[{"role": "user", "content": "weather?"}]
+    )
     assert first.stop_reason == "tool_use"
     call = first.content[0]
     upstream.script = lambda b: Reply(text="It is sunny.")
@@ -106,8 +131,16 @@ def test_tool_use_round_trip(gateway, upstream):
         tools=tools,
         messages=[
             {"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 21C"}]},
+            {
+                "role": "assistant",
+                "content": [b.model_dump(exclude_none=True) for b in first.content],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 21C"}
+                ],
+            },
         ],
     )
     assert second.content[0].text == "It is sunny."
@@ -123,7 +156,9 @@ def test_async_anthropic_streaming(gateway, upstream):
 
     async def run():
         client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="k", max_retries=0)
-        async with client.messages.stream(model="m", max_tokens=10, messages=[{"role": "user", "content": "q"}]) as s:
+        async with client.messages.stream(
+            model="m", max_tokens=10, messages=[{"role": "user", "content": "q"}]
+        ) as s:
             text = "".join([t async for t in s.text_stream])
         await client.close()
         return text
@@ -134,7 +169,9 @@ def test_async_anthropic_streaming(gateway, upstream):
 def test_chat_passthrough_non_streaming_and_model_map(gateway, upstream):
     gw = gateway({"models": ["llm-prime"], "model_map": {"llm-prime": "deepseek-v4-flash-0731"}})
     upstream.script = lambda b: Reply(text="pong", prompt_tokens=20, cached_tokens=16)
-    resp = o_client(gw).chat.completions.create(model="llm-prime", messages=[{"role": "user", "content": "ping"}])
+    resp = o_client(gw).chat.completions.create(
+        model="llm-prime", messages=[{"role": "user", "content": "ping"}]
+    )
     assert resp.choices[0].message.content == "pong"
     assert resp.model == "llm-prime"
     assert upstream.requests[-1]["model"] == "deepseek-v4-flash-0731"
@@ -145,9 +182,15 @@ def test_chat_passthrough_non_streaming_and_model_map(gateway, upstream):
 
 def test_chat_stream_usage_hidden_unless_asked(gateway, upstream):
     gw = gateway()
-    upstream.script = lambda b: Reply(text="a b c", prompt_tokens=64, cached_tokens=32, completion_tokens=3)
+    upstream.script = lambda b: Reply(
+        text="a b c", prompt_tokens=64, cached_tokens=32, completion_tokens=3
+    )
     client = o_client(gw)
-    chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+    )
     assert all(c.usage is None for c in chunks)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "a b c"
     # The gateway still asked for usage upstream and recorded it.
@@ -155,7 +198,10 @@ def test_chat_stream_usage_hidden_unless_asked(gateway, upstream):
     assert gw.records[-1].cached_tokens == 32 and gw.records[-1].prompt_tokens == 64
     chunks = list(
         client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x"}], stream=True, stream_options={"include_usage": True}
+            model="m",
+            messages=[{"role": "user", "content": "x"}],
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     assert chunks[-1].usage.prompt_tokens == 64
@@ -167,7 +213,9 @@ def test_async_openai_stream(gateway, upstream):
 
     async def run():
         client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
-        stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True
+        )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         await client.close()
         return text
@@ -185,7 +233,9 @@ def test_models_listing_both_shapes(gateway):
 
 def test_count_tokens(gateway):
     gw = gateway()
-    n = a_client(gw).messages.count_tokens(model="m", messages=[{"role": "user", "content": "hello " * 400}])
+    n = a_client(gw).messages.count_tokens(
+        model="m", messages=[{"role": "user", "content": "hello " * 400}]
+    )
     assert 400 <= n.input_tokens <= 1000
 
 
@@ -194,7 +244,12 @@ def test_stop_sequence(gateway, upstream, stream):
     gw = gateway()
     upstream.script = lambda b: Reply(text="one two", stop_reason="END")
     client = a_client(gw)
-    args = dict(model="m", max_tokens=10, stop_sequences=["END"], messages=[{"role": "user", "content": "q"}])
+    args = dict(
+        model="m",
+        max_tokens=10,
+        stop_sequences=["END"],
+        messages=[{"role": "user", "content": "q"}],
+    )
     if stream:
         with client.messages.stream(**args) as s:
             msg = s.get_final_message()

@@ -37,7 +37,9 @@ def system_text(system: object) -> str:
         return ""
     if isinstance(system, str):
         return system
-    return "\n".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text")
+    return "\n".join(
+        b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text"
+    )
 
 
 def anthropic_to_openai(body: dict, opts: ConvertOptions) -> dict:

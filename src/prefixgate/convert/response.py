@@ -20,10 +20,17 @@ def new_message_id() -> str:
     return "msg_" + secrets.token_hex(12)
 
 
-def stop_reason(finish: str | None, matched: object, stop_sequences: list[str] | None) -> tuple[str, str | None]:
+def stop_reason(
+    finish: str | None, matched: object, stop_sequences: list[str] | None
+) -> tuple[str, str | None]:
     """Anthropic ``(stop_reason, stop_sequence)`` from OpenAI's ``finish_reason`` and vLLM's
     ``stop_reason`` (the matched stop string, when one matched)."""
-    if finish == "stop" and isinstance(matched, str) and stop_sequences and matched in stop_sequences:
+    if (
+        finish == "stop"
+        and isinstance(matched, str)
+        and stop_sequences
+        and matched in stop_sequences
+    ):
         return "stop_sequence", matched
     return STOP_REASONS.get(finish or "stop", "end_turn"), None
 
@@ -64,7 +71,9 @@ def openai_to_anthropic(
                 "input": parse_arguments(fn.get("arguments") or ""),
             }
         )
-    reason, seq = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"), stop_sequences)
+    reason, seq = stop_reason(
+        choice.get("finish_reason"), choice.get("stop_reason"), stop_sequences
+    )
     if msg.get("tool_calls") and reason == "end_turn":
         reason = "tool_use"
     usage = Usage.from_openai(resp.get("usage"))

@@ -138,7 +138,10 @@ class AnthropicStream:
     # -- blocks -------------------------------------------------------------------------
     def _delta(self, delta: dict) -> bytes:
         self.saw_content = True
-        return sse("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
+        return sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self._index, "delta": delta},
+        )
 
     def _switch(self, out: list[bytes], kind: str, block: dict) -> None:
         if self._open == kind and kind != "tool":
@@ -147,7 +150,10 @@ class AnthropicStream:
         self._index += 1
         self._open = kind
         out.append(
-            sse("content_block_start", {"type": "content_block_start", "index": self._index, "content_block": block})
+            sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": self._index, "content_block": block},
+            )
         )
 
     def _close(self, out: list[bytes]) -> None:
@@ -198,5 +204,7 @@ class AnthropicStream:
         tool.block = self._index
         self._open_tool = idx
         if tool.args:
-            out.append(self._delta({"type": "input_json_delta", "partial_json": "".join(tool.args)}))
+            out.append(
+                self._delta({"type": "input_json_delta", "partial_json": "".join(tool.args)})
+            )
             tool.args.clear()

@@ -24,7 +24,11 @@ def strip_billing_header(body: dict) -> tuple[dict, bool]:
         kept = [
             b
             for b in system
-            if not (isinstance(b, dict) and b.get("type") == "text" and is_billing_header(b.get("text", "")))
+            if not (
+                isinstance(b, dict)
+                and b.get("type") == "text"
+                and is_billing_header(b.get("text", ""))
+            )
         ]
         if len(kept) != len(system):
             return {**body, "system": kept}, True

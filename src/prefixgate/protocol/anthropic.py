@@ -95,17 +95,27 @@ def check_messages_request(body: dict, limits: Limits) -> None:
             blocks += len(system)
             for j, b in enumerate(system):
                 expect(
-                    isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str),
+                    isinstance(b, dict)
+                    and b.get("type") == "text"
+                    and isinstance(b.get("text"), str),
                     f"system.{j}: must be a text block",
                     f"system.{j}",
                 )
         else:
-            expect(isinstance(system, str), "system: must be a string or an array of text blocks", "system")
+            expect(
+                isinstance(system, str),
+                "system: must be a string or an array of text blocks",
+                "system",
+            )
     expect(blocks <= limits.max_blocks, f"at most {limits.max_blocks} content blocks are accepted")
     tools = body.get("tools")
     if tools is not None:
         expect(isinstance(tools, list), "tools: must be an array", "tools")
-        expect(len(tools) <= limits.max_tools, f"tools: at most {limits.max_tools} tools are accepted", "tools")
+        expect(
+            len(tools) <= limits.max_tools,
+            f"tools: at most {limits.max_tools} tools are accepted",
+            "tools",
+        )
         for j, t in enumerate(tools):
             expect(
                 isinstance(t, dict) and isinstance(t.get("name"), str),
@@ -126,7 +136,11 @@ def check_messages_request(body: dict, limits: Limits) -> None:
             "tool_choice",
         )
         if tc.get("type") == "tool":
-            expect(isinstance(tc.get("name"), str), "tool_choice.name: required for type tool", "tool_choice.name")
+            expect(
+                isinstance(tc.get("name"), str),
+                "tool_choice.name: required for type tool",
+                "tool_choice.name",
+            )
     for key in ("temperature", "top_p"):
         v = body.get(key)
         expect(
@@ -135,7 +149,11 @@ def check_messages_request(body: dict, limits: Limits) -> None:
             key,
         )
     tk = body.get("top_k")
-    expect(tk is None or (isinstance(tk, int) and not isinstance(tk, bool)), "top_k: must be an integer", "top_k")
+    expect(
+        tk is None or (isinstance(tk, int) and not isinstance(tk, bool)),
+        "top_k: must be an integer",
+        "top_k",
+    )
     ss = body.get("stop_sequences")
     expect(
         ss is None or (isinstance(ss, list) and all(isinstance(s, str) for s in ss)),
@@ -156,14 +174,22 @@ def check_count_tokens_request(body: dict, limits: Limits) -> None:
 def _check_block(b: object, where: str) -> None:
     expect(isinstance(b, dict), f"{where}: must be an object, got {type_name(b)}", where)
     btype = b.get("type")
-    expect(isinstance(btype, str) and btype in _BLOCK_TYPES, f"{where}.type: unknown block type {btype!r}", f"{where}.type")
+    expect(
+        isinstance(btype, str) and btype in _BLOCK_TYPES,
+        f"{where}.type: unknown block type {btype!r}",
+        f"{where}.type",
+    )
     if btype == "text":
         expect(isinstance(b.get("text"), str), f"{where}.text: must be a string", f"{where}.text")
     elif btype == "tool_use":
         expect(isinstance(b.get("id"), str), f"{where}.id: must be a string", f"{where}.id")
         expect(isinstance(b.get("name"), str), f"{where}.name: must be a string", f"{where}.name")
     elif btype == "tool_result":
-        expect(isinstance(b.get("tool_use_id"), str), f"{where}.tool_use_id: must be a string", f"{where}.tool_use_id")
+        expect(
+            isinstance(b.get("tool_use_id"), str),
+            f"{where}.tool_use_id: must be a string",
+            f"{where}.tool_use_id",
+        )
         c = b.get("content")
         expect(
             c is None or isinstance(c, str | list),
@@ -181,4 +207,8 @@ def _check_block(b: object, where: str) -> None:
             f"{where}.source",
         )
     elif btype == "thinking":
-        expect(isinstance(b.get("thinking"), str), f"{where}.thinking: must be a string", f"{where}.thinking")
+        expect(
+            isinstance(b.get("thinking"), str),
+            f"{where}.thinking: must be a string",
+            f"{where}.thinking",
+        )

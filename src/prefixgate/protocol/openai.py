@@ -44,7 +44,11 @@ def check_chat_request(body: dict, limits: Limits) -> None:
     model = body.get("model")
     expect(isinstance(model, str) and model != "", "model: a non-empty string is required", "model")
     messages = body.get("messages")
-    expect(isinstance(messages, list) and len(messages) > 0, "messages: a non-empty array is required", "messages")
+    expect(
+        isinstance(messages, list) and len(messages) > 0,
+        "messages: a non-empty array is required",
+        "messages",
+    )
     expect(
         len(messages) <= limits.max_messages,
         f"messages: at most {limits.max_messages} messages are accepted",
@@ -53,7 +57,11 @@ def check_chat_request(body: dict, limits: Limits) -> None:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         expect(isinstance(m, dict), f"{where}: must be an object, got {type_name(m)}", where)
-        expect(m.get("role") in _ROLES, f"{where}.role: must be one of {', '.join(_ROLES)}", f"{where}.role")
+        expect(
+            m.get("role") in _ROLES,
+            f"{where}.role: must be one of {', '.join(_ROLES)}",
+            f"{where}.role",
+        )
         c = m.get("content")
         expect(
             c is None or isinstance(c, str | list),
@@ -69,11 +77,21 @@ def check_chat_request(body: dict, limits: Limits) -> None:
     tools = body.get("tools")
     if tools is not None:
         expect(isinstance(tools, list), "tools: must be an array", "tools")
-        expect(len(tools) <= limits.max_tools, f"tools: at most {limits.max_tools} tools are accepted", "tools")
-        expect(all(isinstance(t, dict) for t in tools), "tools: each tool must be an object", "tools")
-    expect(isinstance(body.get("stream", False), bool | None), "stream: must be a boolean", "stream")
+        expect(
+            len(tools) <= limits.max_tools,
+            f"tools: at most {limits.max_tools} tools are accepted",
+            "tools",
+        )
+        expect(
+            all(isinstance(t, dict) for t in tools), "tools: each tool must be an object", "tools"
+        )
+    expect(
+        isinstance(body.get("stream", False), bool | None), "stream: must be a boolean", "stream"
+    )
     so = body.get("stream_options")
-    expect(so is None or isinstance(so, dict), "stream_options: must be an object", "stream_options")
+    expect(
+        so is None or isinstance(so, dict), "stream_options: must be an object", "stream_options"
+    )
     for key in ("temperature", "top_p", "max_tokens", "max_completion_tokens", "n"):
         v = body.get(key)
         expect(

@@ -1,0 +1,272 @@
+"""vLLM's KV block pool: cached blocks, reference counts and the LRU free queue.
+
+The rules modelled (vLLM v1 ``BlockPool`` / ``KVCacheManager``):
+
+- A map from block hash to the block(s) holding it. Duplicates are allowed: when the
+  last-token rule stops a hit one block early, the request recomputes that block into a
+  new block that gets the same hash; a lookup uses the oldest copy.
+- Each block has a reference count. Blocks with count 0 sit in the free queue, least
+  recently used first. A hit on a free block takes it out of the queue (``touch``).
+- A finished request frees its blocks TAIL-FIRST: its last block joins the queue first,
+  so the end of a chain is evicted before its start.
+- Eviction is lazy: a free block keeps its hash, and can be hit again, until the pool
+  hands it out for a new block; only then is its hash dropped.
+- Never-used blocks are handed out before any cached block is evicted (they sit at the
+  head of vLLM's initial free queue).
+
+With ``capacity_tokens=None`` the pool is unlimited and never evicts. A capacity is
+rounded down to whole blocks (vLLM's reserved null block is not counted: give the usable
+capacity). Keys may be any hashable (the 16-byte hashes of :mod:`.blocks`, or a trace's
+integer block ids).
+
+Choices where vLLM would queue or preempt instead (this model has no scheduler):
+- A request that needs more free blocks than exist gets what fits: the leading blocks of
+  its chain are cached, the rest are not, and its handle is marked ``complete=False``.
+- Whole requests are allocated at once (no chunked prefill, no preemption).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["BlockPool", "Handle"]
+
+
+@dataclass(eq=False, slots=True)
+class Handle:
+    """The blocks one running request holds, in chain order.
+
+    ``blocks[:num_hashed]`` carry hashes (hits first, then newly cached blocks); the rest
+    are uncached blocks (the partial last block, room for output).
+    """
+
+    blocks: list[int] = field(default_factory=list)
+    num_hashed: int = 0
+    hit_blocks: int = 0
+    complete: bool = True
+    released: bool = False
+
+
+class BlockPool:
+    """A KV block pool with vLLM's prefix-caching semantics. Not thread-safe by itself;
+    :class:`~prefixgate.cache.prefix_cache.PrefixCache` wraps it in a lock."""
+
+    def __init__(
+        self,
+        block_size: int,
+        capacity_tokens: int | None = None,
+        *,
+        on_evict: Callable[[Hashable], None] | None = None,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, not {block_size}")
+        if capacity_tokens is not None and capacity_tokens < 0:
+            raise ValueError(f"capacity_tokens must be >= 0, not {capacity_tokens}")
+        self.block_size = block_size
+        self.num_blocks: int | None = (
+            None if capacity_tokens is None else capacity_tokens // block_size
+        )
+        self.on_evict = on_evict
+        self._key: list[Hashable | None] = []  # per block id: its hash, or None
+        self._ref: list[int] = []  # per block id: reference count
+        self._cached: dict[Hashable, list[int]] = {}  # hash -> block ids, oldest first
+        self._free: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self._used = 0
+        self._num_cached = 0
+        self.hit_blocks = 0  # blocks served from the cache
+        self.allocated_blocks = 0  # blocks handed out for new content
+        self.evicted_blocks = 0  # cached blocks whose hash was dropped on reuse
+
+    # -- queries (no side effects) ---------------------------------------------------
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        return None if self.num_blocks is None else self.num_blocks * self.block_size
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by running requests."""
+        return self._used
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a hash (in use or free)."""
+        return self._num_cached
+
+    @property
+    def num_free_blocks(self) -> int | None:
+        """Blocks available for new content (``None`` when unlimited)."""
+        return None if self.num_blocks is None else self.num_blocks - self._used
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, like ``vllm:kv_cache_usage_perc`` (0.0 if unlimited)."""
+        if not self.num_blocks:
+            return 0.0
+        return self._used / self.num_blocks
+
+    def __contains__(self, block_hash: Hashable) -> bool:
+        return block_hash in self._cached
+
+    def longest_prefix(self, hashes: Sequence[Hashable]) -> int:
+        """Number of leading ``hashes`` that are cached now."""
+        cached = self._cached
+        n = 0
+        for h in hashes:
+            if h not in cached:
+                break
+            n += 1
+        return n
+
+    def free_order(self) -> list[Hashable | None]:
+        """Hashes of the free blocks in eviction order (next victim first); for tests
+        and inspection."""
+        return [self._key[b] for b in self._free]
+
+    # -- the request lifecycle -------------------------------------------------------
+
+    def acquire(
+        self,
+        hashes: Sequence[Hashable],
+        *,
+        max_hit_blocks: int | None = None,
+        extra_blocks: int = 0,
+    ) -> Handle:
+        """Schedule a request whose full blocks have ``hashes``.
+
+        Hits (the longest cached prefix, at most ``max_hit_blocks``) are touched: taken
+        out of the free queue, reference count + 1. Every later hash gets a new block,
+        evicting the LRU free block when the pool is full. ``extra_blocks`` uncached
+        blocks (the partial last block) are held too when the pool is bounded; they
+        matter only for capacity and eviction order.
+        """
+        limit = len(hashes) if max_hit_blocks is None else max(0, min(max_hit_blocks, len(hashes)))
+        hit = self.longest_prefix(hashes[:limit])
+        handle = Handle(hit_blocks=hit)
+        blocks = handle.blocks
+        ref, free, cached = self._ref, self._free, self._cached
+        for h in hashes[:hit]:
+            bid = cached[h][0]
+            if ref[bid] == 0:
+                del free[bid]
+                self._used += 1
+            ref[bid] += 1
+            blocks.append(bid)
+        handle.num_hashed = hit
+        self.hit_blocks += hit
+        self._append_hashed(handle, hashes[hit:])
+        self._append_uncached(handle, extra_blocks)
+        return handle
+
+    def extend(self, handle: Handle, hashes: Sequence[Hashable], extra_blocks: int = 0) -> None:
+        """Cache more full blocks of a running request's chain (output tokens filled
+        them), then make it hold ``extra_blocks`` uncached blocks after them. Uncached
+        blocks it already holds are filled first, as vLLM fills the partial block."""
+        if handle.released:
+            raise ValueError("handle already released")
+        if not handle.complete:
+            return  # the chain has a gap; later blocks cannot be cached
+        self._append_hashed(handle, hashes)
+        self._append_uncached(handle, extra_blocks)
+
+    def release(self, handle: Handle) -> None:
+        """A request finished: drop its references, tail first."""
+        if handle.released:
+            raise ValueError("handle already released")
+        handle.released = True
+        ref, key, free = self._ref, self._key, self._free
+        bounded = self.num_blocks is not None
+        for bid in reversed(handle.blocks):
+            r = ref[bid] - 1
+            ref[bid] = r
+            if r == 0:
+                self._used -= 1
+                if bounded or key[bid] is not None:
+                    free[bid] = None
+
+    def clear(self) -> None:
+        """Forget every cached hash (vLLM's reset_prefix_cache); only when idle."""
+        if self._used:
+            raise RuntimeError("cannot clear the pool while blocks are in use")
+        self._key.clear()
+        self._ref.clear()
+        self._cached.clear()
+        self._free.clear()
+        self._num_cached = 0
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _append_hashed(self, handle: Handle, hashes: Sequence[Hashable]) -> None:
+        blocks = handle.blocks
+        i = handle.num_hashed
+        for h in hashes:
+            if i < len(blocks):
+                bid = blocks[i]  # an uncached block this request already holds
+            else:
+                new = self._allocate()
+                if new is None:
+                    handle.complete = False
+                    break
+                bid = new
+                blocks.append(bid)
+            self._insert(h, bid)
+            i += 1
+        handle.num_hashed = i
+
+    def _append_uncached(self, handle: Handle, extra_blocks: int) -> None:
+        if self.num_blocks is None or not handle.complete:
+            return  # unlimited: uncached blocks change nothing
+        want = handle.num_hashed + extra_blocks
+        while len(handle.blocks) < want:
+            bid = self._allocate()
+            if bid is None:
+                handle.complete = False
+                return
+            handle.blocks.append(bid)
+
+    def _allocate(self) -> int | None:
+        """A block with reference count 1 and no hash, or ``None`` if the pool is full."""
+        if self.num_blocks is None or len(self._key) < self.num_blocks:
+            bid = len(self._key)
+            self._key.append(None)
+            self._ref.append(1)
+        elif self._free:
+            bid, _ = self._free.popitem(last=False)
+            old = self._key[bid]
+            if old is not None:
+                self._uncache(old, bid)
+                self.evicted_blocks += 1
+                if self.on_evict is not None:
+                    self.on_evict(old)
+            self._ref[bid] = 1
+        else:
+            return None
+        self._used += 1
+        self.allocated_blocks += 1
+        return bid
+
+    def _insert(self, block_hash: Hashable, bid: int) -> None:
+        self._key[bid] = block_hash
+        self._num_cached += 1
+        holders = self._cached.get(block_hash)
+        if holders is None:
+            self._cached[block_hash] = [bid]
+        else:
+            holders.append(bid)
+
+    def _uncache(self, block_hash: Hashable, bid: int) -> None:
+        holders = self._cached[block_hash]
+        holders.remove(bid)
+        if not holders:
+            del self._cached[block_hash]
+        self._key[bid] = None
+        self._num_cached -= 1
+
+    def __repr__(self) -> str:
+        cap = "unlimited" if self.num_blocks is None else f"{self.num_blocks} blocks"
+        return (
+            f"BlockPool(block_size={self.block_size}, {cap}, used={self._used}, "
+            f"cached={self._num_cached})"
+        )

@@ -1,0 +1,266 @@
+"""Chat rendering: how an upstream turns an OpenAI chat request into one prompt string.
+
+The prefix cache sees tokens, not messages, so where each part of a request lands in the
+prompt decides what stays cacheable. Two renderers share the :class:`Renderer` protocol:
+
+- :class:`ChatRenderer`: a simple, typical role-marker format with the tools either before
+  the system prompt (``tools_first``, like the DeepSeek template) or after the leading
+  system message(s) (``system_first``).
+- :class:`JinjaChatTemplate`: a real Hugging Face chat template, rendered the way
+  ``transformers`` does (sandboxed, ``trim_blocks``, ``lstrip_blocks``, ``tojson``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from .tokenizer import Tokenizer
+
+__all__ = [
+    "ChatRenderer",
+    "JinjaChatTemplate",
+    "RenderError",
+    "Renderer",
+    "canonical_json",
+    "content_text",
+    "render_tokens",
+]
+
+Message = dict[str, Any]
+_LEADING_ROLES = ("system", "developer")
+
+
+class RenderError(Exception):
+    """A chat template could not be loaded or rendered."""
+
+
+class Renderer(Protocol):
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str: ...
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON that keeps key order: equal inputs give equal text."""
+    return json.dumps(value, sort_keys=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _image_marker(part: dict[str, Any]) -> str:
+    """A placeholder that names the image, so equal images give equal text (vLLM keys
+    multimodal blocks by the item's hash)."""
+    image = part.get("image_url")
+    url = image.get("url", "") if isinstance(image, dict) else str(image or "")
+    digest = hashlib.blake2b(url.encode("utf-8"), digest_size=8).hexdigest()
+    return f"<|image:{digest}|>"
+
+
+def content_text(content: Any) -> str:
+    """The text of a message ``content``: a string, a list of parts, or ``None``."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict):
+                kind = part.get("type")
+                if kind == "text":
+                    out.append(str(part.get("text", "")))
+                elif kind == "image_url":
+                    out.append(_image_marker(part))
+                else:
+                    out.append(canonical_json(part))
+        return "".join(out)
+    return canonical_json(content)
+
+
+class ChatRenderer:
+    """A typical chat-template layout with role markers::
+
+        <|tools|>[...]<|end|>            (tools_first: before everything)
+        <|system|>\\n...<|end|>\\n
+        <|tools|>[...]<|end|>            (system_first: after the leading system messages)
+        <|user|>\\n...<|end|>\\n
+        <|assistant|>\\n<think>...</think>...<|tool_calls|>[...]<|end|>\\n
+        <|tool|>\\n<|call:ID|>...<|end|>\\n
+        <|assistant|>\\n                 (generation prompt)
+
+    Mid-conversation system messages are rendered where they are. ``keep_reasoning=False``
+    drops ``reasoning_content`` of assistant turns (as Qwen3/DeepSeek-R1 templates do for
+    past turns, which changes the prefix of the next request).
+    """
+
+    def __init__(
+        self,
+        order: Literal["tools_first", "system_first"] = "tools_first",
+        *,
+        keep_reasoning: bool = True,
+    ) -> None:
+        if order not in ("tools_first", "system_first"):
+            raise ValueError(f"order must be 'tools_first' or 'system_first', not {order!r}")
+        self.order = order
+        self.keep_reasoning = keep_reasoning
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        tools_text = f"<|tools|>{canonical_json(list(tools))}<|end|>\n" if tools else ""
+        n_lead = 0
+        while n_lead < len(messages) and messages[n_lead].get("role") in _LEADING_ROLES:
+            n_lead += 1
+        parts: list[str] = []
+        if self.order == "tools_first":
+            parts.append(tools_text)
+        parts.extend(self._message(m) for m in messages[:n_lead])
+        if self.order == "system_first":
+            parts.append(tools_text)
+        parts.extend(self._message(m) for m in messages[n_lead:])
+        if add_generation_prompt:
+            parts.append("<|assistant|>\n")
+        return "".join(parts)
+
+    def _message(self, msg: Message) -> str:
+        role = str(msg.get("role", "user"))
+        body = content_text(msg.get("content"))
+        if role == "assistant":
+            reasoning = msg.get("reasoning_content")
+            if reasoning and self.keep_reasoning:
+                body = f"<think>{reasoning}</think>{body}"
+            calls = msg.get("tool_calls")
+            if calls:
+                body += f"<|tool_calls|>{canonical_json(calls)}"
+        elif role == "tool":
+            call_id = msg.get("tool_call_id")
+            if call_id:
+                body = f"<|call:{call_id}|>{body}"
+        return f"<|{role}|>\n{body}<|end|>\n"
+
+    def __repr__(self) -> str:
+        return f"ChatRenderer(order={self.order!r}, keep_reasoning={self.keep_reasoning!r})"
+
+
+def _raise_exception(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _token_text(value: Any) -> str:
+    """``bos_token`` in tokenizer_config.json is a string or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return "" if value is None else str(value)
+
+
+class JinjaChatTemplate:
+    """A Hugging Face chat template rendered like ``transformers`` renders it."""
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        from jinja2 import TemplateError
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as exc:
+            raise RenderError(f"invalid chat template: {exc}") from exc
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> JinjaChatTemplate:
+        """Load a ``.jinja`` file, or the ``chat_template`` of a ``tokenizer_config.json``
+        (with its ``bos_token``/``eos_token``; a list of named templates picks ``default``)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise RenderError(f"cannot read chat template {path}: {exc}") from exc
+        if path.suffix != ".json":
+            return cls(text)
+        try:
+            config = json.loads(text)
+        except ValueError as exc:
+            raise RenderError(f"{path} is not valid JSON") from exc
+        source = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(source, list):
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default")
+        if not isinstance(source, str):
+            raise RenderError(f"{path} has no chat_template string")
+        return cls(
+            source,
+            bos_token=_token_text(config.get("bos_token")),
+            eos_token=_token_text(config.get("eos_token")),
+        )
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
+        from jinja2 import TemplateError
+
+        try:
+            return self._template.render(
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                **extra,
+            )
+        except TemplateError as exc:
+            raise RenderError(f"chat template failed: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"JinjaChatTemplate({len(self.source)} chars)"
+
+
+def render_tokens(
+    renderer: Renderer,
+    tokenizer: Tokenizer,
+    messages: Sequence[Message],
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> list[int]:
+    """The prompt token ids of a chat request (generation prompt included)."""
+    return tokenizer.encode(renderer.render(messages, tools, add_generation_prompt=True))

@@ -1,0 +1,238 @@
+"""Segment capture: a request's prompt cut into ordered, hashed pieces.
+
+A segment is one tool definition, one system block or one message (plus the whole tool
+list as one segment), in the order the upstream renders them into its prompt (whether the
+tools come before or after the system prompt depends on the upstream: ``tools_first``). Its hash is
+the blake2b-128 hex digest of its canonical JSON::
+
+    json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+with every ``cache_control`` key removed where the APIs allow one (tool definitions, system
+blocks, message content blocks and the blocks inside a tool result): Claude Code moves its
+cache marker every turn without changing the content. ``tokens`` is ``ceil(chars / 4)``.
+
+Comparing the segment lists of two consecutive requests of a session says where the
+prompt prefix stopped matching (:func:`first_changed`), which is where the upstream's
+prefix cache stopped hitting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Container, Iterable
+from typing import Any, NamedTuple
+
+import msgspec
+
+from prefixgate.record.model import Segment
+from prefixgate.record.redact import redact
+
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
+# msgspec's sorted compact JSON equals json.dumps(sort_keys, ensure_ascii=False, compact)
+# for everything but some floats: exponent forms (msgspec "1e16", "1e-7", "0.00001" where
+# Python writes "1e+16", "1e-07", "1e-05") and non-finite ones (msgspec "null", Python
+# "NaN"). Output that might hold one is recomputed with json.dumps; false positives (text
+# such as "3e5" or "null") only cost time. The cheap literal-led scan runs first.
+_EXPONENT_HINT = re.compile(rb"e[-+]?[0-9]")
+_EXPONENT = re.compile(rb"[0-9]e[-+]?[0-9]")
+
+
+def _maybe_different(data: bytes) -> bool:
+    return (
+        b"null" in data
+        or b"0.0000" in data
+        or (_EXPONENT_HINT.search(data) is not None and _EXPONENT.search(data) is not None)
+    )
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The canonical JSON of ``obj`` as UTF-8 bytes (the hashed form)."""
+    try:
+        data = _encode_sorted(obj)
+    except (TypeError, ValueError, OverflowError, UnicodeEncodeError):
+        data = None
+    if data is None or _maybe_different(data):
+        text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        data = text.encode("utf-8", "surrogatepass")
+    return data
+
+
+def _chars(data: bytes) -> int:
+    return len(data) if data.isascii() else len(data.decode("utf-8", "surrogatepass"))
+
+
+class _Texts:
+    """Where captured texts go: ``out`` (hash -> redacted text), skipping ``known``."""
+
+    __slots__ = ("out", "known")
+
+    def __init__(self, out: dict[str, str], known: Container[str]) -> None:
+        self.out = out
+        self.known = known
+
+
+def _sink(texts: dict[str, str] | None, known: Container[str]) -> _Texts | None:
+    return None if texts is None else _Texts(texts, known)
+
+
+def _segment(kind: str, name: str, data: bytes, texts: _Texts | None) -> Segment:
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+    chars = _chars(data)
+    if texts is not None and digest not in texts.out and digest not in texts.known:
+        texts.out[digest] = redact(data.decode("utf-8", "surrogatepass"))
+    return Segment(kind, name, digest, chars, (chars + 3) // 4)
+
+
+def _strip(obj: Any) -> Any:
+    """``obj`` without ``cache_control``, also in its nested ``content`` blocks. Returns
+    ``obj`` itself when there is nothing to remove (no copy on the common path)."""
+    if isinstance(obj, dict):
+        content = obj.get("content")
+        new_content = _strip_list(content) if isinstance(content, list) else content
+        if "cache_control" in obj or new_content is not content:
+            obj = {k: v for k, v in obj.items() if k != "cache_control"}
+            if new_content is not content:
+                obj["content"] = new_content
+    return obj
+
+
+def _strip_list(items: list[Any]) -> list[Any]:
+    stripped = [_strip(item) for item in items]
+    if any(a is not b for a, b in zip(stripped, items, strict=True)):
+        return stripped
+    return items
+
+
+def _tool_segments(tools: Any, name_of: Any, texts: _Texts | None) -> list[Segment]:
+    if not isinstance(tools, list) or not tools:
+        return []
+    parts = [canonical_json(_strip(tool)) for tool in tools]
+    # The list's canonical JSON is its items' canonical JSON joined (compact separators).
+    out = [_segment("tools", "tools", b"[" + b",".join(parts) + b"]", texts)]
+    for i, (tool, data) in enumerate(zip(tools, parts, strict=True)):
+        out.append(_segment("tool", name_of(tool, i), data, texts))
+    return out
+
+
+def _anthropic_tool_name(tool: Any, i: int) -> str:
+    name = tool.get("name") if isinstance(tool, dict) else None
+    return name if isinstance(name, str) else f"tools[{i}]"
+
+
+def _openai_tool_name(tool: Any, i: int) -> str:
+    if isinstance(tool, dict):
+        fn = tool.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
+        if isinstance(name, str):
+            return name
+    return f"tools[{i}]"
+
+
+def _role(message: Any) -> str:
+    role = message.get("role") if isinstance(message, dict) else None
+    return role if isinstance(role, str) else "?"
+
+
+def segments_anthropic(
+    body: dict[str, Any],
+    *,
+    tools_first: bool = False,
+    texts: dict[str, str] | None = None,
+    known: Container[str] = (),
+) -> list[Segment]:
+    """Segments of an Anthropic Messages request: each ``system`` block (``system[i]``; a
+    string system is one block ``system``), ``tools`` (all tools) and each ``tool``, then
+    each ``message`` (``messages[i]:role``). ``tools_first`` puts the tools before the
+    system blocks, the order Anthropic's own prompt cache uses; by default the system
+    prompt leads, as in the prompt a self-hosted model renders from it. With ``texts``,
+    also fills it with the redacted canonical JSON of each segment, by hash, except the
+    hashes in ``known`` (texts already stored)."""
+    texts_ = _sink(texts, known)
+    tools = _tool_segments(body.get("tools"), _anthropic_tool_name, texts_)
+    head: list[Segment] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        head.append(_segment("system", "system", canonical_json(system), texts_))
+    elif isinstance(system, list):
+        for i, block in enumerate(system):
+            head.append(_segment("system", f"system[{i}]", canonical_json(_strip(block)), texts_))
+    out = tools + head if tools_first else head + tools
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for i, message in enumerate(messages):
+            name = f"messages[{i}]:{_role(message)}"
+            out.append(_segment("message", name, canonical_json(_strip(message)), texts_))
+    return out
+
+
+def segments_openai(
+    body: dict[str, Any],
+    *,
+    tools_first: bool = True,
+    texts: dict[str, str] | None = None,
+    known: Container[str] = (),
+) -> list[Segment]:
+    """Segments of an OpenAI Chat Completions request as sent upstream: ``tools`` and each
+    ``tool``, the leading system/developer messages (kind ``system``, ``messages[i]:role``),
+    then every other message (kind ``message``). ``tools_first`` puts the tools before the
+    leading system messages (how most chat templates render them), else after. ``texts``
+    and ``known`` as in :func:`segments_anthropic`."""
+    texts_ = _sink(texts, known)
+    tools = _tool_segments(body.get("tools"), _openai_tool_name, texts_)
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    leading = 0
+    while leading < len(messages) and _role(messages[leading]) in ("system", "developer"):
+        leading += 1
+    head, rest = [], []
+    for i, message in enumerate(messages):
+        kind = "system" if i < leading else "message"
+        seg = _segment(
+            kind, f"messages[{i}]:{_role(message)}", canonical_json(_strip(message)), texts_
+        )
+        (head if i < leading else rest).append(seg)
+    return tools + head + rest if tools_first else head + tools + rest
+
+
+def texts_of(
+    body: dict[str, Any],
+    *,
+    api: str = "anthropic",
+    tools_first: bool | None = None,
+    known: Container[str] = (),
+) -> dict[str, str]:
+    """The redacted canonical JSON of each segment of ``body``, keyed by the hash of the
+    original. ``api`` is ``"anthropic"`` or ``"openai"`` (``tools_first`` defaults as in
+    its segments function); hashes in ``known`` (already stored) are left out."""
+    texts: dict[str, str] = {}
+    if tools_first is None:
+        tools_first = api == "openai"
+    if api == "anthropic":
+        segments_anthropic(body, tools_first=tools_first, texts=texts, known=known)
+    elif api == "openai":
+        segments_openai(body, tools_first=tools_first, texts=texts, known=known)
+    else:
+        raise ValueError(f"unknown api {api!r}")
+    return texts
+
+
+class FirstChange(NamedTuple):
+    index: int  # position in the current segment list
+    offset: int  # estimated tokens before it: the prefix that could still be cached
+
+
+def prefix_tokens(segments: Iterable[Segment]) -> int:
+    """Estimated tokens of a run of segments; ``tool`` segments are parts of ``tools`` and
+    are not counted twice."""
+    return sum(seg.tokens for seg in segments if seg.kind != "tool")
+
+
+def first_changed(prev: list[Segment], cur: list[Segment]) -> FirstChange | None:
+    """Where ``cur`` first differs from ``prev``, position by position (a different kind,
+    name or hash), or None when one list is a prefix of the other (a growing session)."""
+    for i, (a, b) in enumerate(zip(prev, cur, strict=False)):
+        if a.hash != b.hash or a.kind != b.kind or a.name != b.name:
+            return FirstChange(i, prefix_tokens(cur[:i]))
+    return None

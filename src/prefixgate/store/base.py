@@ -1,0 +1,104 @@
+"""The store interface, its one error type, and :func:`open_store`.
+
+A store keeps :class:`~prefixgate.record.model.Record` rows and the content-addressed
+segment texts (see :mod:`prefixgate.store.schema`). Every method is synchronous and
+thread-safe; the async writer calls them through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator
+
+from prefixgate.record.model import Record
+
+
+class StoreError(Exception):
+    """The store failed (unreachable, full, corrupt). Never carries a DSN or a password."""
+
+
+class Store(abc.ABC):
+    """Where records go. Implementations: SQLite (default) and Postgres."""
+
+    @abc.abstractmethod
+    def migrate(self, target: int | None = None) -> int:
+        """Apply forward migrations up to ``target`` (default: the latest); return the
+        schema version now in place. Idempotent, safe to call from several processes."""
+
+    @abc.abstractmethod
+    def schema_version(self) -> int:
+        """The applied schema version, 0 for an empty database."""
+
+    @abc.abstractmethod
+    def write_batch(self, records: list[Record]) -> None:
+        """Write records and their texts in one transaction. Idempotent per
+        ``request_id``: writing a record again stores nothing new."""
+
+    @abc.abstractmethod
+    def count(self) -> int:
+        """Number of stored records."""
+
+    @abc.abstractmethod
+    def iter_records(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        with_texts: bool = False,
+    ) -> Iterator[Record]:
+        """Records with ``since <= received_at < until``, oldest first, with their segments.
+        With ``with_texts``, captured records also carry the stored texts of their segments."""
+
+    @abc.abstractmethod
+    def get_texts(self, hashes: Iterable[str]) -> dict[str, str]:
+        """Stored texts of the given segment hashes (missing ones are left out)."""
+
+    @abc.abstractmethod
+    def prune(self, older_than_seconds: float, *, now: float | None = None) -> int:
+        """Delete records received more than ``older_than_seconds`` ago, and texts no
+        request has carried since then; return the number of records deleted."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. The store may not be used afterwards."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def open_store(dsn: str) -> Store:
+    """Open (without migrating) the store named by ``dsn``.
+
+    - ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, or a bare path ending
+      in ``.db``/``.sqlite``/``.sqlite3``;
+    - ``sqlite://:memory:`` (or ``sqlite:///:memory:``) for a private in-memory database;
+    - ``postgresql://…`` / ``postgres://…``: any libpq connection URI.
+    """
+    if dsn.startswith(("postgresql://", "postgres://")):
+        from prefixgate.store.postgres import PostgresStore
+
+        return PostgresStore(dsn)
+    if dsn.startswith("sqlite:"):
+        rest = dsn.removeprefix("sqlite:")
+        if rest in ("//:memory:", "///:memory:", ":memory:"):
+            path = ":memory:"
+        elif rest.startswith("///"):
+            path = rest[3:]
+        else:
+            raise StoreError("sqlite DSN must look like sqlite:///path/to.db or sqlite://:memory:")
+        if not path:
+            raise StoreError("sqlite DSN has no path")
+        from prefixgate.store.sqlite import SqliteStore
+
+        return SqliteStore(path)
+    if dsn.endswith(SQLITE_SUFFIXES):
+        from prefixgate.store.sqlite import SqliteStore
+
+        return SqliteStore(dsn)
+    raise StoreError("unknown store DSN scheme (want sqlite:///…, a .db path or postgresql://…)")

@@ -1,0 +1,89 @@
+"""The store at scale: PostgreSQL through psycopg 3 (synchronous; the writer runs it in a
+thread). Several gateway replicas may write to one database; migrations are serialised
+with an advisory lock. The connection is opened lazily and reopened after a failure, so a
+store built while the server is down starts working once it is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+
+from prefixgate.store.base import StoreError
+from prefixgate.store.sql import SqlStore
+
+# pg_advisory_xact_lock key for migrations ("pgat").
+_MIGRATION_LOCK = 0x70676174
+
+
+class PostgresStore(SqlStore):
+    dialect = "postgres"
+    ph = "%s"
+
+    def __init__(self, dsn: str, *, connect_timeout: int = 5) -> None:
+        super().__init__()
+        self._dsn = dsn  # may hold a password: never printed
+        self._connect_timeout = connect_timeout
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return "PostgresStore(<dsn hidden>)"
+
+    def _param(self, kind: str) -> str:
+        return "%s::jsonb" if kind == "json" else "%s"
+
+    def _column(self, name: str, kind: str) -> str:
+        return f"{name}::text" if kind == "json" else name
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreError("store is closed")
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                conn.close()
+            self._conn = None
+            try:
+                conn = psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=self._connect_timeout
+                )
+            except psycopg.Error as exc:
+                # libpq's message names host and port, never the password.
+                raise StoreError(f"cannot connect to Postgres store: {_first_line(exc)}") from exc
+            self._conn = conn
+        return conn
+
+    @contextlib.contextmanager
+    def _transaction(self, *, exclusive: bool = False) -> Iterator[Any]:
+        with self._lock:
+            conn = self._connection()
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    yield cur
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                    conn.close()
+                raise StoreError(f"Postgres store failed: {_first_line(exc)}") from exc
+
+    def _has_table(self, cur: Any, name: str) -> bool:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+        return bool(cur.fetchone()[0])
+
+    def _lock_schema(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,191 @@
+"""The queries both backends share; each backend supplies a connection, a transaction and
+its spelling of parameters (see :class:`SqlStore`'s abstract methods)."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from prefixgate.record.model import Record
+from prefixgate.store import schema
+from prefixgate.store.base import Store
+
+PAGE_SIZE = 1000
+# Texts this process knows are stored (hash -> last_seen written); bounded, cleared on prune.
+TEXT_CACHE_MAX = 200_000
+
+
+class SqlStore(Store):
+    dialect: str  # "sqlite" | "postgres"
+    ph: str  # parameter placeholder: "?" or "%s"
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._text_seen: dict[str, float] = {}
+        cols = ", ".join(schema.COLUMNS)
+        kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS)
+        values = ", ".join(self._param(kinds[c]) for c in schema.COLUMNS)
+        self._insert_request = (
+            f"INSERT INTO requests ({cols}) VALUES ({values}) ON CONFLICT (request_id) DO NOTHING"
+        )
+        p = self.ph
+        self._insert_text = (
+            f"INSERT INTO segment_texts (hash, last_seen, text) VALUES ({p}, {p}, {p})"
+            " ON CONFLICT (hash) DO UPDATE SET last_seen = excluded.last_seen"
+            f" WHERE segment_texts.last_seen < excluded.last_seen - {schema.LAST_SEEN_GRANULARITY}"
+        )
+        self._select_cols = ", ".join(self._column(c, kinds[c]) for c in schema.COLUMNS)
+
+    # -- backend hooks ---------------------------------------------------------------
+    @abc.abstractmethod
+    def _transaction(self, *, exclusive: bool = False) -> contextlib.AbstractContextManager[Any]:
+        """A context manager holding ``self._lock`` and a transaction; yields a cursor.
+        Commits on success, rolls back on error, maps driver errors to StoreError.
+        ``exclusive`` asks for the write lock up front (SQLite's BEGIN IMMEDIATE)."""
+
+    @abc.abstractmethod
+    def _lock_schema(self, cur: Any) -> None:
+        """Serialise migrations between processes (inside the transaction)."""
+
+    def _param(self, kind: str) -> str:
+        return self.ph
+
+    def _column(self, name: str, kind: str) -> str:
+        return name
+
+    # -- schema ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def _has_table(self, cur: Any, name: str) -> bool:
+        """Whether the table exists (in the current schema)."""
+
+    def schema_version(self) -> int:
+        with self._transaction() as cur:
+            return self._version(cur)
+
+    def _version(self, cur: Any) -> int:
+        if not self._has_table(cur, "schema_version"):
+            return 0
+        cur.execute("SELECT MAX(version) FROM schema_version")
+        row = cur.fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def migrate(self, target: int | None = None) -> int:
+        target = schema.LATEST_VERSION if target is None else target
+        if not 0 <= target <= schema.LATEST_VERSION:
+            raise ValueError(f"no schema version {target}")
+        with self._transaction(exclusive=True) as cur:
+            self._lock_schema(cur)
+            cur.execute(schema.SCHEMA_VERSION_DDL.format(real=schema.TYPES[self.dialect]["real"]))
+            version = self._version(cur)
+            for v in range(version + 1, target + 1):
+                for statement in schema.MIGRATIONS[v - 1](self.dialect):
+                    cur.execute(statement)
+                cur.execute(
+                    f"INSERT INTO schema_version (version, applied_at) VALUES ({self.ph}, {self.ph})",
+                    (v, time.time()),
+                )
+                version = v
+            return version
+
+    # -- writing ---------------------------------------------------------------------
+    def write_batch(self, records: list[Record]) -> None:
+        if not records:
+            return
+        rows = [schema.record_row(r) for r in records]
+        texts = schema.batch_texts(records)
+        seen = self._text_seen
+        fresh = [  # texts this store may not hold yet, or whose last_seen is due a refresh
+            (h, at, text)
+            for h, (text, at) in texts.items()
+            if seen.get(h, float("-inf")) < at - schema.LAST_SEEN_GRANULARITY
+        ]
+        with self._lock:
+            with self._transaction(exclusive=True) as cur:
+                cur.executemany(self._insert_request, rows)
+                if fresh:
+                    cur.executemany(self._insert_text, fresh)
+            if len(seen) + len(fresh) > TEXT_CACHE_MAX:
+                seen.clear()
+            for h, at, _ in fresh:
+                seen[h] = at
+
+    # -- reading ---------------------------------------------------------------------
+    def count(self) -> int:
+        with self._transaction() as cur:
+            cur.execute("SELECT COUNT(*) FROM requests")
+            return int(cur.fetchone()[0])
+
+    def iter_records(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        with_texts: bool = False,
+    ) -> Iterator[Record]:
+        # Keyset pages, each its own short query: no cursor or lock outlives a page, so a
+        # slow consumer never blocks the writer.
+        p = self.ph
+        where, params = [], []
+        if since is not None:
+            where.append(f"received_at >= {p}")
+            params.append(since)
+        if until is not None:
+            where.append(f"received_at < {p}")
+            params.append(until)
+        last: tuple[float, int] | None = None
+        while True:
+            clauses = list(where)
+            page_params: list[Any] = list(params)
+            if last is not None:
+                clauses.append(f"(received_at, id) > ({p}, {p})")
+                page_params += [last[0], last[1]]
+            sql = f"SELECT id, {self._select_cols} FROM requests"
+            if clauses:
+                sql += " WHERE " + " AND ".join(clauses)
+            sql += f" ORDER BY received_at, id LIMIT {PAGE_SIZE}"
+            with self._transaction() as cur:
+                cur.execute(sql, page_params)
+                rows = cur.fetchall()
+            for row in rows:
+                record, captured = schema.row_record(row[1:])
+                if with_texts and captured:
+                    record.texts = self.get_texts(schema.segment_hashes(record))
+                yield record
+            if len(rows) < PAGE_SIZE:
+                return
+            last = (rows[-1][1 + schema.COLUMNS.index("received_at")], rows[-1][0])
+
+    def get_texts(self, hashes: Iterable[str]) -> dict[str, str]:
+        wanted = list(dict.fromkeys(hashes))
+        out: dict[str, str] = {}
+        with self._transaction() as cur:
+            for chunk in _chunks(wanted, 500):
+                marks = ", ".join([self.ph] * len(chunk))
+                cur.execute(f"SELECT hash, text FROM segment_texts WHERE hash IN ({marks})", chunk)
+                out.update(cur.fetchall())
+        return out
+
+    # -- retention -------------------------------------------------------------------
+    def prune(self, older_than_seconds: float, *, now: float | None = None) -> int:
+        cutoff = (time.time() if now is None else now) - older_than_seconds
+        p = self.ph
+        with self._transaction() as cur:
+            cur.execute(f"DELETE FROM requests WHERE received_at < {p}", (cutoff,))
+            deleted = cur.rowcount
+            # A request kept (received_at >= cutoff) refreshed its texts' last_seen to at
+            # least received_at - granularity, so these texts are referenced by no one left.
+            cur.execute(
+                f"DELETE FROM segment_texts WHERE last_seen < {p}",
+                (cutoff - schema.LAST_SEEN_GRANULARITY,),
+            )
+        self._text_seen.clear()
+        return max(deleted, 0)
+
+
+def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]

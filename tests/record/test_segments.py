@@ -1,0 +1,295 @@
+"""Segment capture: stable hashes, cache_control ignored, upstream order, first_changed,
+redacted texts, and the storage a growing session costs."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixgate.record.model import Record
+from prefixgate.record.segments import (
+    FirstChange,
+    canonical_json,
+    first_changed,
+    prefix_tokens,
+    segments_anthropic,
+    segments_openai,
+    texts_of,
+)
+from prefixgate.store.sqlite import SqliteStore
+
+FIXTURE = Path("/work/shared/fixtures/claude-code/01_v2.1.332_print_turn1.json")
+
+
+@pytest.fixture(scope="module")
+def body() -> dict:
+    return json.loads(FIXTURE.read_text())["body"]
+
+
+def reference_hash(obj) -> str:
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def to_openai(body: dict) -> dict:
+    """A minimal Anthropic -> OpenAI Chat conversion, enough for segment tests."""
+    system = "\n".join(b["text"] for b in body["system"])
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t["input_schema"],
+            },
+        }
+        for t in body["tools"]
+    ]
+    messages = [{"role": "system", "content": system}]
+    for m in body["messages"]:
+        text = (
+            "".join(b.get("text", "") for b in m["content"])
+            if isinstance(m["content"], list)
+            else m["content"]
+        )
+        messages.append({"role": m["role"], "content": text})
+    return {"model": "qwen", "tools": tools, "messages": messages}
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_canonical_json_is_the_json_dumps_form(value) -> None:
+    expected = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    assert canonical_json(value) == expected.encode()
+
+
+@pytest.mark.parametrize(
+    "x", [1e16, 1e-7, 1e-5, 1.5e300, 0.0001, -0.0, 2.0, 5e-324, math.inf, 2**70]
+)
+def test_canonical_json_edge_numbers(x) -> None:
+    assert canonical_json({"x": x}) == json.dumps({"x": x}, separators=(",", ":")).encode()
+
+
+def test_hashes_are_the_specified_digest(body: dict) -> None:
+    segs = segments_anthropic(body)
+    by_name = {s.name: s for s in segs}
+    system2 = {k: v for k, v in body["system"][2].items() if k != "cache_control"}
+    assert by_name["system[2]"].hash == reference_hash(system2)
+    plain = [{k: v for k, v in t.items() if k != "cache_control"} for t in body["tools"]]
+    assert by_name["tools"].hash == reference_hash(plain)
+    assert by_name["Bash"].hash == reference_hash(next(t for t in plain if t["name"] == "Bash"))
+    text = json.dumps(system2, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    assert by_name["system[2]"].chars == len(text)
+    assert by_name["system[2]"].tokens == math.ceil(len(text) / 4)
+    assert segments_anthropic(copy.deepcopy(body)) == segs  # stable
+
+
+def test_anthropic_order_and_names(body: dict) -> None:
+    segs = segments_anthropic(body)
+    n_sys, n_tools, n_msg = len(body["system"]), len(body["tools"]), len(body["messages"])
+    kinds = [s.kind for s in segs]
+    assert kinds == ["system"] * n_sys + ["tools"] + ["tool"] * n_tools + ["message"] * n_msg
+    assert [s.name for s in segs[:n_sys]] == [f"system[{i}]" for i in range(n_sys)]
+    assert [s.name for s in segs[n_sys + 1 : n_sys + 1 + n_tools]] == [
+        t["name"] for t in body["tools"]
+    ]
+    assert segs[-n_msg].name == f"messages[0]:{body['messages'][0]['role']}"
+    first = segments_anthropic(body, tools_first=True)
+    assert [s.kind for s in first][: n_tools + 1] == ["tools"] + ["tool"] * n_tools
+    assert sorted(first, key=lambda s: s.name) == sorted(segs, key=lambda s: s.name)
+
+
+def test_string_system_is_one_segment() -> None:
+    segs = segments_anthropic(
+        {"system": "be brief", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert [(s.kind, s.name) for s in segs] == [
+        ("system", "system"),
+        ("message", "messages[0]:user"),
+    ]
+
+
+def test_cache_control_is_ignored(body: dict) -> None:
+    moved = copy.deepcopy(body)
+    for block in moved["system"]:
+        block.pop("cache_control", None)
+    moved["system"][0]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    moved["tools"][-1]["cache_control"] = {"type": "ephemeral"}
+    for m in moved["messages"]:
+        for block in m["content"] if isinstance(m["content"], list) else []:
+            block["cache_control"] = {"type": "ephemeral"}
+    moved["messages"].append(
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [
+                        {"type": "text", "text": "ok", "cache_control": {"type": "ephemeral"}}
+                    ],
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ],
+        }
+    )
+    plain = copy.deepcopy(moved)
+    plain["messages"][-1]["content"][0].pop("cache_control")
+    plain["messages"][-1]["content"][0]["content"][0].pop("cache_control")
+    assert segments_anthropic(moved)[:-1] == segments_anthropic(body)
+    assert segments_anthropic(moved) == segments_anthropic(plain)
+    assert "cache_control" in moved["system"][0]  # the body itself is left alone
+
+
+def test_cache_control_inside_a_tool_schema_is_content() -> None:
+    def tool(props):
+        return {"name": "t", "input_schema": {"type": "object", "properties": props}}
+
+    a = segments_anthropic({"tools": [tool({"cache_control": {"type": "string"}})]})
+    b = segments_anthropic({"tools": [tool({})]})
+    assert a[0].hash != b[0].hash
+
+
+def test_first_changed_on_billing_header_change(body: dict) -> None:
+    turn2 = copy.deepcopy(body)
+    turn2["system"][0]["text"] = body["system"][0]["text"].replace("0b8", "1c9")
+    prev, cur = segments_anthropic(body), segments_anthropic(turn2)
+    change = first_changed(prev, cur)
+    assert change == FirstChange(index=0, offset=0)
+    assert cur[change.index].name == "system[0]"
+
+    o_prev = segments_openai(to_openai(body), tools_first=True)
+    o_cur = segments_openai(to_openai(turn2), tools_first=True)
+    change = first_changed(o_prev, o_cur)
+    assert o_cur[change.index].name == "messages[0]:system"
+    tools = next(s for s in o_cur if s.kind == "tools")
+    assert change.offset == tools.tokens
+    assert change.offset == prefix_tokens(o_cur[: change.index])
+
+    o_prev = segments_openai(to_openai(body), tools_first=False)
+    o_cur = segments_openai(to_openai(turn2), tools_first=False)
+    assert first_changed(o_prev, o_cur) == FirstChange(index=0, offset=0)
+
+
+def test_first_changed_growing_and_positional(body: dict) -> None:
+    segs = segments_anthropic(body)
+    grown = copy.deepcopy(body)
+    grown["messages"].append({"role": "assistant", "content": [{"type": "text", "text": "done"}]})
+    assert first_changed(segs, segments_anthropic(grown)) is None
+    assert first_changed(segments_anthropic(grown), segs) is None
+    assert first_changed(segs, segs) is None
+    edited = copy.deepcopy(body)
+    edited["messages"][1]["content"][0]["text"] += " (edited)"
+    cur = segments_anthropic(edited)
+    change = first_changed(segs, cur)
+    assert change.index == len(segs) - 1
+    assert change.offset == sum(s.tokens for s in segs[:-1] if s.kind != "tool")
+
+
+def test_openai_order() -> None:
+    req = {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "messages": [
+            {"role": "system", "content": "a"},
+            {"role": "developer", "content": "b"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}],
+            },
+            {"role": "system", "content": "mid-conversation"},
+        ],
+    }
+    names = [(s.kind, s.name) for s in segments_openai(req)]
+    assert names == [
+        ("tools", "tools"),
+        ("tool", "f"),
+        ("system", "messages[0]:system"),
+        ("system", "messages[1]:developer"),
+        ("message", "messages[2]:user"),
+        ("message", "messages[3]:system"),
+    ]
+    after = [s.name for s in segments_openai(req, tools_first=False)]
+    assert after[:4] == ["messages[0]:system", "messages[1]:developer", "tools", "f"]
+    plain = copy.deepcopy(req)
+    del plain["messages"][2]["content"][0]["cache_control"]
+    assert segments_openai(plain) == segments_openai(req)
+
+
+def test_texts_are_redacted_but_hashes_are_of_the_original() -> None:
+    secret = "sk-ant-api03-" + "A1b2C3d4" * 6
+    req = {"messages": [{"role": "user", "content": f"my key is {secret}, use it"}]}
+    (seg,) = segments_anthropic(req)
+    assert seg.hash == reference_hash(req["messages"][0])
+    texts = texts_of(req)
+    assert list(texts) == [seg.hash]
+    assert secret not in texts[seg.hash]
+    assert "<redacted>" in texts[seg.hash]
+    json.loads(texts[seg.hash])  # still JSON
+    assert texts_of(req, known={seg.hash}) == {}
+    filled: dict[str, str] = {}
+    assert segments_anthropic(req, texts=filled) == [seg] and filled == texts
+
+
+def test_texts_cover_every_segment(body: dict) -> None:
+    texts = texts_of(body)
+    assert set(texts) == {s.hash for s in segments_anthropic(body)}
+    o = to_openai(body)
+    assert set(texts_of(o, api="openai")) == {s.hash for s in segments_openai(o)}
+    with pytest.raises(ValueError):
+        texts_of(body, api="gemini")
+
+
+def test_growing_session_is_stored_compactly(body: dict, tmp_path) -> None:
+    """Content addressing: a session's texts are stored once, not once per turn. (The
+    1,000-turn figure is in benchmarks/record_capture.py; 150 turns keep this test quick.)"""
+    store = SqliteStore(tmp_path / "s.db")
+    store.migrate()
+    session = copy.deepcopy(body)
+    raw = 0
+    known: set[str] = set()
+    for k in range(150):
+        if k:
+            session["messages"].append(
+                {"role": "assistant", "content": [{"type": "text", "text": f"step {k} " * 40}]}
+            )
+            session["messages"].append(
+                {"role": "user", "content": [{"type": "text", "text": f"output {k} " * 200}]}
+            )
+        raw += len(json.dumps(session, ensure_ascii=False, separators=(",", ":")).encode())
+        texts: dict[str, str] = {}
+        segs = segments_anthropic(session, texts=texts, known=known)
+        known.update(texts)
+        store.write_batch(
+            [
+                Record(
+                    request_id=str(k),
+                    received_at=float(k),
+                    segments_in=segs,
+                    segments_out=segs,
+                    texts=texts,
+                )
+            ]
+        )
+    store.close()
+    stored = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert stored <= 0.10 * raw

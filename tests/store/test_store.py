@@ -1,0 +1,231 @@
+"""The store suite, run on both backends (see conftest.py): schema migrations, a round
+trip of every field, content addressing, idempotent writes, paging, retention."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import psycopg
+import pytest
+
+from prefixgate.record.model import Record, Segment
+from prefixgate.store import Store, StoreError, open_store, schema, sql
+from prefixgate.store.postgres import PostgresStore
+from prefixgate.store.sqlite import SqliteStore
+
+T0 = 1_700_000_000.0
+
+
+def seg(kind: str, name: str, n: int) -> Segment:
+    return Segment(kind, name, f"{n:032x}", 40 * n + 1, 10 * n + 1)
+
+
+def full_record(i: int, **over) -> Record:
+    seg_in = [
+        seg("system", "system[0]", 1),
+        seg("tools", "tools", 2),
+        seg("message", "messages[0]:user", 3 + i),
+    ]
+    seg_out = [seg("system", "system[0]", 100), *seg_in[1:]]
+    fields = dict(
+        request_id=f"req-{i}",
+        received_at=T0 + i + 0.123456,
+        first_byte_at=T0 + i + 0.5,
+        done_at=T0 + i + 1.75,
+        key_name="team-a",
+        key_owner="alice",
+        endpoint="messages",
+        client="claude-cli",
+        client_version="2.1.332",
+        session_id="sess-1",
+        session_kind="claude-code",
+        requested_model="claude-sonnet-4-5",
+        upstream_model="qwen3-coder",
+        channel="vllm-a",
+        replica="10.0.0.7:8000",
+        stream=True,
+        status=200,
+        error_type="overloaded_error",
+        prompt_tokens=30_123,
+        cached_tokens=17_920,
+        completion_tokens=321,
+        reported_input_tokens=12_203,
+        reported_cache_read_tokens=17_920,
+        reported_output_tokens=321,
+        latency_ms=1534.25,
+        ttft_ms=212.5,
+        retries=2,
+        segments_in=seg_in,
+        segments_out=seg_out,
+    )
+    fields.update(over)
+    if "texts" not in over:
+        segs = (fields["segments_in"] or []) + (fields["segments_out"] or [])
+        fields["texts"] = {s.hash: f"text of {s.name} ✓" for s in segs}
+    return Record(**fields)
+
+
+def raw_scalar(dsn: str, query: str):
+    """Run a query on the store's database behind its back."""
+    if dsn.startswith("sqlite:///"):
+        with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+            return conn.execute(query).fetchone()[0]
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(query).fetchone()[0]
+
+
+def test_migrate_from_scratch_is_idempotent(store: Store, dsn: str) -> None:
+    assert store.schema_version() == 0
+    assert store.migrate() == schema.LATEST_VERSION
+    assert store.migrate() == schema.LATEST_VERSION
+    assert store.schema_version() == schema.LATEST_VERSION
+    assert raw_scalar(dsn, "SELECT COUNT(*) FROM schema_version") == schema.LATEST_VERSION
+    assert store.count() == 0
+
+
+def test_migrate_from_version_1_keeps_data(store: Store, dsn: str) -> None:
+    assert store.migrate(target=1) == 1
+    store.write_batch([full_record(0)])
+    assert store.migrate() == schema.LATEST_VERSION
+    assert store.migrate() == schema.LATEST_VERSION
+    assert [r.request_id for r in store.iter_records()] == ["req-0"]
+    # a second process opening the migrated database finds nothing to do
+    with open_store(dsn) as other:
+        assert other.migrate() == schema.LATEST_VERSION
+        assert other.count() == 1
+
+
+def test_migrate_refuses_unknown_target(store: Store) -> None:
+    with pytest.raises(ValueError):
+        store.migrate(target=schema.LATEST_VERSION + 1)
+
+
+def test_round_trip_of_every_field(store: Store) -> None:
+    store.migrate()
+    records = [
+        full_record(0),
+        # out == in: stored once, read back equal
+        full_record(1, segments_out=full_record(1).segments_in),
+        # the defaults: None everywhere, no segments, no texts
+        Record(request_id="req-2", received_at=T0 + 2),
+        # segments but no capture; an empty list is not None
+        full_record(3, texts=None, segments_out=[], stream=False, status=502),
+    ]
+    store.write_batch(records)
+    assert store.count() == 4
+    back = list(store.iter_records(with_texts=True))
+    assert back == records
+    assert type(back[0].stream) is bool
+    assert type(back[0].segments_in[0]) is Segment
+    # without with_texts, texts stay None
+    assert [r.texts for r in store.iter_records()] == [None] * 4
+
+
+def test_texts_are_content_addressed(store: Store, dsn: str) -> None:
+    store.migrate()
+    a, b = full_record(0), full_record(1)
+    shared = set(a.texts) & set(b.texts)
+    assert shared
+    store.write_batch([a])
+    store.write_batch([b])
+    distinct = set(a.texts) | set(b.texts)
+    assert raw_scalar(dsn, "SELECT COUNT(*) FROM segment_texts") == len(distinct)
+    texts = store.get_texts([*distinct, "f" * 32])
+    assert texts == {**a.texts, **b.texts}
+
+
+def test_writes_are_idempotent_per_request_id(store: Store) -> None:
+    store.migrate()
+    batch = [full_record(i) for i in range(5)]
+    store.write_batch(batch)
+    store.write_batch(batch[2:] + [full_record(5)])
+    assert store.count() == 6
+    assert sorted(r.request_id for r in store.iter_records()) == [f"req-{i}" for i in range(6)]
+
+
+def test_iter_records_window_and_pages(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "PAGE_SIZE", 7)
+    store.migrate()
+    # ties in received_at across page boundaries
+    records = [Record(request_id=f"r{i:03d}", received_at=T0 + i // 3) for i in range(40)]
+    store.write_batch(records[::-1])
+    got = list(store.iter_records())
+    assert sorted(r.request_id for r in got) == [r.request_id for r in records]
+    assert [r.received_at for r in got] == sorted(r.received_at for r in records)
+    window = list(store.iter_records(since=T0 + 2, until=T0 + 5))
+    assert {r.request_id for r in window} == {f"r{i:03d}" for i in range(6, 15)}
+
+
+def test_prune_deletes_old_records_and_their_texts(store: Store, dsn: str) -> None:
+    store.migrate()
+    day = 86_400.0
+    old = full_record(0, received_at=T0 - 30 * day)
+    new = full_record(1, received_at=T0)
+    store.write_batch([old, new])
+    deleted = store.prune(7 * day, now=T0 + 60)
+    assert deleted == 1
+    assert store.count() == 1
+    assert [r.request_id for r in store.iter_records()] == ["req-1"]
+    # texts only the old record carried are gone; shared ones stay
+    left = store.get_texts(list(old.texts) + list(new.texts))
+    assert set(left) == set(new.texts)
+    assert store.prune(7 * day, now=T0 + 60) == 0
+
+
+def test_prune_keeps_texts_still_referenced(store: Store) -> None:
+    store.migrate()
+    day = 86_400.0
+    old = full_record(0, received_at=T0 - 30 * day)
+    store.write_batch([old])
+    # the same texts seen again recently, by a record written in a later batch
+    new = full_record(0, request_id="again", received_at=T0)
+    store.write_batch([new])
+    store.prune(7 * day, now=T0)
+    assert set(store.get_texts(new.texts)) == set(new.texts)
+
+
+def test_count(store: Store) -> None:
+    store.migrate()
+    for k in range(3):
+        store.write_batch([full_record(10 * k + i) for i in range(k + 1)])
+    assert store.count() == 6
+
+
+def test_closed_store_raises_store_error(dsn: str) -> None:
+    s = open_store(dsn)
+    s.migrate()
+    s.close()
+    with pytest.raises(StoreError):
+        s.count()
+
+
+def test_open_store_dsns(tmp_path) -> None:
+    path = tmp_path / "a.db"
+    for dsn in (f"sqlite:///{path}", str(path)):
+        with open_store(dsn) as s:
+            assert isinstance(s, SqliteStore) and s.path == str(path)
+    with open_store("sqlite://:memory:") as s:
+        assert s.migrate() == schema.LATEST_VERSION
+        s.write_batch([full_record(0)])
+        assert s.count() == 1
+    assert isinstance(open_store("postgresql://u:pw@127.0.0.1:1/x"), PostgresStore)
+    for bad in ("mysql://x", "records.txt", "sqlite:relative.db"):
+        with pytest.raises(StoreError):
+            open_store(bad)
+
+
+def test_sqlite_uses_wal(tmp_path) -> None:
+    path = tmp_path / "w.db"
+    with SqliteStore(path) as s:
+        s.migrate()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_unreachable_postgres_is_a_store_error_without_secrets() -> None:
+    s = open_store("postgresql://postgres:hunter2secret@127.0.0.1:1/nowhere")
+    assert "hunter2secret" not in repr(s)
+    with pytest.raises(StoreError) as info:
+        s.migrate()
+    assert "hunter2secret" not in str(info.value)
+    s.close()
