@@ -211,7 +211,7 @@ class Gateway:
                 }
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
             if self.capture is not None:
-                self.capture(rec, None, out, ch, principal)
+                self.capture(rec, body, out, ch, principal)
             try:
                 resp, first = await self._open(
                     target, target.base_url + "/chat/completions", out, _bearer(ch), rec

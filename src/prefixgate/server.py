@@ -81,3 +81,21 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     return app
+
+
+def build_app(config: Config, **kw) -> Starlette:
+    """The app with its record writer and capture step, as configured."""
+    recorder = kw.pop("recorder", None)
+    capture = kw.pop("capture", None)
+    if config.store is not None:
+        from prefixgate.record.capture import Capturer
+        from prefixgate.record.writer import RecordWriter
+        from prefixgate.store import open_store
+
+        dsn = config.store.dsn
+        if recorder is None:
+            spool = config.store.spool_path or "prefixgate-spool.jsonl"
+            recorder = RecordWriter(lambda: open_store(dsn), spool_path=spool)
+        if capture is None and config.store.capture_segments:
+            capture = Capturer()
+    return create_app(config, recorder=recorder, capture=capture, **kw)
