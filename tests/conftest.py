@@ -1,8 +1,13 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from prefixgate.config import parse_config
@@ -69,3 +74,36 @@ def load_fixture(name: str) -> dict:
 
 def fixture_names() -> list[str]:
     return sorted(p.name for p in FIXTURES.glob("*.json"))
+
+
+# -- PostgreSQL: the real server on 127.0.0.1:5432; its tests fail, never skip, without it --
+ADMIN_DSN = os.environ.get("PREFIXGATE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def with_uri(dsn: str, *, dbname: str | None = None, **query: str) -> str:
+    """A copy of a postgresql:// URI with another database and/or extra query params."""
+    parts = urllib.parse.urlsplit(dsn)
+    path = f"/{dbname}" if dbname is not None else parts.path
+    q = urllib.parse.parse_qsl(parts.query) + list(query.items())
+    return urllib.parse.urlunsplit(parts._replace(path=path, query=urllib.parse.urlencode(q)))
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A uniquely named database for this test session, dropped at the end."""
+    name = f"prefixgate_test_{secrets.token_hex(6)}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_uri(ADMIN_DSN, dbname=name)
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pg_schema_dsn(database_dsn: str) -> str:
+    """A fresh, empty schema in the session database, as a DSN whose search_path is it."""
+    schema = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return with_uri(database_dsn, options=f"-csearch_path={schema}")

@@ -34,6 +34,7 @@ from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.errors import GatewayError, InvalidRequest, NotFound, RequestTooLarge, UpstreamError
 from prefixgate.hygiene import strip_billing_header
 from prefixgate.identify import client_of, session_of_chat, session_of_messages
+from prefixgate.metrics import GatewayMetrics
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.common import decode_body
@@ -67,6 +68,7 @@ class Gateway:
         self.router = ChannelRouter(config.channels)
         self.upstream = upstream or Upstream()
         self.recorder = recorder or _NullRecorder()
+        self.metrics = GatewayMetrics(recorder)
         self.capture = capture
         self.token_counter = token_counter or _estimate_tokens
 
@@ -299,6 +301,8 @@ class Gateway:
         return _error_response(err, shape)
 
     def finish(self, rec: Record, usage: Usage | None = None) -> None:
+        if rec.done_at is not None:
+            return
         rec.done_at = time.time()
         rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
         if rec.first_byte_at is not None:
@@ -310,6 +314,7 @@ class Gateway:
                 usage.completion_tokens,
             )
         try:
+            self.metrics.observe(rec)
             self.recorder.submit(rec)
         except Exception:  # the record must never break the request path
             log.exception("recorder refused a record")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -12,7 +13,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixgate.config import Config
+from prefixgate.errors import GatewayError
 from prefixgate.gateway import Gateway
+from prefixgate.protocol import openai as openai_proto
 
 log = logging.getLogger("prefixgate")
 
@@ -26,6 +29,15 @@ def create_app(
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        try:
+            gateway.auth.check_admin(request.headers)
+        except GatewayError as err:
+            return JSONResponse(openai_proto.error_body(err), status_code=err.status)
+        return Response(
+            gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     async def root(request: Request) -> Response:
         return (
@@ -61,9 +73,16 @@ def create_app(
         start = getattr(gateway.recorder, "start", None)
         if start is not None:
             await start()
+        pruner = None
+        if config.store is not None and config.store.retention_days:
+            pruner = asyncio.create_task(
+                _prune_forever(config.store.dsn, config.store.retention_days)
+            )
         try:
             yield
         finally:
+            if pruner is not None:
+                pruner.cancel()
             close = getattr(gateway.recorder, "close", None)
             if close is not None:
                 await close()
@@ -76,11 +95,30 @@ def create_app(
         Route("/chat/completions", gateway.chat, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     return app
+
+
+async def _prune_forever(dsn: str, days: float, every: float = 3600.0) -> None:
+    """Retention: delete records older than ``days``, hourly, off the event loop."""
+    from prefixgate.store import open_store
+
+    def prune() -> int:
+        with open_store(dsn) as store:
+            return store.prune(days * 86400.0)
+
+    while True:
+        try:
+            n = await asyncio.to_thread(prune)
+            if n:
+                log.info("retention: pruned %d records older than %g days", n, days)
+        except Exception as exc:  # the store may be down; try again next round
+            log.warning("retention prune failed: %s", exc)
+        await asyncio.sleep(every)
 
 
 def build_app(config: Config, **kw) -> Starlette:

@@ -4,6 +4,7 @@ the current event loop (the CLI)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -21,6 +22,17 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server, but a graceful stop on SIGTERM/SIGINT exits with status 0 instead
+    of re-raising the signal once the drain is done."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
+
 def uvicorn_server(app, *, log_level: str = "warning", **kw) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
@@ -30,7 +42,7 @@ def uvicorn_server(app, *, log_level: str = "warning", **kw) -> uvicorn.Server:
         timeout_graceful_shutdown=kw.pop("graceful", 5),
         **kw,
     )
-    return uvicorn.Server(config)
+    return Server(config)
 
 
 class ServerThread:
