@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import secrets
+import shutil
 import sys
 import time
 
@@ -113,16 +115,76 @@ async def _serve(config) -> None:
             s.should_exit = True
 
 
+# -- upstream-sim --------------------------------------------------------------------------
+@main.command("upstream-sim")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--port",
+    type=int,
+    default=8000,
+    show_default=True,
+    help="First port; replicas take the next ones.",
+)
+@click.option(
+    "--replicas",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Independent servers, each with its own cache.",
+)
+@click.option(
+    "--model", default=None, help="Served model names, comma-separated (any name is accepted)."
+)
+@click.option("--block-size", type=int, default=None, help="KV block size in tokens (default 16).")
+@click.option(
+    "--capacity-tokens",
+    type=int,
+    default=None,
+    help="Cache capacity in tokens (default unlimited).",
+)
+@click.option(
+    "--prefill-rate",
+    type=float,
+    default=None,
+    help="Prefill tokens/s for uncached tokens (0 = instant).",
+)
+@click.option("--decode-rate", type=float, default=None, help="Decode tokens/s (0 = instant).")
+@click.option("--render-order", type=click.Choice(["tools_first", "system_first"]), default=None)
+@click.option(
+    "--chat-template",
+    type=click.Path(exists=True),
+    default=None,
+    help="Jinja chat template or tokenizer_config.json.",
+)
+@click.option("--tokenizer", default=None, help="approx | hf:PATH | remote:URL[#model].")
+@click.option("--max-model-len", type=int, default=None)
+@click.option("--log-level", default="info", show_default=True)
+def upstream_sim(host, port, replicas, log_level, **opts) -> None:
+    """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
+    chained block hashes, last-token rule and LRU, with vLLM's usage fields and /metrics."""
+    from prefixgate.sim.upstream import serve_upstreams, settings_from_options
+
+    _setup_logging(log_level)
+    settings = settings_from_options(**opts)
+
+    def ready(urls) -> None:
+        for u in urls:
+            click.echo(f"upstream-sim listening on {u}/v1", err=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_upstreams(settings, host=host, port=port, replicas=replicas, ready=ready))
+
+
 # -- demo ----------------------------------------------------------------------------------
 @main.command()
 @click.option(
     "--sessions",
     type=int,
-    default=12,
+    default=10,
     show_default=True,
     help="Agent sessions (half Claude-Code-like).",
 )
-@click.option("--turns", type=int, default=12, show_default=True, help="Turns per session.")
+@click.option("--turns", type=int, default=40, show_default=True, help="Turns per session.")
 @click.option(
     "--concurrency", type=int, default=6, show_default=True, help="Sessions in flight at once."
 )
@@ -138,7 +200,6 @@ async def _serve(config) -> None:
 def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
     """Reproduce the seed incident and its fix: the same Claude-Code-like and stable-prefix
     traffic through the gateway with the billing-header protection off, then on."""
-    import contextlib
     import json
 
     from rich.console import Console
@@ -146,7 +207,7 @@ def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
 
     from prefixgate import demo as demo_mod
 
-    console = Console(stderr=as_json)
+    console = Console(stderr=as_json, width=max(100, shutil.get_terminal_size().columns))
 
     @contextlib.contextmanager
     def progress_factory(name: str, total: int):
@@ -181,20 +242,24 @@ def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
 
 
 def _print_demo(console, results, block: int) -> None:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="prefixgate demo: Claude Code's billing header at token 0")
+    table = Table(
+        title="prefixgate demo: the billing header at token 0", box=box.SIMPLE_HEAD, pad_edge=False
+    )
     for col in (
-        "phase",
+        "header",
         "entry",
         "requests",
-        "prompt tokens",
-        "cached tokens",
+        "prompt",
+        "cached",
         "hit rate",
         "in-session",
-        "pinned at one constant",
+        "pinned",
     ):
-        table.add_column(col, justify="left" if col in ("phase", "entry") else "right")
+        left = col in ("header", "entry", "pinned")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True)
     for r in results:
         for entry in ("messages", "chat"):
             st = r.entries.get(entry)
@@ -202,21 +267,33 @@ def _print_demo(console, results, block: int) -> None:
                 continue
             pinned = "-"
             if st.pinned_value is not None:
-                k = st.pinned_value // block if st.pinned_value % block == 0 else None
-                shape = f" = {k} x {block}" if k is not None else ""
-                pinned = f"{st.pinned_count}/{st.requests} at {st.pinned_value}{shape}"
+                shape = (
+                    f"={st.pinned_value // block}x{block}" if st.pinned_value % block == 0 else ""
+                )
+                pinned = f"{st.pinned_count} @ {st.pinned_value}{shape}"
             table.add_row(
-                r.name,
-                "/v1/messages" if entry == "messages" else "/v1/chat/completions",
+                "stripped" if r.strip else "kept",
+                entry,
                 str(st.requests),
-                f"{st.prompt_tokens:,}",
-                f"{st.cached_tokens:,}",
+                _human(st.prompt_tokens),
+                _human(st.cached_tokens),
                 f"{st.hit_rate:.1%}",
                 f"{st.in_session_hit_rate:.1%}",
                 pinned,
             )
         table.add_section()
     console.print(table)
+    console.print(
+        "header: Claude Code's billing header kept at token 0 (the incident) or stripped (the fix).\n"
+        "entry: messages = /v1/messages (Claude-Code-like sessions), chat = /v1/chat/completions "
+        "(a stable-prefix agent, the control group).\n"
+        "hit rate = sum(cached) / sum(prompt) tokens; in-session = the same over every request after "
+        "a session's first; pinned = requests whose cached length is one exact constant."
+    )
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{n / 1e3:.1f}k" if n >= 1000 else str(n)
 
 
 # -- keys ----------------------------------------------------------------------------------

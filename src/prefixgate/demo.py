@@ -53,8 +53,8 @@ class EntryStats:
         nonzero = [v for v in cached_values if v > 0]
         if nonzero:
             value, count = Counter(nonzero).most_common(1)[0]
-            # Pinned: one exact value held by at least a fifth of the entry's requests.
-            if count >= max(3, len(cached_values) // 5):
+            # Pinned: one exact value held by at least half of the entry's requests.
+            if count >= max(3, (len(cached_values) + 1) // 2):
                 self.pinned_value, self.pinned_count = value, count
 
 
@@ -98,6 +98,7 @@ def _spec(sessions: int, turns: int, seed: int) -> TrafficSpec:
         cch=True,
         titles=False,
         compact_chars=0,
+        tool_result_chars=(1000, 20000),  # agent turns that read files and logs
         models=(MODEL,),
         stable_models=(MODEL,),
         mix={"claude-code": 0.5, "stable-openai": 0.5},
@@ -125,7 +126,12 @@ async def _replay(base_url: str, sessions, concurrency: int, progress) -> None:
 def run_phase(
     name: str, strip: bool, dsn: str, sessions, concurrency: int, progress
 ) -> PhaseResult:
-    settings = SimSettings(block_size=BLOCK, render_order="tools_first", models=(UPSTREAM_MODEL,))
+    settings = SimSettings(
+        block_size=BLOCK,
+        render_order="tools_first",
+        models=(UPSTREAM_MODEL,),
+        max_model_len=1_048_576,
+    )
     with ServerThread(create_upstream_app(settings)) as upstream:
         config = parse_config(
             {
@@ -154,8 +160,8 @@ def run_phase(
 
 def run_demo(
     *,
-    sessions: int = 12,
-    turns: int = 12,
+    sessions: int = 10,
+    turns: int = 40,
     seed: int = 7,
     concurrency: int = 6,
     store_path: str = "prefixgate-demo.db",

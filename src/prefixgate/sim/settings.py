@@ -1,0 +1,74 @@
+"""Settings of the simulated upstream (``prefixgate upstream-sim``), parsed once."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SimSettings", "settings_from_options"]
+
+
+@dataclass
+class SimSettings:
+    """How one simulated upstream behaves (every replica gets the same settings)."""
+
+    models: tuple[str, ...] = ("sim-model",)
+    accept_any_model: bool = True
+    block_size: int = 16
+    capacity_tokens: int | None = None  # None: unlimited
+    render_order: str = "tools_first"  # or "system_first"
+    chat_template: str | None = None  # a .jinja file or tokenizer_config.json
+    tokenizer: str = "approx"  # a get_tokenizer() spec
+    prefill_tokens_per_s: float = 0.0  # 0: instant
+    decode_tokens_per_s: float = 0.0  # 0: instant
+    default_output_tokens: int = 32
+    max_model_len: int = 131072
+    report_cached_tokens: bool = True  # vLLM's --enable-prompt-tokens-details
+    seed: int = 0
+    stream_chunk_tokens: int = 2  # output tokens per content chunk
+    nested_errors: bool = False  # newer vLLM: {"error": {...}}
+    log_interval_s: float = 0.0  # >0: log vLLM-like stats lines this often
+
+    def __post_init__(self) -> None:
+        if isinstance(self.models, str):
+            self.models = (self.models,)
+        self.models = tuple(self.models)
+        if not self.models:
+            raise ValueError("models must name at least one model")
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, not {self.block_size}")
+        if self.capacity_tokens is not None and self.capacity_tokens < 0:
+            raise ValueError("capacity_tokens must be >= 0 or None")
+        if self.render_order not in ("tools_first", "system_first"):
+            raise ValueError(
+                f"render_order must be tools_first or system_first, not {self.render_order!r}"
+            )
+        if self.prefill_tokens_per_s < 0 or self.decode_tokens_per_s < 0:
+            raise ValueError("token rates must be >= 0")
+        if self.default_output_tokens < 1 or self.max_model_len < 1:
+            raise ValueError("default_output_tokens and max_model_len must be >= 1")
+
+
+_OPTION_ALIASES = {
+    "prefill_rate": "prefill_tokens_per_s",
+    "decode_rate": "decode_tokens_per_s",
+    "model": "models",
+}
+
+
+def settings_from_options(**options: Any) -> SimSettings:
+    """SimSettings from CLI-style options (``prefill_rate``, ``decode_rate``, ``model`` are
+    accepted as aliases; ``None`` means "default"; ``port``/``replicas``/``host`` are ignored)."""
+    names = {f.name for f in dataclasses.fields(SimSettings)}
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if value is None or key in ("port", "replicas", "host"):
+            continue
+        name = _OPTION_ALIASES.get(key, key)
+        if name not in names:
+            raise TypeError(f"unknown upstream-sim option {key!r}")
+        if name == "models" and isinstance(value, str):
+            value = tuple(m.strip() for m in value.split(",") if m.strip())
+        values[name] = value
+    return SimSettings(**values)
