@@ -352,10 +352,14 @@ def _anthropic_headers(ch: ChannelConfig, incoming) -> dict:
 
 
 def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
-    """A cheap estimate (about 4 characters a token) of the prompt's tokens."""
-    del channel
-    text = _encode({k: body.get(k) for k in ("system", "messages", "tools")})
-    return max(1, len(text) // 4)
+    """The prompt's tokens as the cache model renders it for the channel (the approximate
+    tokenizer: about 4 characters a token)."""
+    from prefixgate.cache import ApproxTokenizer, ChatRenderer
+
+    order = channel.render_order if channel is not None else "tools_first"
+    upstream = anthropic_to_openai({"max_tokens": 1, **body}, ConvertOptions(upstream_model=""))
+    text = ChatRenderer(order=order).render(upstream["messages"], upstream.get("tools"))
+    return max(1, ApproxTokenizer().count(text))
 
 
 __all__ = ["Gateway", "InvalidRequest"]
