@@ -68,7 +68,7 @@ def _json(data: bytes) -> dict:
 
 
 def _in_stream_error(obj: dict, data: bytes) -> GatewayError | None:
-    if "error" in obj or obj.get("object") == "error":
+    if obj.get("error") or obj.get("object") == "error":
         return map_status(400 if "context length" in data.decode("utf-8", "replace") else 502, data)
     return None
 
