@@ -7,12 +7,16 @@ admin key uses ``hmac.compare_digest``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 from dataclasses import dataclass
 
 from prefixgate.config import Config
 from prefixgate.errors import AuthenticationFailed, PermissionDenied
+
+log = logging.getLogger("prefixgate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +46,40 @@ def presented_key(headers) -> str | None:
 
 
 class Authenticator:
+    """Keys from the config file, plus keys managed in the store (``prefixgate keys``),
+    which :meth:`refresh_from_store` reloads periodically so that new and revoked keys take
+    effect without a restart."""
+
     def __init__(self, config: Config) -> None:
         self._open = config.open_access
         self._by_digest = {
             k.digest(): Principal(k.name, k.owner, tuple(k.models), k.capture_text)
             for k in config.keys
         }
+        self._from_store: dict[str, Principal] = {}
         self._admin = config.admin_digest()
+
+    def set_store_keys(self, rows) -> None:
+        """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)."""
+        self._from_store = {
+            r.digest: Principal(r.name, r.owner, tuple(r.models)) for r in rows if r.active
+        }
+
+    async def refresh_from_store(self, dsn: str, interval: float = 5.0) -> None:
+        """Reload the store's keys every ``interval`` seconds, until cancelled."""
+        from prefixgate.store import open_store
+
+        def load():
+            with open_store(dsn) as store:
+                store.migrate()
+                return store.list_keys()
+
+        while True:
+            try:
+                self.set_store_keys(await asyncio.to_thread(load))
+            except Exception as exc:  # keep the last known keys while the store is down
+                log.warning("cannot reload API keys from the store: %s", exc)
+            await asyncio.sleep(interval)
 
     @property
     def open_access(self) -> bool:
@@ -62,7 +93,8 @@ class Authenticator:
             raise AuthenticationFailed(
                 "missing API key: send it in x-api-key or Authorization: Bearer"
             )
-        principal = self._by_digest.get(hashlib.sha256(key.encode()).hexdigest())
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        principal = self._by_digest.get(digest) or self._from_store.get(digest)
         if principal is None:
             raise AuthenticationFailed("invalid API key")
         return principal

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
+RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix"]
 RenderOrder = Literal["tools_first", "system_first"]
 
 
@@ -52,6 +53,25 @@ class ChannelConfig(_Model):
     render_order: RenderOrder = "tools_first"
     capture_text: bool = False
     metrics_url: str | None = None
+    # Replica choice (docs/routing.md). The thresholds are SGLang cache_aware's defaults.
+    routing: RoutingPolicy = "session"
+    routing_block_size: int = Field(default=16, ge=1)
+    routing_match_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
+    routing_balance_abs: int = Field(default=64, ge=0)
+    routing_balance_rel: float = Field(default=1.5, ge=1.0)
+    routing_lru_blocks: int = Field(default=65536, ge=1)  # per replica
+    routing_shared: str | None = None  # redis://host:6379/0: share the routing state
+    routing_shared_ttl: float = Field(default=3600.0, gt=0)
+    health_check_interval: float | None = Field(default=None, gt=0)  # None: no active probe
+    health_path: str = "/health"
+    health_timeout: float = Field(default=2.0, gt=0)
+
+    @field_validator("routing_shared")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("routing_shared must be a redis:// or rediss:// URL")
+        return v
 
     @field_validator("base_url")
     @classmethod
@@ -138,6 +158,7 @@ class Config(_Model):
     store: StoreConfig | None = StoreConfig()
     limits: Limits = Limits()
     embedded_upstream: bool = False  # start the simulated upstream in-process
+    store_keys: bool = False  # also accept keys managed in the store (`prefixgate keys create`)
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -146,12 +167,14 @@ class Config(_Model):
             raise ValueError("channel names must be unique")
         if not self.channels:
             raise ValueError("at least one channel is needed")
+        if self.store_keys and self.store is None:
+            raise ValueError("store_keys needs a store")
         return self
 
     @property
     def open_access(self) -> bool:
         """No keys configured: any key is accepted (loopback only)."""
-        return not self.keys
+        return not self.keys and not self.store_keys
 
     def admin_digest(self) -> str | None:
         if self.admin_key_sha256:

@@ -73,16 +73,17 @@ def create_app(
         start = getattr(gateway.recorder, "start", None)
         if start is not None:
             await start()
-        pruner = None
-        if config.store is not None and config.store.retention_days:
-            pruner = asyncio.create_task(
-                _prune_forever(config.store.dsn, config.store.retention_days)
-            )
+        tasks = []
+        store = config.store
+        if store is not None and store.retention_days:
+            tasks.append(asyncio.create_task(_prune_forever(store.dsn, store.retention_days)))
+        if store is not None and config.store_keys:
+            tasks.append(asyncio.create_task(gateway.auth.refresh_from_store(store.dsn)))
         try:
             yield
         finally:
-            if pruner is not None:
-                pruner.cancel()
+            for task in tasks:
+                task.cancel()
             close = getattr(gateway.recorder, "close", None)
             if close is not None:
                 await close()

@@ -9,8 +9,25 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from prefixgate.record.model import Record
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRow:
+    """An API key kept in the store: its digest, never the key."""
+
+    name: str
+    owner: str | None
+    digest: str
+    models: tuple[str, ...]
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
 
 
 class StoreError(Exception):
@@ -57,6 +74,20 @@ class Store(abc.ABC):
     def prune(self, older_than_seconds: float, *, now: float | None = None) -> int:
         """Delete records received more than ``older_than_seconds`` ago, and texts no
         request has carried since then; return the number of records deleted."""
+
+    @abc.abstractmethod
+    def create_key(
+        self, name: str, owner: str | None, digest: str, models: Iterable[str]
+    ) -> KeyRow:
+        """Add an API key by its digest; StoreError if the name or digest exists."""
+
+    @abc.abstractmethod
+    def list_keys(self) -> list[KeyRow]:
+        """Every key, revoked ones included, by name."""
+
+    @abc.abstractmethod
+    def revoke_key(self, name: str) -> bool:
+        """Revoke the named key; False when there is no active key of that name."""
 
     @abc.abstractmethod
     def close(self) -> None:

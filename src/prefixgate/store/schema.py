@@ -118,8 +118,17 @@ def _migration_2(dialect: str) -> list[str]:
     return ["CREATE INDEX requests_session ON requests (session_id, received_at)"]
 
 
+def _migration_3(dialect: str) -> list[str]:
+    # API keys managed with `prefixgate keys create | list | revoke`: digests only.
+    t = TYPES[dialect]
+    return [
+        "CREATE TABLE api_keys (name TEXT PRIMARY KEY, owner TEXT, digest TEXT NOT NULL UNIQUE,"
+        f" models TEXT NOT NULL, created_at {t['real_notnull']}, revoked_at {t['real']})"
+    ]
+
+
 # Forward migrations; index i holds version i + 1. Migration 1 creates everything.
-MIGRATIONS = [_migration_1, _migration_2]
+MIGRATIONS = [_migration_1, _migration_2, _migration_3]
 LATEST_VERSION = len(MIGRATIONS)
 
 SCHEMA_VERSION_DDL = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -12,7 +13,7 @@ from typing import Any
 
 from prefixgate.record.model import Record
 from prefixgate.store import schema
-from prefixgate.store.base import Store
+from prefixgate.store.base import KeyRow, Store, StoreError
 
 PAGE_SIZE = 1000
 # Texts this process knows are stored (hash -> last_seen written); bounded, cleared on prune.
@@ -169,6 +170,42 @@ class SqlStore(Store):
                 out.update(cur.fetchall())
         return out
 
+    # -- API keys --------------------------------------------------------------------
+    def create_key(
+        self, name: str, owner: str | None, digest: str, models: Iterable[str]
+    ) -> KeyRow:
+        row = KeyRow(name, owner, digest, tuple(models), time.time())
+        p = self.ph
+        with self._transaction(exclusive=True) as cur:
+            cur.execute(
+                f"SELECT name FROM api_keys WHERE name = {p} OR digest = {p}", (name, digest)
+            )
+            if cur.fetchone() is not None:
+                raise StoreError(f"a key named {name!r} (or with that digest) exists already")
+            cur.execute(
+                f"INSERT INTO api_keys (name, owner, digest, models, created_at, revoked_at)"
+                f" VALUES ({p}, {p}, {p}, {p}, {p}, NULL)",
+                (name, owner, digest, json.dumps(list(row.models)), row.created_at),
+            )
+        return row
+
+    def list_keys(self) -> list[KeyRow]:
+        with self._transaction() as cur:
+            cur.execute(
+                "SELECT name, owner, digest, models, created_at, revoked_at FROM api_keys"
+                " ORDER BY name"
+            )
+            return [_key_row(r) for r in cur.fetchall()]
+
+    def revoke_key(self, name: str) -> bool:
+        p = self.ph
+        with self._transaction(exclusive=True) as cur:
+            cur.execute(
+                f"UPDATE api_keys SET revoked_at = {p} WHERE name = {p} AND revoked_at IS NULL",
+                (time.time(), name),
+            )
+            return cur.rowcount > 0
+
     # -- retention -------------------------------------------------------------------
     def prune(self, older_than_seconds: float, *, now: float | None = None) -> int:
         cutoff = (time.time() if now is None else now) - older_than_seconds
@@ -184,6 +221,11 @@ class SqlStore(Store):
             )
         self._text_seen.clear()
         return max(deleted, 0)
+
+
+def _key_row(row: Sequence[Any]) -> KeyRow:
+    name, owner, digest, models, created_at, revoked_at = row
+    return KeyRow(name, owner, digest, tuple(json.loads(models)), created_at, revoked_at)
 
 
 def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:
