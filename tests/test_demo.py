@@ -29,5 +29,8 @@ def test_demo_reproduces_the_incident_and_the_fix(tmp_path):
     assert sm.pinned_value is None
     assert kc.hit_rate == sc.hit_rate and kc.in_session_hit_rate > 0.9
     # Every request is in the store, for the doctor.
-    with open_store(f"sqlite:///{path}") as store:
-        assert store.count() == km.requests + kc.requests + sm.requests + sc.requests
+    with open_store(kept.dsn) as store:
+        assert store.count() == km.requests + kc.requests
+    with open_store(stripped.dsn) as store:
+        assert store.count() == sm.requests + sc.requests
+    assert stripped.dsn.endswith("demo-fixed.db")

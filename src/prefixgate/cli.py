@@ -231,13 +231,26 @@ def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
         store_path=store_path,
         progress_factory=progress_factory,
     )
+    from prefixgate.doctor import diagnose, render_text
+
+    diagnosis = diagnose(results[0].dsn)
     if as_json:
-        click.echo(json.dumps(demo_mod.as_json(results), indent=2))
+        click.echo(json.dumps(demo_mod.as_json(results, diagnosis), indent=2))
         return
     _print_demo(console, results, demo_mod.BLOCK)
+    console.rule("prefixgate doctor on the incident's store")
+    click.echo(render_text(diagnosis))
+    predicted = demo_mod.predicted_rate(diagnosis)
+    if predicted is not None:
+        measured = results[1].entries["messages"].hit_rate
+        console.print(
+            f"\nThe doctor predicted {predicted:.1%} for /v1/messages after the fix; "
+            f"the replay with the fix measured {measured:.1%}."
+        )
     console.print(
-        f"\nRecords written to [bold]{store_path}[/] ({time.monotonic() - t0:.1f} s). "
-        f"Read them with: prefixgate doctor --store sqlite:///{store_path}"
+        f"\nRecords: [bold]{store_path}[/] (the incident), "
+        f"[bold]{demo_mod.fixed_store_path(store_path)}[/] (the fix); {time.monotonic() - t0:.1f} s. "
+        f"Again: prefixgate doctor --store sqlite:///{store_path}"
     )
 
 
@@ -294,6 +307,65 @@ def _print_demo(console, results, block: int) -> None:
 
 def _human(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{n / 1e3:.1f}k" if n >= 1000 else str(n)
+
+
+# -- doctor --------------------------------------------------------------------------------
+@main.command()
+@click.option(
+    "--store", "store_dsn", default=None, help="Store DSN (default sqlite:///prefixgate.db)."
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Take the store from this config.",
+)
+@click.option(
+    "--since",
+    default=None,
+    help="Start: a date (2026-08-13), a span back (24h, 7d) or epoch seconds.",
+)
+@click.option("--until", default=None, help="End, in the same forms.")
+@click.option("--metrics-url", multiple=True, help="An upstream's /metrics URL (repeatable).")
+@click.option(
+    "--engine-log", type=click.Path(exists=True, dir_okay=False), help="A vLLM engine log file."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
+def doctor(store_dsn, config_path, since, until, metrics_url, engine_log, as_json) -> None:
+    """Diagnose lost prefix-cache hits from the record: the weak slice, the pinned constant,
+    the segment that varies, the fix and the predicted gain; plus upstream cache health.
+    Exits 2 when a critical finding exists (for cron)."""
+    from prefixgate.doctor import diagnose, exit_code, parse_time, render_text, to_json
+
+    if store_dsn is None and config_path:
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        if config.store is None:
+            raise click.ClickException("the config has no store")
+        store_dsn = config.store.dsn
+        metrics_url = metrics_url or tuple(c.metrics_url for c in config.channels if c.metrics_url)
+    store_dsn = store_dsn or "sqlite:///prefixgate.db"
+    _require_sqlite_file(store_dsn)
+    try:
+        window = {k: parse_time(v) for k, v in (("since", since), ("until", until)) if v}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    d = diagnose(store_dsn, metrics_urls=metrics_url, engine_log=engine_log, **window)
+    click.echo(to_json(d, indent=2) if as_json else render_text(d))
+    sys.exit(exit_code(d))
+
+
+def _require_sqlite_file(dsn: str) -> None:
+    from pathlib import Path
+
+    if dsn.startswith("sqlite:///") and ":memory:" not in dsn:
+        path = Path(dsn.removeprefix("sqlite:///"))
+        if not path.exists():
+            raise click.ClickException(
+                f"no store at {path}: run the gateway (or `prefixgate demo`) first"
+            )
 
 
 # -- keys ----------------------------------------------------------------------------------

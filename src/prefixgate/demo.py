@@ -63,6 +63,7 @@ class PhaseResult:
     name: str
     strip: bool
     seconds: float
+    dsn: str = ""
     entries: dict[str, EntryStats] = field(default_factory=dict)
 
 
@@ -144,6 +145,7 @@ def run_phase(
                         "model_map": {MODEL: UPSTREAM_MODEL},
                         "strip_anthropic_billing_header": strip,
                         "render_order": "tools_first",
+                        "capture_text": True,  # so the doctor can show what varies
                     }
                 ],
                 "store": {"dsn": dsn},
@@ -155,7 +157,15 @@ def run_phase(
         seconds = time.time() - t0
     with open_store(dsn) as store:
         records = list(store.iter_records(since=t0))
-    return summarize(records, name, strip, seconds)
+    result = summarize(records, name, strip, seconds)
+    result.dsn = dsn
+    return result
+
+
+def fixed_store_path(store_path: str) -> str:
+    """Where the demo keeps the phase with the fix: beside the incident's store."""
+    p = Path(store_path)
+    return str(p.with_name(p.stem + "-fixed" + p.suffix))
 
 
 def run_demo(
@@ -167,17 +177,36 @@ def run_demo(
     store_path: str = "prefixgate-demo.db",
     progress_factory=None,
 ) -> list[PhaseResult]:
-    for suffix in ("", "-wal", "-shm"):
-        Path(store_path + suffix).unlink(missing_ok=True)
-    dsn = f"sqlite:///{store_path}"
+    """Replay the traffic with the header kept (into ``store_path``: the incident, for the
+    doctor) and then stripped (into its ``-fixed`` sibling: what the fix measures)."""
     per_session = generate(_spec(sessions, turns, seed))
     total = sum(len(s) for s in per_session)
     results = []
-    for name, strip in (("header kept (the incident)", False), ("header stripped (the fix)", True)):
+    for name, strip, path in (
+        ("header kept (the incident)", False, store_path),
+        ("header stripped (the fix)", True, fixed_store_path(store_path)),
+    ):
+        for suffix in ("", "-wal", "-shm"):
+            Path(path + suffix).unlink(missing_ok=True)
         with progress_factory(name, total) as tick:
-            results.append(run_phase(name, strip, dsn, per_session, concurrency, tick))
+            results.append(
+                run_phase(name, strip, f"sqlite:///{path}", per_session, concurrency, tick)
+            )
     return results
 
 
-def as_json(results: list[PhaseResult]) -> dict:
-    return {"block_size": BLOCK, "phases": [asdict(r) for r in results]}
+def predicted_rate(diagnosis) -> float | None:
+    """The doctor's predicted hit rate after the fix, for the broken slice."""
+    for f in diagnosis.findings:
+        prediction = f.facts.get("prediction") if f.kind == "prefix_broken" else None
+        if prediction:
+            return prediction.get("predicted_rate")
+    return None
+
+
+def as_json(results: list[PhaseResult], diagnosis=None) -> dict:
+    out: dict = {"block_size": BLOCK, "phases": [asdict(r) for r in results]}
+    if diagnosis is not None:
+        out["doctor"] = diagnosis.to_dict()
+        out["doctor_predicted_rate"] = predicted_rate(diagnosis)
+    return out

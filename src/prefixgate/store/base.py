@@ -8,8 +8,9 @@ thread-safe; the async writer calls them through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prefixgate.record.model import Record
 
@@ -74,6 +75,11 @@ class Store(abc.ABC):
     def prune(self, older_than_seconds: float, *, now: float | None = None) -> int:
         """Delete records received more than ``older_than_seconds`` ago, and texts no
         request has carried since then; return the number of records deleted."""
+
+    @abc.abstractmethod
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one read-only analysis statement, written in portable SQL with ``?``
+        placeholders, inside the database; return every row (the doctor's aggregations)."""
 
     @abc.abstractmethod
     def create_key(

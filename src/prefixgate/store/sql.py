@@ -170,6 +170,14 @@ class SqlStore(Store):
                 out.update(cur.fetchall())
         return out
 
+    # -- analysis --------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self.ph != "?":
+            sql = sql.replace("?", self.ph)
+        with self._transaction() as cur:
+            cur.execute(sql, list(params))
+            return [tuple(row) for row in cur.fetchall()]
+
     # -- API keys --------------------------------------------------------------------
     def create_key(
         self, name: str, owner: str | None, digest: str, models: Iterable[str]

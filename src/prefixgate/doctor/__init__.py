@@ -1,0 +1,25 @@
+"""``prefixgate doctor``: the seed's diagnosis, automatic.
+
+    d = diagnose("sqlite:///prefixgate-demo.db", since=parse_time("24h"))
+    print(render_text(d))          # findings first, by severity, evidence under each
+    to_json(d)                     # the same tree as JSON
+    sys.exit(exit_code(d))         # 2 when a critical finding exists
+
+See :mod:`.diagnose` for the pipeline and one module per step.
+"""
+
+from prefixgate.doctor.diagnose import diagnose, exit_code
+from prefixgate.doctor.model import Diagnosis, Finding, Table
+from prefixgate.doctor.report import render_text, to_json
+from prefixgate.doctor.timespec import parse_time
+
+__all__ = [
+    "Diagnosis",
+    "Finding",
+    "Table",
+    "diagnose",
+    "exit_code",
+    "parse_time",
+    "render_text",
+    "to_json",
+]

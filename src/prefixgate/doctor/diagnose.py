@@ -1,0 +1,496 @@
+"""The diagnosis, start to end — the seed's manual investigation as one pipeline:
+
+1. slices: split the hit rate by every dimension; rank what pulls it down;
+2. distribution: for each weak slice, the cached-token distribution and a pinned constant;
+3. segments: which prompt segment breaks the prefix, where, what varies, which cause;
+4. predict: the fix, replayed through the cache model, with a calibration figure;
+5. control: a healthy slice on the same upstream, proof that the upstream works;
+6. upstream health (metrics, engine log), cache report off, usage semantics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from prefixgate.doctor import distribution as dist_mod
+from prefixgate.doctor import predict as pred_mod
+from prefixgate.doctor import segments as seg_mod
+from prefixgate.doctor import slices as slice_mod
+from prefixgate.doctor import upstream_health, usage_check
+from prefixgate.doctor.model import (
+    CRITICAL,
+    INFO,
+    SEVERITY_ORDER,
+    WARNING,
+    Diagnosis,
+    Finding,
+    Table,
+)
+from prefixgate.doctor.report import pct, tokens
+from prefixgate.doctor.timespec import format_day
+from prefixgate.store import Store, open_store
+
+MAX_WEAK = 3
+CRITICAL_GAIN = 0.10  # a fix that would gain 10 points is critical
+WORTH_REPORTING_GAIN = 0.02
+
+_CAUSE_TITLE = {
+    seg_mod.BILLING: "Claude Code's billing header at the start of the prompt",
+    seg_mod.HOISTED: "mid-conversation system messages hoisted into the system prompt",
+    seg_mod.TIMESTAMP: "a date/time in the system prompt",
+    seg_mod.REORDERED: "tools sent in a different order",
+    seg_mod.TOOLS_CHANGED: "the tool set changes between turns",
+    seg_mod.COMPACTION: "compaction boundaries (history restarts)",
+    seg_mod.UNKNOWN: "an unstable prompt segment",
+}
+
+MetricsInput = Sequence[str | tuple[str, str]] | None
+
+
+def diagnose(
+    store_dsn: str,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    metrics_urls: Sequence[str] = (),
+    engine_log: str | Path | None = None,
+    metrics_snapshots: MetricsInput = None,
+) -> Diagnosis:
+    """Diagnose the records in ``store_dsn`` received in ``[since, until)``.
+
+    ``metrics_snapshots``: Prometheus texts of the upstream(s), each a string or a
+    ``(source, text)`` pair; several of one source are read as first/last (deltas).
+    ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file."""
+    with open_store(store_dsn) as store:
+        d = Diagnosis(
+            store=_safe_dsn(store_dsn),
+            since=since,
+            until=until,
+            generated_at=time.time(),
+            overall={},
+            days=[],
+            slices=[],
+            findings=[],
+        )
+        block_hint = _upstream(d, metrics_urls, engine_log, metrics_snapshots)
+        if store.schema_version() == 0:
+            d.overall = slice_mod.Rate().as_dict()
+            d.notes.append("the store is empty (no schema): nothing recorded yet")
+        else:
+            _records(d, store, since, until, block_hint)
+    if not d.findings:
+        d.findings.append(
+            Finding(
+                "no_problem",
+                INFO,
+                "no slice is significantly below its peers; no upstream problem seen",
+            )
+        )
+    d.findings.sort(
+        key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), -f.facts.get("tokens_lost", 0))
+    )
+    return d
+
+
+def _safe_dsn(dsn: str) -> str:
+    if "://" in dsn and "@" in dsn.split("://", 1)[1]:
+        scheme, rest = dsn.split("://", 1)
+        return f"{scheme}://…@{rest.split('@', 1)[1].split('?', 1)[0]}"
+    return dsn
+
+
+# -- upstream sources ---------------------------------------------------------------------
+
+
+def _upstream(
+    d: Diagnosis, urls: Sequence[str], log: str | Path | None, snaps: MetricsInput
+) -> int | None:
+    by_source: dict[str, list[upstream_health.Counters]] = {}
+    for item in snaps or ():
+        source, text = item if isinstance(item, tuple) else ("metrics", item)
+        by_source.setdefault(source, []).append(upstream_health.parse_metrics(text))
+    for url in urls:
+        try:
+            text = upstream_health.fetch_metrics(url)
+        except Exception as exc:  # noqa: BLE001 - a dead endpoint is a note, not a crash
+            d.notes.append(f"could not read metrics from {url}: {type(exc).__name__}")
+            continue
+        by_source.setdefault(url, []).append(upstream_health.parse_metrics(text))
+    block = None
+    for source, counters in by_source.items():
+        f = upstream_health.metrics_finding(source, counters)
+        if f:
+            d.findings.append(f)
+        block = block or next((c.block_size for c in counters if c.block_size), None)
+    if log is not None:
+        path = Path(log)
+        try:
+            with path.open(encoding="utf-8", errors="replace") as fh:
+                stats = upstream_health.parse_log(fh)
+        except OSError as exc:
+            d.notes.append(f"could not read engine log {path}: {exc.strerror}")
+        else:
+            f = upstream_health.log_finding(path.name, stats)
+            if f:
+                d.findings.append(f)
+            elif stats.rate_lines == 0:
+                d.notes.append(f"engine log {path.name}: no prefix-cache rate lines found")
+    return block
+
+
+# -- records ------------------------------------------------------------------------------
+
+
+def _records(
+    d: Diagnosis, store: Store, since: float | None, until: float | None, block_hint: int | None
+) -> None:
+    cells = slice_mod.load_cells(store, since, until)
+    overall = slice_mod.total(cells)
+    d.overall = overall.as_dict()
+    d.days = [{"day": format_day(day), **r.as_dict()} for day, r in slice_mod.by_day(cells).items()]
+    silent = slice_mod.silent_channels(cells)
+    f = upstream_health.cache_report_finding(silent)
+    if f:
+        d.findings.append(f)
+    judged = [c for c in cells if c.channel not in silent]
+    ranked = slice_mod.rank(judged)
+    d.slices = [s.as_dict() for s in ranked[:30]]
+    weak = slice_mod.weak(ranked, judged)[:MAX_WEAK]
+    for s in weak:
+        d.findings.append(
+            _slice_finding(store, s, ranked, judged, since, until, block_hint, weak=True)
+        )
+    # Slices that are not (yet) weak can still carry a diagnosable break: one per entry.
+    covered = list(weak)
+    for e in slice_mod.group(judged, ["endpoint"]):
+        s = next((x for x in ranked if x.same(e)), e)
+        if s.rate.requests < slice_mod.MIN_REQUESTS or any(
+            _overlaps(s, w, judged) for w in covered
+        ):
+            continue
+        covered = [*covered, s]
+        f = _slice_finding(store, s, ranked, judged, since, until, block_hint, weak=False)
+        if f is not None:
+            d.findings.append(f)
+    u = usage_check.check(store, since, until)
+    if u:
+        d.findings.append(u)
+
+
+def _overlaps(a: slice_mod.Slice, b: slice_mod.Slice, cells: list[slice_mod.Cell]) -> bool:
+    shared = sum(c.prompt_tokens for c in cells if a.matches(c) and b.matches(c))
+    return shared >= slice_mod.SAME_SET * min(a.rate.prompt_tokens, b.rate.prompt_tokens)
+
+
+def _scope_filters(s: slice_mod.Slice) -> list[tuple[str, str | None]]:
+    if s.dimension in slice_mod.GLOBAL:
+        return s.filters()
+    return [("channel", s.channel), ("upstream_model", s.upstream_model)]
+
+
+def _block(
+    store: Store, s: slice_mod.Slice, since, until, hint: int | None
+) -> dist_mod.BlockSize | None:
+    if hint:
+        return dist_mod.BlockSize(hint, hint, 0, True, source="vLLM cache_config_info")
+    return dist_mod.infer_block(dist_mod.cached_values(store, _scope_filters(s), since, until))
+
+
+def _slice_finding(
+    store: Store,
+    s: slice_mod.Slice,
+    ranked: list[slice_mod.Slice],
+    cells: list[slice_mod.Cell],
+    since: float | None,
+    until: float | None,
+    block_hint: int | None,
+    *,
+    weak: bool,
+) -> Finding | None:
+    block = _block(store, s, since, until, block_hint)
+    groups = dist_mod.load(store, s.filters(), since, until)
+    dist = dist_mod.analyse(groups, block.block if block else None)
+    captured = seg_mod.load(store, s.filters(), since, until)
+    seg = seg_mod.analyse(captured, store.get_texts) if captured else None
+    prediction = None
+    if seg is not None and seg.cause and block:
+        fix = pred_mod.transform_for(seg)
+        if fix is not None:
+            prediction = pred_mod.predict(captured, block.block, fix)
+    gain = prediction.predicted_rate - prediction.measured_rate if prediction else None
+    if not weak:
+        # Only worth a finding when a diagnosable break costs something.
+        if seg is None or not seg.cause or seg.cause == seg_mod.COMPACTION:
+            return None
+        if gain is None or gain < WORTH_REPORTING_GAIN:
+            return None
+    severity = WARNING
+    if (gain is not None and gain >= CRITICAL_GAIN) or (
+        s.gap >= 0.2 and s.tokens_lost >= 0.05 * sum(c.prompt_tokens for c in cells)
+    ):
+        severity = CRITICAL
+    if seg is not None and seg.scope == "cross-session" and (gain or 0) < CRITICAL_GAIN:
+        severity = WARNING if (gain or 0) >= WORTH_REPORTING_GAIN else INFO
+    cause = seg.cause if seg else None
+    kind = (
+        "per_session_prefix"
+        if seg is not None and seg.scope == "cross-session"
+        else "prefix_broken"
+    )
+    what = _CAUSE_TITLE.get(cause or "", "cause not identified (no segment captures)")
+    if seg is not None and seg.scope == "cross-session":
+        what = f"{what}, different in every session"
+    title = f"{s.label} on {s.scope} hits {pct(s.rate.hit_rate)}"
+    if s.peer_rate is not None:
+        title += f" vs {pct(s.peer_rate.hit_rate)} for {s.peer}"
+    title += f": {what}"
+    f = Finding(kind=kind, severity=severity, title=title)
+    f.facts = {
+        "slice": s.as_dict(),
+        "tokens_lost": s.tokens_lost,
+        "block_size": block.block if block else None,
+        "block_size_confident": block.confident if block else None,
+        "distribution": dist.as_dict(),
+        "segments": _seg_dict(seg),
+        "prediction": prediction.as_dict() if prediction else None,
+        "cause": cause,
+        "channel": s.channel,
+    }
+    _summary_slice(f, s)
+    _summary_distribution(f, dist, block)
+    _summary_segments(f, seg, dist)
+    if cause:
+        f.fix = pred_mod.fix_advice(cause, s.channel, seg.volatility if seg else None)
+    _summary_prediction(f, prediction)
+    _summary_control(f, store, s, since, until, block)
+    return f
+
+
+def _seg_dict(seg: seg_mod.SegmentReport | None) -> dict | None:
+    if seg is None:
+        return None
+    from dataclasses import asdict
+
+    out = asdict(seg)
+    out["stability"] = [{**asdict(x), "volatility": x.volatility} for x in seg.stability]
+    return out
+
+
+def _summary_slice(f: Finding, s: slice_mod.Slice) -> None:
+    same = [a for a in s.aliases if not a.startswith("within ")]
+    within = [a.removeprefix("within ") for a in s.aliases if a.startswith("within ")]
+    also = f" (the same requests as {', '.join(same)})" if same else ""
+    if within:
+        also += f" (and what pulls down {', '.join(within)})"
+    line = (
+        f"slice {s.label}{also} on {s.scope}: {s.rate.requests:,} requests, prompt "
+        f"{tokens(s.rate.prompt_tokens)}, cached {tokens(s.rate.cached_tokens)}, hit rate {pct(s.rate.hit_rate)}"
+    )
+    if s.peer_rate is not None:
+        line += (
+            f"; best comparable slice {s.peer} {pct(s.peer_rate.hit_rate)}; "
+            f"{tokens(s.tokens_lost)} prompt tokens lost"
+        )
+    f.summary.append(line)
+
+
+def _summary_distribution(
+    f: Finding, dist: dist_mod.Distribution, block: dist_mod.BlockSize | None
+) -> None:
+    rows = [
+        [b.label, b.requests, tokens(b.prompt_mean), tokens(b.cached_mean)] for b in dist.buckets
+    ]
+    f.evidence.append(
+        Table(
+            "cached_tokens distribution", ["cached", "requests", "avg prompt", "avg cached"], rows
+        )
+    )
+    if dist.modes:
+        f.evidence.append(
+            Table(
+                "most frequent exact cached values",
+                ["cached", "requests", "share", "prompt range"],
+                [
+                    [
+                        m["cached"],
+                        m["requests"],
+                        pct(m["share"], 1),
+                        f"{tokens(m['prompt_min'])}–{tokens(m['prompt_max'])}",
+                    ]
+                    for m in dist.modes
+                ],
+            )
+        )
+    p = dist.pinned
+    if p is None:
+        return
+    bs = ""
+    if block:
+        bs = (
+            f" (block size {block.block}, from {block.source}"
+            + (f", {block.distinct_values} distinct values" if block.distinct_values else "")
+            + ("" if block.confident else "; few values, may be a multiple")
+            + ")"
+        )
+    verdict = "explains the rate" if p.explains else "does not explain the rate alone"
+    f.summary.append(
+        f"cached_tokens pinned at {p.expression}{bs} in {p.requests:,} of {dist.requests:,} requests "
+        f"({pct(p.share, 1)}) while their prompts range {tokens(p.prompt_min)}–{tokens(p.prompt_max)} "
+        f"(CV {p.prompt_cv:.2f}): {p.value} / mean prompt {tokens(p.slice_prompt_mean)} = {pct(p.naive_ratio, 1)}, "
+        f"× {pct(p.share, 1)} pinned = {pct(p.explained_rate)} of the measured {pct(p.measured_rate)} → {verdict}"
+    )
+
+
+def _summary_segments(
+    f: Finding, seg: seg_mod.SegmentReport | None, dist: dist_mod.Distribution
+) -> None:
+    if seg is None:
+        f.summary.append(
+            "no segment captures for this slice: enable store.capture_segments to locate the break"
+        )
+        return
+    if not seg.first_unstable:
+        f.summary.append(
+            f"segments: {seg.pairs} consecutive same-session pairs, {seg.breaks} breaks; no unstable "
+            "segment before the history (sessions extend themselves)"
+        )
+        return
+    where = (
+        "between consecutive requests of a session"
+        if seg.scope == "session"
+        else "between sessions"
+    )
+    line = (
+        f"first unstable segment in upstream order: {seg.first_unstable} ({seg.first_unstable_kind}) at "
+        f"≈{seg.offset_tokens:,} tokens (estimated, scaled to the recorded prompts), changing {where} "
+        f"({seg.breaks if seg.scope == 'session' else sum(seg.causes.values())} breaks)"
+    )
+    const = dist.pinned.value if dist.pinned else None
+    if const:
+        block = dist.pinned.block if dist.pinned else None
+        ok = seg_mod.matches_constant(seg.offset_tokens, const, block)
+        line += f"; {'matches' if ok else 'does not match'} the pinned constant {const}"
+        f.facts["offset_matches_constant"] = ok
+    f.summary.append(line)
+    if seg.in_segment:
+        vol = seg.volatility or "?"
+        target = seg.stability[0] if seg.stability else None
+        if target and vol == seg_mod.PER_REQUEST and target.distinct_across_sessions > 1:
+            vol += f" (and different across sessions: {target.distinct_across_sessions}/{target.sessions})"
+        f.summary.append(
+            f"as received: {seg.in_segment} — {vol} volatility; cause: {seg.cause} ({seg.cause_detail})"
+        )
+    else:
+        f.summary.append(f"cause: {seg.cause} ({seg.cause_detail})")
+    if seg.diffs:
+        f.summary.append("what varies: " + " | ".join(seg.diffs))
+    elif not seg.texts_captured:
+        f.summary.append(
+            "texts not captured (`capture_text: true` on the channel or key shows what varies)"
+        )
+    if seg.stability:
+        f.evidence.append(
+            Table(
+                "segment stability",
+                [
+                    "segment",
+                    "side",
+                    "≈tokens",
+                    "changed within sessions",
+                    "distinct across sessions",
+                    "volatility",
+                ],
+                [
+                    [
+                        x.segment,
+                        "received" if x.side == "in" else "upstream",
+                        x.tokens,
+                        f"{x.changed_in_session}/{x.pairs}",
+                        f"{x.distinct_across_sessions}/{x.sessions}",
+                        x.volatility,
+                    ]
+                    for x in seg.stability
+                ],
+            )
+        )
+
+
+def _summary_prediction(f: Finding, p: pred_mod.Prediction | None) -> None:
+    if p is None:
+        return
+    f.summary.append(
+        f"predicted hit rate after the fix: {pct(p.predicted_rate)} (replay of {p.requests:,} captured "
+        f"prompts, block {p.block_size}; the same replay as sent gives {pct(p.replay_as_sent)} vs "
+        f"{pct(p.measured_rate)} measured: calibration {p.calibration_points:+.1f} points)"
+    )
+    f.evidence.append(
+        Table(
+            "replay through the cache model",
+            ["replay", "hit rate"],
+            [
+                ["measured (as recorded)", pct(p.measured_rate)],
+                ["model, prompts as sent", pct(p.replay_as_sent)],
+                ["model, fix applied", pct(p.predicted_rate)],
+            ],
+        )
+    )
+
+
+def _summary_control(
+    f: Finding,
+    store: Store,
+    s: slice_mod.Slice,
+    since,
+    until,
+    block: dist_mod.BlockSize | None,
+) -> None:
+    if s.peer is None or s.peer_rate is None:
+        return
+    groups = dist_mod.load(store, s.peer_filters(), since, until)
+    pd = dist_mod.analyse(groups, block.block if block else None)
+    top = pd.buckets[-1] if pd.buckets else None
+    follow = ""
+    if top is not None and top.prompt_mean:
+        follow = (
+            f"; in its top bucket ({top.label}) avg cached {tokens(top.cached_mean)} vs avg prompt "
+            f"{tokens(top.prompt_mean)}"
+        )
+    pinned = f"; pinned at {pd.pinned.value}" if pd.pinned else "; no pinned value"
+    f.summary.append(
+        f"control: {s.peer} on the same upstream ({s.scope}) hits {pct(s.peer_rate.hit_rate)} over "
+        f"{s.peer_rate.requests:,} requests{follow}{pinned} — the upstream's cache itself works"
+    )
+    f.facts["control"] = {"slice": s.peer, **s.peer_rate.as_dict(), "distribution": pd.as_dict()}
+    f.evidence.insert(
+        0,
+        Table(
+            "slice vs control",
+            ["slice", "requests", "prompt", "cached", "hit rate"],
+            [
+                [
+                    s.label,
+                    s.rate.requests,
+                    tokens(s.rate.prompt_tokens),
+                    tokens(s.rate.cached_tokens),
+                    pct(s.rate.hit_rate),
+                ],
+                [
+                    f"{s.peer} (control)",
+                    s.peer_rate.requests,
+                    tokens(s.peer_rate.prompt_tokens),
+                    tokens(s.peer_rate.cached_tokens),
+                    pct(s.peer_rate.hit_rate),
+                ],
+            ],
+        ),
+    )
+
+
+def exit_code(d: Diagnosis) -> int:
+    """2 when a critical finding exists (for cron), else 0."""
+    return 2 if d.critical else 0
+
+
+__all__ = ["diagnose", "exit_code"]
