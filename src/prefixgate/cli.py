@@ -497,5 +497,14 @@ def keys_new(prefix: str) -> None:
     click.echo(f"key_sha256: {hashlib.sha256(key.encode()).hexdigest()}")
 
 
+def _register_subcommands() -> None:
+    # Larger commands live beside their code; they import their heavy parts lazily.
+    from prefixgate.simulate.cli import simulate_command
+
+    main.add_command(simulate_command, "simulate")
+
+
+_register_subcommands()
+
 if __name__ == "__main__":  # pragma: no cover
     main()
