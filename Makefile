@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/prefixgate demo
 
 test: $(STAMP)
+	bash scripts/system-deps.sh
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/python -m pytest

@@ -1,0 +1,290 @@
+"""``/dashboard``: the pages, their JSON API and their static files, behind admin auth.
+
+Auth: the admin key in ``x-api-key`` / ``Authorization: Bearer`` (API clients), or, for a
+browser, once as ``?key=`` on any page — the key then moves into an HttpOnly, SameSite
+cookie and the browser is redirected to the same URL without it. ``check_admin`` decides
+(an open loopback gateway without an admin key is open to everyone, as ``/metrics``).
+Store reads run in a thread each, through a store opened for the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from prefixgate.errors import GatewayError
+from prefixgate.store import StoreError, open_store
+from prefixgate.web import pages, queries
+from prefixgate.web import upstream as upstream_mod
+from prefixgate.web.scope import BadParam, dimension_of, scope_of
+
+PREFIX = "/dashboard"
+COOKIE = "prefixgate_admin"
+DOCTOR_TTL = 30.0  # seconds a diagnosis is reused for the same window
+L2_TTL = 15.0
+STATIC_TYPES = {
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+}
+
+_json = msgspec.json.Encoder()
+
+
+def _json_response(obj: Any, status: int = 200) -> Response:
+    return Response(
+        _json.encode(obj),
+        status_code=status,
+        media_type="application/json",
+        headers={"cache-control": "no-store", **SECURITY_HEADERS},
+    )
+
+
+def _static_files() -> dict[str, bytes]:
+    root = resources.files("prefixgate.web") / "static"
+    return {
+        f.name: f.read_bytes()
+        for f in root.iterdir()
+        if f.is_file() and any(f.name.endswith(ext) for ext in STATIC_TYPES)
+    }
+
+
+class _TTLCache:
+    """A few recent results by key, each kept ``ttl`` seconds (state of one dashboard)."""
+
+    def __init__(self, ttl: float, size: int = 16) -> None:
+        self.ttl, self.size = ttl, size
+        self._items: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> Any:
+        hit = self._items.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        return None
+
+    def put(self, key: Any, value: Any) -> None:
+        if len(self._items) >= self.size:
+            self._items.pop(next(iter(self._items)))
+        self._items[key] = (time.monotonic() + self.ttl, value)
+
+
+class Dashboard:
+    def __init__(self, gateway: Any, store_dsn: str) -> None:
+        self.gateway = gateway
+        self.dsn = store_dsn
+        self.static = _static_files()
+        self._doctor = _TTLCache(DOCTOR_TTL)
+        self._l2 = _TTLCache(L2_TTL)
+
+    # -- auth --------------------------------------------------------------------------
+    def _denied(self, request: Request) -> GatewayError | None:
+        check = self.gateway.auth.check_admin
+        try:
+            if "x-api-key" in request.headers or "authorization" in request.headers:
+                check(request.headers)
+            elif request.cookies.get(COOKIE):
+                check({"x-api-key": request.cookies[COOKIE]})
+            else:
+                check({})
+        except GatewayError as err:
+            return err
+        return None
+
+    def page(self, name: str) -> Callable:
+        async def handler(request: Request) -> Response:
+            key = request.query_params.get("key")
+            if key:
+                return self._login(request, key)
+            err = self._denied(request)
+            if err is not None:
+                keep = request.query_params.multi_items()
+                return self._html(pages.login(PREFIX, err.status, str(err), keep), err.status)
+            rid = request.path_params.get("request_id", "")
+            return self._html(pages.render(PREFIX, name, request_id=rid))
+
+        return handler
+
+    def _login(self, request: Request, key: str) -> Response:
+        try:
+            self.gateway.auth.check_admin({"x-api-key": key})
+        except GatewayError as err:
+            keep = request.query_params.multi_items()
+            return self._html(pages.login(PREFIX, err.status, str(err), keep), err.status)
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "key"]
+        target = request.url.path + ("?" + _urlencode(rest) if rest else "")
+        resp = RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
+        resp.set_cookie(
+            COOKIE,
+            key,
+            path=PREFIX,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return resp
+
+    @staticmethod
+    def _html(body: str, status: int = 200) -> HTMLResponse:
+        return HTMLResponse(
+            body, status_code=status, headers={"cache-control": "no-store", **SECURITY_HEADERS}
+        )
+
+    def api(self, fn: Callable[[Request], Any]) -> Callable:
+        async def handler(request: Request) -> Response:
+            err = self._denied(request)
+            if err is not None:
+                return _json_response({"error": str(err)}, err.status)
+            try:
+                result = await fn(request)
+            except BadParam as exc:
+                return _json_response({"error": str(exc)}, 400)
+            except StoreError as exc:
+                return _json_response({"error": f"store unavailable: {exc}"}, 503)
+            if result is None:
+                return _json_response({"error": "not found"}, 404)
+            return _json_response(result)
+
+        return handler
+
+    # -- store access ------------------------------------------------------------------
+    async def _read(self, fn: Callable, *args: Any, **kw: Any) -> Any:
+        def run() -> Any:
+            with open_store(self.dsn) as store:
+                if store.schema_version() == 0:
+                    raise StoreError("the store is empty: no request recorded yet")
+                return fn(store, *args, **kw)
+
+        return await asyncio.to_thread(run)
+
+    # -- API ---------------------------------------------------------------------------
+    async def meta(self, request: Request) -> Any:
+        scope = scope_of(request.query_params)
+        out = await self._read(queries.meta, scope)
+        out["channels"] = [c.name for c in self.gateway.config.channels]
+        return out
+
+    async def overview(self, request: Request) -> Any:
+        scope = scope_of(request.query_params)
+        by, _ = dimension_of(request.query_params)
+        return await self._read(queries.overview, scope, by)
+
+    async def distribution(self, request: Request) -> Any:
+        scope = scope_of(request.query_params)
+        by, _ = dimension_of(request.query_params)
+        return await self._read(queries.distribution, scope, by)
+
+    async def doctor(self, request: Request) -> Any:
+        from prefixgate.doctor import diagnose
+
+        q = request.query_params
+        scope = scope_of(q)
+        urls = tuple(c.metrics_url for c in self.gateway.config.channels if c.metrics_url)
+        key = (q.get("since", ""), q.get("until", ""))
+        cached = None if q.get("refresh") else self._doctor.get(key)
+        if cached is not None:
+            return cached
+        d = await asyncio.to_thread(
+            diagnose, self.dsn, since=scope.since, until=scope.until, metrics_urls=urls
+        )
+        out = d.to_dict()
+        self._doctor.put(key, out)
+        return out
+
+    async def upstream(self, request: Request) -> Any:
+        scope = scope_of(request.query_params)
+        stats = await self._read(queries.upstream_stats, scope)
+        return upstream_mod.view(self.gateway, stats, await self._l2_all())
+
+    async def _l2_all(self) -> dict[str, dict]:
+        chans = [c for c in self.gateway.config.channels if c.metrics_url]
+        cached = self._l2.get("all")
+        if cached is not None or not chans:
+            return cached or {}
+        results = await asyncio.gather(
+            *(asyncio.to_thread(upstream_mod.l2_status, c.metrics_url) for c in chans)
+        )
+        out = {c.name: r for c, r in zip(chans, results, strict=True)}
+        self._l2.put("all", out)
+        return out
+
+    async def requests(self, request: Request) -> Any:
+        q = request.query_params
+        scope = scope_of(q)
+        try:
+            limit = int(q.get("limit", "100"))
+        except ValueError:
+            raise BadParam("limit must be a number") from None
+        return await self._read(queries.request_log, scope, limit=limit, before=q.get("before"))
+
+    async def request_detail(self, request: Request) -> Any:
+        return await self._read(queries.request_detail, request.path_params["request_id"])
+
+    async def texts(self, request: Request) -> Any:
+        hashes = request.query_params.getlist("h")[:64]
+        if not hashes:
+            raise BadParam("give the segment hashes as h=…")
+
+        def get(store) -> dict[str, str]:
+            return store.get_texts(hashes)
+
+        return {"texts": await self._read(get)}
+
+    # -- static ------------------------------------------------------------------------
+    async def static_file(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        body = self.static.get(name)
+        if body is None:
+            return Response("not found", status_code=404, media_type="text/plain")
+        ext = name[name.rfind(".") :]
+        return Response(
+            body,
+            media_type=STATIC_TYPES[ext],
+            headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"},
+        )
+
+
+def _urlencode(items: list[tuple[str, str]]) -> str:
+    from urllib.parse import urlencode
+
+    return urlencode(items)
+
+
+def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
+    """The dashboard's routes, to add to the gateway app's routes."""
+    d = Dashboard(gateway, store_dsn)
+    p = PREFIX
+    return [
+        Route(p, d.page("overview"), methods=["GET"]),
+        Route(p + "/", d.page("overview"), methods=["GET"]),
+        Route(p + "/distribution", d.page("distribution"), methods=["GET"]),
+        Route(p + "/doctor", d.page("doctor"), methods=["GET"]),
+        Route(p + "/upstream", d.page("upstream"), methods=["GET"]),
+        Route(p + "/requests", d.page("requests"), methods=["GET"]),
+        Route(p + "/requests/{request_id}", d.page("request"), methods=["GET"]),
+        Route(p + "/api/meta", d.api(d.meta), methods=["GET"]),
+        Route(p + "/api/overview", d.api(d.overview), methods=["GET"]),
+        Route(p + "/api/distribution", d.api(d.distribution), methods=["GET"]),
+        Route(p + "/api/doctor", d.api(d.doctor), methods=["GET"]),
+        Route(p + "/api/upstream", d.api(d.upstream), methods=["GET"]),
+        Route(p + "/api/requests", d.api(d.requests), methods=["GET"]),
+        Route(p + "/api/requests/{request_id}", d.api(d.request_detail), methods=["GET"]),
+        Route(p + "/api/texts", d.api(d.texts), methods=["GET"]),
+        Route(p + "/static/{name}", d.static_file, methods=["GET"]),
+    ]

@@ -1,0 +1,70 @@
+"""Admin auth in front of the dashboard: headers for API clients, ``?key=`` once and then an
+HttpOnly cookie for a browser; open only on an open loopback gateway without an admin key."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+
+from prefixgate.config import parse_config
+from prefixgate.server import create_app
+from prefixgate.serving import ServerThread
+from prefixgate.web import dashboard_routes
+from tests.web.conftest import ADMIN_KEY
+
+
+def test_api_needs_the_admin_key(guarded_dashboard):
+    url = f"{guarded_dashboard}/dashboard/api/overview"
+    r = httpx.get(url)
+    assert r.status_code == 401 and "admin key" in r.json()["error"]
+    assert httpx.get(url, headers={"x-api-key": "wrong"}).status_code == 401
+    assert httpx.get(url, headers={"x-api-key": ADMIN_KEY}).status_code == 200
+    auth = {"authorization": f"Bearer {ADMIN_KEY}"}
+    assert httpx.get(url, headers=auth, params={"since": "all"}).json()["totals"]["requests"] > 0
+
+
+def test_pages_ask_for_the_key_and_never_leak_data(guarded_dashboard):
+    for path in ("/dashboard", "/dashboard/doctor", "/dashboard/requests/abc"):
+        r = httpx.get(guarded_dashboard + path)
+        assert r.status_code == 401
+        assert 'name="key"' in r.text and "claude-cli" not in r.text
+    assert httpx.get(f"{guarded_dashboard}/dashboard?key=wrong").status_code == 401
+    # Static files carry no data: the login page can be styled.
+    assert httpx.get(f"{guarded_dashboard}/dashboard/static/dashboard.css").status_code == 200
+
+
+def test_key_in_the_url_once_becomes_an_httponly_cookie(guarded_dashboard):
+    with httpx.Client(base_url=guarded_dashboard) as client:
+        r = client.get("/dashboard/doctor", params={"key": ADMIN_KEY, "since": "all"})
+        assert r.status_code == 303
+        assert r.headers["location"] == "/dashboard/doctor?since=all"  # the key is gone
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+        assert client.get("/dashboard/doctor").status_code == 200
+        assert client.get("/dashboard/api/meta").status_code == 200
+    with httpx.Client(base_url=guarded_dashboard, cookies={"prefixgate_admin": "forged"}) as c:
+        assert c.get("/dashboard/api/meta").status_code == 401
+
+
+def test_open_loopback_gateway_without_admin_key_is_open(dashboard):
+    assert httpx.get(f"{dashboard}/dashboard/api/meta").status_code == 200
+    assert httpx.get(f"{dashboard}/dashboard").status_code == 200
+
+
+def test_gateway_with_client_keys_but_no_admin_key_refuses(demo_stores):
+    digest = hashlib.sha256(b"client-key").hexdigest()
+    config = parse_config(
+        {
+            "channels": [{"name": "c", "base_url": "http://127.0.0.1:9/v1"}],
+            "keys": [{"name": "alice", "key_sha256": digest}],
+            "store": {"dsn": demo_stores.incident},
+        }
+    )
+    app = create_app(config)
+    if not any(getattr(r, "path", "") == "/dashboard" for r in app.routes):
+        app.router.routes.extend(dashboard_routes(app.state.gateway, demo_stores.incident))
+    with ServerThread(app) as srv:
+        r = httpx.get(f"{srv.url}/dashboard/api/meta", headers={"x-api-key": "client-key"})
+        assert r.status_code == 403
+        assert httpx.get(f"{srv.url}/dashboard").status_code == 403
