@@ -84,8 +84,14 @@ class Gateway:
             rec.stream = bool(body.get("stream"))
             rec.session_id, rec.session_kind = session_of_messages(body, request.headers)
             self.auth.authorize_model(principal, model)
-            targets = self._targets(model, rec.session_id, kinds=("openai", "anthropic"))
-            return await self._messages_failover(request, body, targets, rec, principal)
+            outs: dict[str, dict] = {}  # channel -> converted request, built once
+            targets = await self._plan(
+                model,
+                rec.session_id,
+                kinds=("openai", "anthropic"),
+                prompt=lambda ch: self._chat_request(body, ch, outs),
+            )
+            return await self._messages_failover(request, body, targets, rec, principal, outs)
         except GatewayError as err:
             return self._fail(rec, err, anthropic_proto.error_bytes)
         except Exception:
@@ -103,7 +109,9 @@ class Gateway:
             rec.stream = bool(body.get("stream"))
             rec.session_id, rec.session_kind = session_of_chat(body, request.headers)
             self.auth.authorize_model(principal, model)
-            targets = self._targets(model, rec.session_id, kinds=("openai",))
+            targets = await self._plan(
+                model, rec.session_id, kinds=("openai",), prompt=lambda ch: body
+            )
             return await self._chat_failover(body, targets, rec, principal)
         except GatewayError as err:
             return self._fail(rec, err, openai_proto.error_bytes)
@@ -160,19 +168,20 @@ class Gateway:
 
     # -- failover loops ----------------------------------------------------------------
     async def _messages_failover(
-        self, request: Request, body: dict, targets: list[Target], rec: Record, principal: Principal
+        self,
+        request: Request,
+        body: dict,
+        targets: list[Target],
+        rec: Record,
+        principal: Principal,
+        outs: dict[str, dict] | None = None,
     ) -> Response:
         last: GatewayError | None = None
+        outs = {} if outs is None else outs
         for target in targets:
             ch = target.channel
             if ch.kind == "openai":
-                clean, _ = self._hygiene(body, ch)
-                out = anthropic_to_openai(
-                    clean,
-                    ConvertOptions(
-                        ch.upstream_model(body["model"]), ch.thinking, ch.history_thinking
-                    ),
-                )
+                out = self._chat_request(body, ch, outs)
                 url = target.base_url + "/chat/completions"
                 headers = _bearer(ch)
             else:
@@ -182,6 +191,7 @@ class Gateway:
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
             if self.capture is not None:
                 self.capture(rec, body, out, ch, principal)
+            self.router.acquire(target, rec.request_id)  # in flight until finish()
             try:
                 resp, first = await self._open(target, url, out, headers, rec)
                 if not rec.stream:
@@ -189,6 +199,9 @@ class Gateway:
             except UpstreamError as err:
                 last = self._failed_attempt(target, rec, err)
                 continue
+            except BaseException:
+                self.router.release(rec.request_id)
+                raise
             if ch.kind == "anthropic":
                 return relay.anthropic_passthrough(
                     self, resp, first, rec, body["model"], out["model"]
@@ -214,6 +227,7 @@ class Gateway:
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
             if self.capture is not None:
                 self.capture(rec, body, out, ch, principal)
+            self.router.acquire(target, rec.request_id)  # in flight until finish()
             try:
                 resp, first = await self._open(
                     target, target.base_url + "/chat/completions", out, _bearer(ch), rec
@@ -223,6 +237,9 @@ class Gateway:
             except UpstreamError as err:
                 last = self._failed_attempt(target, rec, err)
                 continue
+            except BaseException:
+                self.router.release(rec.request_id)
+                raise
             if rec.stream:
                 return relay.chat_stream(self, resp, first, rec, body["model"], want_usage)
             return relay.chat_once(self, first, rec, body["model"])
@@ -254,6 +271,7 @@ class Gateway:
         return resp, first
 
     def _failed_attempt(self, target: Target, rec: Record, err: UpstreamError) -> UpstreamError:
+        self.router.release(rec.request_id)
         if not err.retryable:
             raise err
         log.warning("channel %s (%s) failed: %s", target.name, target.base_url, err.message)
@@ -266,6 +284,27 @@ class Gateway:
         if ch.strip_billing_header:
             return strip_billing_header(body)
         return body, False
+
+    def _chat_request(self, body: dict, ch: ChannelConfig, outs: dict[str, dict]) -> dict:
+        """The OpenAI chat request a channel receives for an Anthropic request, converted
+        once per channel (the ``prefix`` policy and the send share it)."""
+        out = outs.get(ch.name)
+        if out is None:
+            clean, _ = self._hygiene(body, ch) if ch.kind == "openai" else (body, False)
+            out = outs[ch.name] = anthropic_to_openai(
+                clean,
+                ConvertOptions(ch.upstream_model(body["model"]), ch.thinking, ch.history_thinking),
+            )
+        return out
+
+    async def _plan(
+        self, model: str, affinity: str | None, *, kinds: tuple[str, ...], prompt
+    ) -> list[Target]:
+        """The failover order of one request (channel by priority, replica by policy)."""
+        targets = await self.router.plan(model, affinity, kinds=kinds, prompt=prompt)
+        if not targets:
+            raise NotFound(f"model {model!r} is not served here")
+        return targets
 
     def _targets(self, model: str, affinity: str | None, *, kinds: tuple[str, ...]) -> list[Target]:
         targets = [t for t in self.router.candidates(model, affinity) if t.channel.kind in kinds]
@@ -303,6 +342,7 @@ class Gateway:
     def finish(self, rec: Record, usage: Usage | None = None) -> None:
         if rec.done_at is not None:
             return
+        self.router.release(rec.request_id)
         rec.done_at = time.time()
         rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
         if rec.first_byte_at is not None:

@@ -73,6 +73,7 @@ def create_app(
         start = getattr(gateway.recorder, "start", None)
         if start is not None:
             await start()
+        await gateway.router.start()  # active health checks, shared routing state
         tasks = []
         store = config.store
         if store is not None and store.retention_days:
@@ -84,6 +85,7 @@ def create_app(
         finally:
             for task in tasks:
                 task.cancel()
+            await gateway.router.aclose()
             close = getattr(gateway.recorder, "close", None)
             if close is not None:
                 await close()

@@ -1,28 +1,55 @@
 """Which channel, and which replica of it, serves a request; in failover order.
 
 Channels serving the model are tried by priority (highest first). Within one priority the
-order is weighted rendezvous hashing on the request's affinity key (its session), so the
-same session keeps landing on the same channel and replica (their prefix caches stay warm)
-and several gateway replicas make the same choice without sharing state. Requests without
-a key spread by a random draw. A target that failed is ejected for a cool-down (passive
-health) and tried last until then.
+order is weighted rendezvous hashing on the request's affinity key (its session). Within a
+channel the replicas are ordered by the channel's ``routing`` policy (``policies.py``):
+``session`` (the default), ``round_robin``, ``least_busy`` or ``prefix``. Requests without
+a key draw a random one.
+
+Health: a replica that failed is ejected for a cool-down (passive); a replica whose health
+probe fails is down until a probe succeeds (active, ``health.py``). Unhealthy replicas are
+not chosen; they stay at the end of the failover order as a last resort.
+
+State kept here, per gateway process: in-flight requests per replica (``acquire`` /
+``release`` around each upstream call, held until the response is finished), a
+round-robin counter per channel, and for ``prefix`` channels an LRU of block hashes per
+replica. With ``routing_shared`` the block sets and in-flight counts are also shared
+through Redis (``shared.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from prefixgate.config import ChannelConfig
+
+from .health import HealthChecker
+from .policies import (
+    Balance,
+    Replica,
+    order_least_busy,
+    order_prefix,
+    order_round_robin,
+    order_session,
+    rendezvous,
+)
+from .prefix import BlockLRU, PromptBlocks, prompt_blocks
+from .shared import SharedState
+
+__all__ = ["ChannelRouter", "PromptOf", "Target"]
+
+# The OpenAI chat request (messages, tools) a channel would receive; for ``prefix``.
+PromptOf = Callable[[ChannelConfig], dict]
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
     channel: ChannelConfig
     base_url: str
+    blocks: PromptBlocks | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -30,17 +57,42 @@ class Target:
 
 
 def _score(key: str, member: str, weight: int) -> float:
-    h = hashlib.blake2b(f"{key}\x00{member}".encode(), digest_size=8).digest()
-    u = (int.from_bytes(h, "big") + 1) / 2**64  # (0, 1]
-    return -weight / math.log(u) if u < 1.0 else math.inf
+    return rendezvous(key, member, weight)
+
+
+def _balance(ch: ChannelConfig) -> Balance:
+    return Balance(ch.routing_match_threshold, ch.routing_balance_abs, ch.routing_balance_rel)
 
 
 class ChannelRouter:
-    def __init__(self, channels: tuple[ChannelConfig, ...], *, cooldown: float = 30.0) -> None:
+    def __init__(
+        self,
+        channels: tuple[ChannelConfig, ...],
+        *,
+        cooldown: float = 30.0,
+        gateway_id: str | None = None,
+        shared_namespace: str = "prefixgate:routing",
+    ) -> None:
         self.channels = channels
         self.cooldown = cooldown
         self._ejected: dict[str, float] = {}  # base_url -> until (monotonic)
+        self._down: set[str] = set()  # base_urls whose health probe failed
+        self._inflight: dict[str, int] = {}  # base_url -> requests in flight (this gateway)
+        self._held: dict[str, Target] = {}  # lease key -> target
+        self._turn: dict[str, int] = {}  # channel -> round-robin counter
+        self._lru: dict[tuple[str, str], BlockLRU] = {}  # (channel, url) -> block hashes
+        self._shared: dict[str, SharedState] = {}  # redis URL -> client
+        for ch in channels:
+            if ch.routing_shared and ch.routing_shared not in self._shared:
+                self._shared[ch.routing_shared] = SharedState(
+                    ch.routing_shared,
+                    ttl=ch.routing_shared_ttl,
+                    namespace=shared_namespace,
+                    gateway_id=gateway_id,
+                )
+        self.health = HealthChecker(channels, self.mark_health)
 
+    # -- what is served ----------------------------------------------------------------
     def models(self) -> list[str]:
         seen: dict[str, None] = {}
         for ch in self.channels:
@@ -51,20 +103,123 @@ class ChannelRouter:
     def serves(self, model: str) -> bool:
         return any(ch.serves(model) for ch in self.channels)
 
-    def candidates(self, model: str, affinity: str | None) -> list[Target]:
-        key = affinity if affinity is not None else str(random.random())
+    # -- choice ------------------------------------------------------------------------
+    def _channels(self, model: str, key: str) -> list[ChannelConfig]:
         chans = [c for c in self.channels if c.serves(model)]
         chans.sort(key=lambda c: (-c.priority, -_score(key, c.name, c.weight)))
-        now = time.monotonic()
-        healthy: list[Target] = []
-        ejected: list[Target] = []
-        for ch in chans:
-            urls = sorted(ch.urls(), key=lambda u: -_score(key, u, 1))
-            for url in urls:
-                t = Target(ch, url)
-                (ejected if self._ejected.get(url, 0.0) > now else healthy).append(t)
-        return healthy + ejected
+        return chans
 
+    def healthy(self, base_url: str) -> bool:
+        return base_url not in self._down and not self.is_ejected(base_url)
+
+    def candidates(self, model: str, affinity: str | None) -> list[Target]:
+        """The failover order by session affinity alone (no state, no side effects)."""
+        key = affinity if affinity is not None else str(random.random())
+        healthy: list[Target] = []
+        unhealthy: list[Target] = []
+        for ch in self._channels(model, key):
+            for url in order_session(ch.urls(), key):
+                (healthy if self.healthy(url) else unhealthy).append(Target(ch, url))
+        return healthy + unhealthy
+
+    async def plan(
+        self,
+        model: str,
+        affinity: str | None,
+        *,
+        kinds: tuple[str, ...] = ("openai", "anthropic"),
+        prompt: PromptOf | None = None,
+    ) -> list[Target]:
+        """The failover order for one request, each channel's replicas ordered by its
+        policy. ``prompt(channel)`` gives the upstream chat request (for ``prefix``)."""
+        key = affinity if affinity is not None else str(random.random())
+        healthy: list[Target] = []
+        unhealthy: list[Target] = []
+        for ch in self._channels(model, key):
+            if ch.kind not in kinds:
+                continue
+            urls = [u for u in ch.urls() if self.healthy(u)]
+            down = [u for u in ch.urls() if not self.healthy(u)]
+            blocks: PromptBlocks | None = None
+            if ch.routing == "prefix" and prompt is not None:
+                blocks = prompt_blocks(prompt(ch), ch.routing_block_size, ch.render_order)
+            ordered = await self._order(ch, urls, key, blocks)
+            healthy += [Target(ch, u, blocks) for u in ordered]
+            unhealthy += [Target(ch, u, blocks) for u in order_session(down, key)]
+        return healthy + unhealthy
+
+    async def _order(
+        self, ch: ChannelConfig, urls: list[str], key: str, blocks: PromptBlocks | None
+    ) -> list[str]:
+        if len(urls) <= 1:
+            return urls
+        if ch.routing == "session":
+            return order_session(urls, key)
+        if ch.routing == "round_robin":
+            turn = self._turn.get(ch.name, 0)
+            self._turn[ch.name] = turn + 1
+            return order_round_robin(urls, turn)
+        hashes = blocks.hashes if blocks is not None else ()
+        replicas = [
+            Replica(u, self._inflight.get(u, 0), self._lru_of(ch, u).match(hashes) if hashes else 0)
+            for u in urls
+        ]
+        shared = self._shared.get(ch.routing_shared or "")
+        if shared is not None:
+            view = await shared.view(ch.name, urls, hashes if ch.routing == "prefix" else ())
+            if view is not None:
+                for r in replicas:
+                    r.inflight += view.inflight.get(r.url, 0)
+                    r.matched = max(r.matched, view.matched.get(r.url, 0))
+        if ch.routing == "least_busy" or blocks is None:
+            return order_least_busy(replicas, key)
+        return order_prefix(replicas, len(blocks), key, _balance(ch))
+
+    def _lru_of(self, ch: ChannelConfig, url: str) -> BlockLRU:
+        lru = self._lru.get((ch.name, url))
+        if lru is None:
+            lru = self._lru[(ch.name, url)] = BlockLRU(ch.routing_lru_blocks)
+        return lru
+
+    # -- in-flight accounting ----------------------------------------------------------
+    def acquire(self, target: Target, lease: str) -> None:
+        """A request is being sent to ``target``: count it in flight (until ``release``)
+        and, for ``prefix``, remember its blocks as cached there."""
+        self.release(lease)
+        self._held[lease] = target
+        url = target.base_url
+        n = self._inflight[url] = self._inflight.get(url, 0) + 1
+        ch = target.channel
+        shared = self._shared.get(ch.routing_shared or "")
+        if shared is not None:
+            shared.set_inflight(url, n)
+        if target.blocks is not None and ch.routing == "prefix":
+            self._lru_of(ch, url).add(target.blocks.hashes)
+            if shared is not None:
+                shared.add_blocks(ch.name, url, target.blocks.hashes, ch.routing_lru_blocks)
+
+    def release(self, lease: str) -> None:
+        """The request is finished (or its attempt failed). Idempotent."""
+        target = self._held.pop(lease, None)
+        if target is None:
+            return
+        url = target.base_url
+        n = max(0, self._inflight.get(url, 0) - 1)
+        if n:
+            self._inflight[url] = n
+        else:
+            self._inflight.pop(url, None)
+        shared = self._shared.get(target.channel.routing_shared or "")
+        if shared is not None:
+            shared.set_inflight(url, n)
+
+    def inflight(self, base_url: str) -> int:
+        return self._inflight.get(base_url, 0)
+
+    def shared(self, channel: ChannelConfig) -> SharedState | None:
+        return self._shared.get(channel.routing_shared or "")
+
+    # -- health ------------------------------------------------------------------------
     def report_failure(self, target: Target) -> None:
         self._ejected[target.base_url] = time.monotonic() + self.cooldown
 
@@ -73,3 +228,33 @@ class ChannelRouter:
 
     def is_ejected(self, base_url: str) -> bool:
         return self._ejected.get(base_url, 0.0) > time.monotonic()
+
+    def is_down(self, base_url: str) -> bool:
+        return base_url in self._down
+
+    def mark_health(self, channel: ChannelConfig, base_url: str, healthy: bool) -> None:
+        """An active probe's verdict. A replica going down loses its estimated cache (it
+        comes back cold)."""
+        if healthy:
+            self._down.discard(base_url)
+            return
+        if base_url not in self._down:
+            self._down.add(base_url)
+            lru = self._lru.get((channel.name, base_url))
+            if lru is not None:
+                lru.clear()
+            shared = self._shared.get(channel.routing_shared or "")
+            if shared is not None:
+                shared.forget(channel.name, base_url)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the active health checks and the shared-state writers."""
+        self.health.start()
+        for shared in self._shared.values():
+            await shared.start()
+
+    async def aclose(self) -> None:
+        await self.health.aclose()
+        for shared in self._shared.values():
+            await shared.aclose()
