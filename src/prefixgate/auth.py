@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from prefixgate.config import Config
 from prefixgate.errors import AuthenticationFailed, PermissionDenied
+from prefixgate.ratelimit import Limits
 
 log = logging.getLogger("prefixgate")
 
@@ -25,6 +26,7 @@ class Principal:
     owner: str | None = None
     models: tuple[str, ...] = ()
     capture_text: bool = False
+    limits: Limits = Limits()
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -53,7 +55,13 @@ class Authenticator:
     def __init__(self, config: Config) -> None:
         self._open = config.open_access
         self._by_digest = {
-            k.digest(): Principal(k.name, k.owner, tuple(k.models), k.capture_text)
+            k.digest(): Principal(
+                k.name,
+                k.owner,
+                tuple(k.models),
+                k.capture_text,
+                Limits(k.rpm, k.tpm, k.max_concurrency),
+            )
             for k in config.keys
         }
         self._from_store: dict[str, Principal] = {}

@@ -158,6 +158,12 @@ async def _serve(config) -> None:
 )
 @click.option("--tokenizer", default=None, help="approx | hf:PATH | remote:URL[#model].")
 @click.option("--max-model-len", type=int, default=None)
+@click.option(
+    "--default-output-tokens",
+    type=int,
+    default=None,
+    help="Output length when the request sets no ignore_eos (default 32).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def upstream_sim(host, port, replicas, log_level, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
@@ -499,9 +505,11 @@ def keys_new(prefix: str) -> None:
 
 def _register_subcommands() -> None:
     # Larger commands live beside their code; they import their heavy parts lazily.
+    from prefixgate.bench.cli import bench_command
     from prefixgate.simulate.cli import simulate_command
 
     main.add_command(simulate_command, "simulate")
+    main.add_command(bench_command, "bench")
 
 
 _register_subcommands()

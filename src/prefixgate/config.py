@@ -110,6 +110,9 @@ class KeyConfig(_Model):
     key_env: str | None = None
     models: tuple[str, ...] = ()  # empty: every model
     capture_text: bool = False
+    rpm: int | None = Field(default=None, ge=1)  # requests per minute
+    tpm: int | None = Field(default=None, ge=1)  # prompt + completion tokens per minute
+    max_concurrency: int | None = Field(default=None, ge=1)  # requests in flight
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyConfig:
@@ -159,6 +162,7 @@ class Config(_Model):
     limits: Limits = Limits()
     embedded_upstream: bool = False  # start the simulated upstream in-process
     store_keys: bool = False  # also accept keys managed in the store (`prefixgate keys create`)
+    rate_limits_shared: str | None = None  # redis://… : limits shared by several gateways
 
     @model_validator(mode="after")
     def _check(self) -> Config:

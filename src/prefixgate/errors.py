@@ -91,6 +91,14 @@ class UpstreamError(GatewayError):
         self.retry_after = retry_after
 
 
+class UpstreamRateLimited(UpstreamError):
+    """The upstream said 429: another target may take it; else the client is told when to
+    retry."""
+
+    status = 429
+    kind = "rate_limit_error"
+
+
 class UpstreamTimeout(UpstreamError):
     status = 504
     kind = "timeout_error"

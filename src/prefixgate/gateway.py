@@ -18,6 +18,7 @@ The protocol details live in ``protocol/`` and ``convert/``; the channel choice 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -38,6 +39,7 @@ from prefixgate.metrics import GatewayMetrics
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.common import decode_body
+from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
 from prefixgate.routing.channels import ChannelRouter, Target
 from prefixgate.upstream import Upstream, UpstreamRejected, UpstreamResponse
@@ -71,6 +73,9 @@ class Gateway:
         self.metrics = GatewayMetrics(recorder)
         self.capture = capture
         self.token_counter = token_counter or _estimate_tokens
+        self.limiter = make_limiter(config.rate_limits_shared)
+        self._admitted: dict[str, Principal] = {}  # request id -> rate-limited principal
+        self._background: set[asyncio.Task] = set()
 
     # -- entry points ------------------------------------------------------------------
     async def messages(self, request: Request) -> Response:
@@ -84,6 +89,7 @@ class Gateway:
             rec.stream = bool(body.get("stream"))
             rec.session_id, rec.session_kind = session_of_messages(body, request.headers)
             self.auth.authorize_model(principal, model)
+            await self._admit(principal, rec)
             outs: dict[str, dict] = {}  # channel -> converted request, built once
             targets = await self._plan(
                 model,
@@ -109,6 +115,7 @@ class Gateway:
             rec.stream = bool(body.get("stream"))
             rec.session_id, rec.session_kind = session_of_chat(body, request.headers)
             self.auth.authorize_model(principal, model)
+            await self._admit(principal, rec)
             targets = await self._plan(
                 model, rec.session_id, kinds=("openai",), prompt=lambda ch: body
             )
@@ -195,7 +202,7 @@ class Gateway:
             try:
                 resp, first = await self._open(target, url, out, headers, rec)
                 if not rec.stream:
-                    first = await relay.read_all(resp, first, ch.timeouts.idle)
+                    first = await relay.read_json(resp, first, ch.timeouts.idle)
             except UpstreamError as err:
                 last = self._failed_attempt(target, rec, err)
                 continue
@@ -233,7 +240,7 @@ class Gateway:
                     target, target.base_url + "/chat/completions", out, _bearer(ch), rec
                 )
                 if not rec.stream:
-                    first = await relay.read_all(resp, first, ch.timeouts.idle)
+                    first = await relay.read_json(resp, first, ch.timeouts.idle)
             except UpstreamError as err:
                 last = self._failed_attempt(target, rec, err)
                 continue
@@ -259,13 +266,14 @@ class Gateway:
             if err.overflow is None or "max_tokens" not in out:
                 raise
             # The prompt fits; only max_tokens pushed it over the window: clamp and resend.
-            room = err.overflow.maximum - err.overflow.prompt
+            room = err.overflow.max_tokens_room
             if room < 1 or room >= out["max_tokens"]:
                 raise
             out["max_tokens"] = room
             resp = await self.upstream.open(
                 url, _encode(out), timeouts=ch.timeouts, extra_headers=headers
             )
+        await _expect_content_type(resp, stream=bool(out.get("stream")))
         first = await relay.first_chunk(resp, ch.timeouts.first_byte)
         self.router.report_success(target)
         return resp, first
@@ -339,6 +347,23 @@ class Gateway:
         self.finish(rec)
         return _error_response(err, shape)
 
+    async def _admit(self, principal: Principal, rec: Record) -> None:
+        """Per-key rate and concurrency limits (429 with Retry-After when over)."""
+        if principal.limits.any:
+            await self.limiter.admit(principal.name, principal.limits)
+            self._admitted[rec.request_id] = principal
+
+    def _limits_done(self, rec: Record) -> None:
+        principal = self._admitted.pop(rec.request_id, None)
+        if principal is None:
+            return
+        tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
+        task = asyncio.get_running_loop().create_task(
+            self.limiter.done(principal.name, principal.limits, tokens)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def finish(self, rec: Record, usage: Usage | None = None) -> None:
         if rec.done_at is not None:
             return
@@ -354,10 +379,21 @@ class Gateway:
                 usage.completion_tokens,
             )
         try:
+            self._limits_done(rec)
             self.metrics.observe(rec)
             self.recorder.submit(rec)
         except Exception:  # the record must never break the request path
             log.exception("recorder refused a record")
+
+
+async def _expect_content_type(resp: UpstreamResponse, *, stream: bool) -> None:
+    """A stream must come as SSE and a one-shot answer as JSON; anything else (an HTML
+    error page from a proxy, say) is a retryable failure before the first byte."""
+    ctype = (resp.headers.get("content-type") or "").lower()
+    want = "text/event-stream" if stream else "json"
+    if want not in ctype:
+        await resp.aclose()
+        raise UpstreamError(f"upstream answered with content type {ctype or 'none'!r}, not {want}")
 
 
 def _error_response(err: GatewayError, shape) -> Response:

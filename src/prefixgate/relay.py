@@ -47,14 +47,22 @@ async def first_chunk(resp: UpstreamResponse, timeout: float) -> bytes:
     return chunk
 
 
-async def read_all(resp: UpstreamResponse, first: bytes, idle: float) -> bytes:
+async def read_json(resp: UpstreamResponse, first: bytes, idle: float) -> dict:
+    """The whole (non-streaming) body as a JSON object. Read before any byte goes to the
+    client, so a broken body is a retryable failure (the next target may do better)."""
     parts = [first]
     try:
         while (chunk := await resp.next(idle)) is not None:
             parts.append(chunk)
     finally:
         await resp.aclose()
-    return b"".join(parts)
+    try:
+        obj = _decode(b"".join(parts))
+    except msgspec.DecodeError:
+        raise UpstreamError("upstream sent a body that is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise UpstreamError("upstream sent a JSON value that is not an object")
+    return obj
 
 
 def _json(data: bytes) -> dict:
@@ -67,9 +75,12 @@ def _json(data: bytes) -> dict:
     return obj
 
 
-def _in_stream_error(obj: dict, data: bytes) -> GatewayError | None:
+def _in_stream_error(obj: dict) -> GatewayError | None:
+    """An error object sent with status 200 (in a stream, or as the whole body)."""
     if obj.get("error") or obj.get("object") == "error":
-        return map_status(400 if "context length" in data.decode("utf-8", "replace") else 502, data)
+        data = _encode(obj)
+        status = 400 if b"context length" in data else 502
+        return map_status(status, data)
     return None
 
 
@@ -86,10 +97,9 @@ async def _events(resp: UpstreamResponse, first: bytes, idle: float) -> AsyncIte
 
 
 # -- Anthropic out, from an OpenAI-compatible upstream ------------------------------------
-def messages_once(gw: Gateway, data: bytes, rec: Record, body: dict, ch: ChannelConfig) -> Response:
+def messages_once(gw: Gateway, obj: dict, rec: Record, body: dict, ch: ChannelConfig) -> Response:
     try:
-        obj = _json(data)
-        err = _in_stream_error(obj, data)
+        err = _in_stream_error(obj)
         if err is not None:
             raise err
         msg, usage = openai_to_anthropic(
@@ -124,7 +134,7 @@ def messages_stream(
                     done = True
                     break
                 obj = _json(data)
-                err = _in_stream_error(obj, data)
+                err = _in_stream_error(obj)
                 if err is not None:
                     raise err
                 out = conv.feed(obj)
@@ -151,7 +161,7 @@ def messages_stream(
         finally:
             await _close(gw, resp, rec, conv.usage)
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _GuardedStream(gen(), gw, resp, rec)
 
 
 def _reported(rec: Record, usage: dict) -> None:
@@ -174,16 +184,14 @@ def _anthropic_usage(u: object, usage: Usage) -> None:
 
 
 def anthropic_passthrough(
-    gw: Gateway, resp: UpstreamResponse, first: bytes, rec: Record, public: str, upstream_model: str
+    gw: Gateway, resp: UpstreamResponse, first, rec: Record, public: str, upstream_model: str
 ) -> Response:
+    """``first`` is the first body chunk of a stream, or the whole JSON object otherwise."""
     usage = Usage()
     idle = _idle_of(gw, rec)
     swap = (upstream_model.encode(), public.encode()) if upstream_model != public else None
     if not rec.stream:
-        try:
-            obj = _json(first)
-        except GatewayError as e:
-            return gw._fail(rec, e, anthropic_proto.error_bytes)
+        obj = first
         _anthropic_usage(obj.get("usage"), usage)
         if swap:
             obj["model"] = public
@@ -226,18 +234,14 @@ def anthropic_passthrough(
         finally:
             await _close(gw, resp, rec, usage)
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _GuardedStream(gen(), gw, resp, rec)
 
 
 # -- OpenAI out (chat completions passthrough) -------------------------------------------
-def chat_once(gw: Gateway, data: bytes, rec: Record, public: str) -> Response:
-    try:
-        obj = _json(data)
-        err = _in_stream_error(obj, data)
-        if err is not None:
-            raise err
-    except GatewayError as e:
-        return gw._fail(rec, e, openai_proto.error_bytes)
+def chat_once(gw: Gateway, obj: dict, rec: Record, public: str) -> Response:
+    err = _in_stream_error(obj)
+    if err is not None:
+        return gw._fail(rec, err, openai_proto.error_bytes)
     if "model" in obj:
         obj["model"] = public
     rec.status = 200
@@ -259,7 +263,7 @@ def chat_stream(
                     done = True
                     break
                 obj = _json(data)
-                err = _in_stream_error(obj, data)
+                err = _in_stream_error(obj)
                 if err is not None:
                     raise err
                 if isinstance(obj.get("usage"), dict):
@@ -289,7 +293,25 @@ def chat_stream(
         finally:
             await _close(gw, resp, rec, usage)
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _GuardedStream(gen(), gw, resp, rec)
+
+
+class _GuardedStream(StreamingResponse):
+    """A streaming response that closes the upstream and the record even when the client
+    leaves before the body started (the generator then never runs its own cleanup)."""
+
+    def __init__(self, content, gw: Gateway, resp: UpstreamResponse, rec: Record) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._guard = (gw, resp, rec)
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            gw, resp, rec = self._guard
+            if rec.done_at is None:
+                rec.status, rec.error_type = 499, "client_disconnected"
+                await _close(gw, resp, rec, Usage())
 
 
 async def _close(gw: Gateway, resp: UpstreamResponse, rec: Record, usage: Usage) -> None:

@@ -39,6 +39,11 @@ def create_app(
             gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    async def openapi(request: Request) -> Response:
+        from prefixgate.protocol.schemas import openapi_document
+
+        return JSONResponse(openapi_document())
+
     async def root(request: Request) -> Response:
         return (
             JSONResponse({"name": "prefixgate"})
@@ -90,6 +95,7 @@ def create_app(
             if close is not None:
                 await close()
             await gateway.upstream.aclose()
+            await gateway.limiter.aclose()
 
     routes = [
         Route("/v1/messages", gateway.messages, methods=["POST"]),
@@ -100,7 +106,12 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
+    if config.store is not None:
+        from prefixgate.web import dashboard_routes
+
+        routes += dashboard_routes(gateway, config.store.dsn)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     return app

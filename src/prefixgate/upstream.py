@@ -16,19 +16,24 @@ from prefixgate.errors import (
     InvalidRequest,
     Overloaded,
     PromptTooLong,
-    RateLimited,
     UpstreamError,
+    UpstreamRateLimited,
     UpstreamTimeout,
 )
 
 _MAX_ERROR_BODY = 64 * 1024
 
 # Context-window errors as vLLM and SGLang word them.
-_MAXIMUM = re.compile(r"maximum context length (?:is|of) (\d+)|context length \((\d+) tokens\)")
+_MAXIMUM = re.compile(
+    r"maximum context length (?:is|of) (\d+)|context length \((\d+) tokens\)"
+    r"|max_model_len=(\d+)"
+)
 _PROMPT = re.compile(
     r"(\d+) in the messages|request has (\d+) input tokens|input \((\d+) tokens\)"
-    r"|(\d+) tokens from the input messages"
+    r"|(\d+) tokens from the input messages|prompt contains at least (\d+) input tokens"
 )
+# vLLM 0.32: "max_tokens=32000 cannot be greater than max_model_len=16384" (prompt unknown).
+_MAX_TOKENS_OVER = re.compile(r"max_tokens=(\d+) cannot be greater than max_model_len=(\d+)")
 _REQUESTED = re.compile(r"you requested (\d+) tokens|requested a total of (\d+) tokens")
 
 
@@ -50,8 +55,16 @@ class ContextOverflow:
         """The prompt itself fits: only ``max_tokens`` pushed the request over."""
         return self.prompt < self.maximum
 
+    @property
+    def max_tokens_room(self) -> int:
+        """The largest ``max_tokens`` the upstream will take for this prompt."""
+        return self.maximum - self.prompt
+
 
 def parse_context_error(message: str) -> ContextOverflow | None:
+    m = _MAX_TOKENS_OVER.search(message)
+    if m:  # only max_tokens is over; the upstream stops generating at the window itself
+        return ContextOverflow(int(m.group(2)), 0)
     maximum = _first_int(_MAXIMUM.search(message))
     if maximum is None:
         return None
@@ -96,9 +109,8 @@ def map_status(status: int, body: bytes, resp: httpx.Response | None = None) -> 
             return PromptTooLong(overflow.prompt, overflow.maximum, raw=msg)
         return UpstreamRejected(f"upstream rejected the request: {msg}", overflow=overflow)
     if status == 429:
-        e = RateLimited(f"upstream rate limit: {msg}", retry_after=retry_after)
-        return UpstreamError(
-            e.message, status=429, retryable=True, upstream_status=429, retry_after=retry_after
+        return UpstreamRateLimited(
+            f"upstream rate limit: {msg}", upstream_status=429, retry_after=retry_after
         )
     if status == 503 or status == 529:
         return Overloaded(
@@ -166,9 +178,11 @@ class Upstream:
     """One pooled HTTP client shared by all channels."""
 
     def __init__(self, *, max_connections: int = 1000) -> None:
+        # Idle connections are reused for 4 s only: servers such as vLLM (uvicorn) close
+        # theirs after 5 s, and a request sent on a closing connection fails spuriously.
         self._client = httpx.AsyncClient(
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=200, keepalive_expiry=60
+                max_connections=max_connections, max_keepalive_connections=200, keepalive_expiry=4.0
             ),
             timeout=None,
             follow_redirects=False,

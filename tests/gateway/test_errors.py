@@ -322,3 +322,34 @@ def test_query_string_and_head_root(gateway):
     assert r.status_code == 200
     assert httpx.head(gw.url + "/").status_code == 200
     assert httpx.get(gw.url + "/healthz").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        # vLLM 0.32
+        (
+            "This model's maximum context length is 16384 tokens. However, your prompt contains "
+            "at least 17000 input tokens, which exceeds this limit.",
+            (16384, 17000),
+        ),
+        ("max_tokens=32000 cannot be greater than max_model_len=16384.", (16384, 0)),
+        # older vLLM
+        (
+            "This model's maximum context length is 4096 tokens. However, you requested 9000 tokens "
+            "(8000 in the messages, 1000 in the completion).",
+            (4096, 8000),
+        ),
+        # SGLang
+        (
+            "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+            (4096, 5000),
+        ),
+        ("something else went wrong", None),
+    ],
+)
+def test_context_error_wordings(message, expected):
+    from prefixgate.upstream import parse_context_error
+
+    got = parse_context_error(message)
+    assert (None if got is None else (got.maximum, got.prompt)) == expected

@@ -1,0 +1,34 @@
+"""``prefixgate bench``: measure serving configurations side by side, with the metric
+definitions of ``vllm bench serve`` and the scenarios of the deployment report.
+
+Modules: :mod:`.model` (plain data), :mod:`.prompts` (seeded text), :mod:`.client`
+(bodies, SSE parsers, the streaming client), :mod:`.metrics` (TTFT/TPOT/ITL/E2EL,
+percentiles, goodput), :mod:`.server_metrics` (``/metrics`` deltas), :mod:`.arrivals`,
+:mod:`.scenarios`, :mod:`.runner` (targets x scenarios), :mod:`.report` and :mod:`.plots`
+(markdown, rich, JSON, CSV, PNG), :mod:`.cli` (``bench_command``).
+
+Library use::
+
+    run = asyncio.run(run_bench([Target("vllm", "http://127.0.0.1:8000/v1")]))
+    print(to_markdown(run))
+"""
+
+from .model import RequestResult, RequestSpec, Target
+from .report import to_csv, to_json, to_markdown, write_outputs
+from .runner import BenchRun, run_bench
+from .scenarios import ALL_SCENARIOS, REPORT_SET, ScenarioParams
+
+__all__ = [
+    "ALL_SCENARIOS",
+    "REPORT_SET",
+    "BenchRun",
+    "RequestResult",
+    "RequestSpec",
+    "ScenarioParams",
+    "Target",
+    "run_bench",
+    "to_csv",
+    "to_json",
+    "to_markdown",
+    "write_outputs",
+]
