@@ -60,7 +60,9 @@ def test_keys_create_list_revoke_and_the_gateway_accepts_them(tmp_path, upstream
 
     dsn = f"sqlite:///{tmp_path / 'k.db'}"
     runner = CliRunner()
-    r = runner.invoke(main, ["keys", "create", "alice", "--owner", "team-a", "--models", "m", "--store", dsn])
+    r = runner.invoke(
+        main, ["keys", "create", "alice", "--owner", "team-a", "--models", "m", "--store", dsn]
+    )
     assert r.exit_code == 0, r.output
     key = r.stdout.strip().splitlines()[0]
     assert key.startswith("pg-")
@@ -68,26 +70,41 @@ def test_keys_create_list_revoke_and_the_gateway_accepts_them(tmp_path, upstream
     assert r.exit_code != 0 and "exists" in r.output
     r = runner.invoke(main, ["keys", "list", "--store", dsn, "--json"])
     rows = __import__("json").loads(r.output)
-    assert rows[0]["name"] == "alice" and rows[0]["models"] == ["m"] and rows[0]["revoked_at"] is None
+    assert (
+        rows[0]["name"] == "alice" and rows[0]["models"] == ["m"] and rows[0]["revoked_at"] is None
+    )
     assert key not in r.output and key not in (tmp_path / "k.db").read_bytes().decode("latin-1")
 
     config = parse_config(
-        {"channels": [{"name": "c", "base_url": upstream.url}], "store": {"dsn": dsn}, "store_keys": True}
+        {
+            "channels": [{"name": "c", "base_url": upstream.url}],
+            "store": {"dsn": dsn},
+            "store_keys": True,
+        }
     )
     body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
     with ServerThread(create_app(config)) as gw:
         deadline = time.monotonic() + 10
         status = 0
         while time.monotonic() < deadline and status != 200:
-            status = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": key}).status_code
+            status = httpx.post(
+                gw.url + "/v1/messages", json=body, headers={"x-api-key": key}
+            ).status_code
             time.sleep(0.1)
         assert status == 200
-        assert httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": "pg-other"}).status_code == 401
+        assert (
+            httpx.post(
+                gw.url + "/v1/messages", json=body, headers={"x-api-key": "pg-other"}
+            ).status_code
+            == 401
+        )
         r = runner.invoke(main, ["keys", "revoke", "alice", "--store", dsn])
         assert r.exit_code == 0
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and status != 401:
-            status = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": key}).status_code
+            status = httpx.post(
+                gw.url + "/v1/messages", json=body, headers={"x-api-key": key}
+            ).status_code
             time.sleep(0.2)
         assert status == 401
     r = runner.invoke(main, ["keys", "revoke", "alice", "--store", dsn])
