@@ -1,0 +1,88 @@
+"""Fixtures for the tests against real peers (see ``harness.py``).
+
+Skipped only when ``PREFIXGATE_SKIP_REAL=1``; otherwise a failed install or start fails
+the tests. Progress goes straight to the terminal so that a CI log shows they ran.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.real import harness
+
+
+def _say_factory(config: pytest.Config):
+    capman = config.pluginmanager.getplugin("capturemanager")
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        line = f"[real +{time.monotonic() - t0:5.0f}s] {msg}"
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                print(line, flush=True)
+        else:
+            print(line, flush=True)
+
+    return say
+
+
+@pytest.fixture(scope="session")
+def say(pytestconfig: pytest.Config):
+    return _say_factory(pytestconfig)
+
+
+def _skip_if_asked() -> None:
+    if harness.skip_requested():
+        pytest.skip("PREFIXGATE_SKIP_REAL=1: tests against real vLLM / Claude Code skipped")
+
+
+@pytest.fixture(scope="session")
+def vllm_python(say) -> harness.Path:
+    _skip_if_asked()
+    return harness.ensure_vllm(say)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_python, say) -> harness.Path:
+    return harness.ensure_model(vllm_python, say)
+
+
+def _serve(vllm_python, tiny_model, say, name: str, **kw) -> Iterator[harness.VllmServer]:
+    log = harness.cache_dir() / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    server = harness.VllmServer(vllm_python, tiny_model, log=log, **kw)
+    server.start(say)
+    try:
+        yield server
+    finally:
+        say(f"stopping {name} on port {server.port}")
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_python, tiny_model, say) -> Iterator[harness.VllmServer]:
+    """vLLM 0.32 as released (it drops Claude Code's billing header line itself)."""
+    yield from _serve(vllm_python, tiny_model, say, "vllm")
+
+
+@pytest.fixture(scope="session")
+def vllm_no_strip(vllm_python, tiny_model, say) -> Iterator[harness.VllmServer]:
+    """The same vLLM with its billing-header strip turned off (older vLLM, SGLang)."""
+    yield from _serve(vllm_python, tiny_model, say, "vllm-no-strip", strip_billing_header=False)
+
+
+@pytest.fixture(scope="session")
+def claude_exe(say) -> harness.Path:
+    _skip_if_asked()
+    return harness.ensure_claude_code(say)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    steps = harness.TIMINGS.steps
+    if not steps:
+        return
+    terminalreporter.section("real vLLM / Claude Code setup")
+    for name, secs in steps.items():
+        terminalreporter.write_line(f"{name}: {secs:.1f} s")

