@@ -145,6 +145,7 @@ class Limits(_Model):
     max_messages: int = 10_000
     max_tools: int = 1_000
     max_blocks: int = 100_000
+    max_header_bytes: int = 64 * 1024
 
 
 class ServerConfig(_Model):

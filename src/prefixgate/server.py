@@ -114,7 +114,42 @@ def create_app(
         routes += dashboard_routes(gateway, config.store.dsn)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
-    return app
+    return HeaderLimit(app, config.limits.max_header_bytes)
+
+
+class HeaderLimit:
+    """Refuse requests whose headers exceed a size, with 431 in the route's error shape,
+    before any routing or body reading (the HTTP parser itself sets no such limit)."""
+
+    def __init__(self, app: Starlette, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    def __getattr__(self, name: str):
+        return getattr(self.app, name)  # state, routes, router … of the wrapped app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            size = sum(len(k) + len(v) for k, v in scope["headers"])
+            if size > self.limit:
+                message = f"request headers are {size} bytes; the limit is {self.limit} bytes"
+                if scope["path"].startswith("/v1/messages"):
+                    body = {
+                        "type": "error",
+                        "error": {"type": "invalid_request_error", "message": message},
+                    }
+                else:
+                    body = {
+                        "error": {
+                            "message": message,
+                            "type": "invalid_request_error",
+                            "param": None,
+                            "code": "headers_too_large",
+                        }
+                    }
+                await JSONResponse(body, status_code=431)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _prune_forever(dsn: str, days: float, every: float = 3600.0) -> None:

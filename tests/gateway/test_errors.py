@@ -353,3 +353,34 @@ def test_context_error_wordings(message, expected):
 
     got = parse_context_error(message)
     assert (None if got is None else (got.maximum, got.prompt)) == expected
+
+
+def test_oversized_headers_get_431_in_the_route_shape(gateway):
+    gw = gateway(limits={"max_header_bytes": 4096})
+    big = {"x-junk": "a" * 10_000}
+    r = httpx.post(gw.url + "/v1/messages", json=GOOD_MSG, headers=big)
+    assert r.status_code == 431 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(gw.url + "/v1/chat/completions", json=GOOD_CHAT, headers=big)
+    assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
+    assert httpx.post(gw.url + "/v1/messages", json=GOOD_MSG).status_code == 200
+
+
+def test_too_many_messages_tools_and_blocks(gateway):
+    gw = gateway(limits={"max_messages": 5, "max_tools": 2, "max_blocks": 3})
+    url = gw.url + "/v1/messages"
+    many = {**GOOD_MSG, "messages": [{"role": "user", "content": "x"}] * 6}
+    assert (
+        "at most 5 messages"
+        in _assert_anthropic_error(httpx.post(url, json=many), 400, "invalid_request_error")[
+            "error"
+        ]["message"]
+    )
+    tools = [{"name": f"t{i}", "input_schema": {"type": "object"}} for i in range(3)]
+    _assert_anthropic_error(
+        httpx.post(url, json={**GOOD_MSG, "tools": tools}), 400, "invalid_request_error"
+    )
+    blocks = [{"type": "text", "text": "x"}] * 4
+    msg = {**GOOD_MSG, "messages": [{"role": "user", "content": blocks}]}
+    _assert_anthropic_error(httpx.post(url, json=msg), 400, "invalid_request_error")
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}] * 6}
+    _assert_openai_error(httpx.post(gw.url + "/v1/chat/completions", json=chat), 400)
