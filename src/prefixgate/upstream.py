@@ -232,7 +232,7 @@ class Upstream:
                 data = b""
             finally:
                 await resp.aclose()
-            raise map_status(resp.status_code, data, resp)
+            raise map_status(resp.status_code, _scrub(data, headers), resp)
         return UpstreamResponse(resp)
 
     async def get(self, url: str, *, timeout: float = 5.0) -> httpx.Response:
@@ -240,6 +240,17 @@ class Upstream:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _scrub(data: bytes, headers: dict) -> bytes:
+    """An upstream may echo our credentials in an error; they must never reach the client."""
+    for name in ("authorization", "x-api-key"):
+        value = headers.get(name)
+        if value:
+            secret = value.split(" ", 1)[-1].encode()
+            if len(secret) >= 8:
+                data = data.replace(secret, b"<redacted>")
+    return data
 
 
 async def _read_limited(resp: httpx.Response) -> bytes:
