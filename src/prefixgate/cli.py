@@ -343,16 +343,10 @@ def doctor(store_dsn, config_path, since, until, metrics_url, engine_log, as_jso
     Exits 2 when a critical finding exists (for cron)."""
     from prefixgate.doctor import diagnose, exit_code, parse_time, render_text, to_json
 
-    if store_dsn is None and config_path:
-        try:
-            config = load_config(config_path)
-        except ConfigError as exc:
-            raise click.ClickException(str(exc)) from None
-        if config.store is None:
-            raise click.ClickException("the config has no store")
-        store_dsn = config.store.dsn
-        metrics_url = metrics_url or tuple(c.metrics_url for c in config.channels if c.metrics_url)
-    store_dsn = store_dsn or "sqlite:///prefixgate.db"
+    config = _config_of(config_path)
+    if config is not None and not metrics_url:
+        metrics_url = tuple(c.metrics_url for c in config.channels if c.metrics_url)
+    store_dsn = _store_dsn(store_dsn, config)
     _require_sqlite_file(store_dsn)
     try:
         window = {k: parse_time(v) for k, v in (("since", since), ("until", until)) if v}
@@ -361,6 +355,24 @@ def doctor(store_dsn, config_path, since, until, metrics_url, engine_log, as_jso
     d = diagnose(store_dsn, metrics_urls=metrics_url, engine_log=engine_log, **window)
     click.echo(to_json(d, indent=2) if as_json else render_text(d))
     sys.exit(exit_code(d))
+
+
+def _config_of(config_path: str | None):
+    if not config_path:
+        return None
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _store_dsn(store_dsn: str | None, config) -> str:
+    """--store, else the config's store, else the default SQLite file."""
+    if store_dsn is None and config is not None:
+        if config.store is None:
+            raise click.ClickException("the config has no store")
+        store_dsn = config.store.dsn
+    return store_dsn or "sqlite:///prefixgate.db"
 
 
 def _require_sqlite_file(dsn: str) -> None:
@@ -383,15 +395,7 @@ def keys() -> None:
 def _key_store(store_dsn: str | None, config_path: str | None):
     from prefixgate.store import open_store
 
-    if store_dsn is None and config_path:
-        try:
-            config = load_config(config_path)
-        except ConfigError as exc:
-            raise click.ClickException(str(exc)) from None
-        if config.store is None:
-            raise click.ClickException("the config has no store")
-        store_dsn = config.store.dsn
-    store = open_store(store_dsn or "sqlite:///prefixgate.db")
+    store = open_store(_store_dsn(store_dsn, _config_of(config_path)))
     store.migrate()
     return store
 
