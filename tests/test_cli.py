@@ -109,3 +109,27 @@ def test_keys_create_list_revoke_and_the_gateway_accepts_them(tmp_path, upstream
         assert status == 401
     r = runner.invoke(main, ["keys", "revoke", "alice", "--store", dsn])
     assert r.exit_code != 0
+
+
+def test_demo_and_doctor_commands(tmp_path):
+    import json
+
+    runner = CliRunner()
+    store = tmp_path / "d.db"
+    r = runner.invoke(
+        main, ["demo", "--sessions", "4", "--turns", "6", "--store", str(store), "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    kept = out["phases"][0]["entries"]["messages"]
+    assert kept["pinned_value"] and out["doctor_predicted_rate"] > kept["hit_rate"]
+    r = runner.invoke(main, ["doctor", "--store", f"sqlite:///{store}", "--json"])
+    assert r.exit_code == 2  # a critical finding, for cron
+    kinds = [f["kind"] for f in json.loads(r.stdout)["findings"]]
+    assert "prefix_broken" in kinds
+    r = runner.invoke(main, ["doctor", "--store", f"sqlite:///{store}"])
+    assert "strip_anthropic_billing_header" in r.output
+    r = runner.invoke(main, ["doctor", "--store", f"sqlite:///{tmp_path}/missing.db"])
+    assert r.exit_code == 1 and "no store at" in r.output
+    r = runner.invoke(main, ["doctor", "--store", f"sqlite:///{store}", "--since", "yesterday-ish"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
