@@ -1,0 +1,1 @@
+"""Subcommands of `prefixgate` that live beside the main entry point (cli.py)."""
