@@ -48,8 +48,15 @@ def main() -> None:
     default=None,
     help="Record store DSN (sqlite:///file.db or postgresql://…).",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Worker processes sharing the port (SO_REUSEPORT). In-memory state is per worker.",
+)
 @click.option("--log-level", default="info", show_default=True)
-def serve(config_path, upstream, model, host, port, store_dsn, log_level) -> None:
+def serve(config_path, upstream, model, host, port, store_dsn, workers, log_level) -> None:
     """Run the gateway.
 
     With neither --config nor --upstream it serves an embedded simulated vLLM upstream, so
@@ -84,10 +91,26 @@ def serve(config_path, upstream, model, host, port, store_dsn, log_level) -> Non
     log = logging.getLogger("prefixgate")
     if config.open_access:
         log.warning("no API keys configured: accepting any key (loopback only)")
-    asyncio.run(_serve(config))
+    from prefixgate import serving
+
+    if workers == 1:
+        serving.run(_serve(config))
+        return
+    log.info("prefixgate: %d worker processes", workers)
+
+    def worker(sock, i: int) -> None:
+        cfg = config
+        if cfg.store is not None:  # one spool file per worker: they append independently
+            spool = f"{cfg.store.spool_path or 'prefixgate-spool.jsonl'}.{i}"
+            cfg = cfg.model_copy(
+                update={"store": cfg.store.model_copy(update={"spool_path": spool})}
+            )
+        serving.run(_serve(cfg, sock))
+
+    sys.exit(serving.run_workers(workers, config.server.host, config.server.port, worker))
 
 
-async def _serve(config) -> None:
+async def _serve(config, sock=None) -> None:
     from prefixgate.server import build_app
     from prefixgate.serving import bind, uvicorn_server
 
@@ -101,7 +124,7 @@ async def _serve(config) -> None:
         config = config.model_copy(update={"channels": channels})
         log.info("embedded simulated upstream at %s", sim_url)
     app = build_app(config)
-    sock = bind(config.server.host, config.server.port)
+    sock = sock if sock is not None else bind(config.server.host, config.server.port)
     server = uvicorn_server(app, log_level="warning", graceful=30)
     log.info("prefixgate listening on http://%s:%s", config.server.host, sock.getsockname()[1])
     try:

@@ -75,6 +75,7 @@ class Gateway:
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)
         self._admitted: dict[str, Principal] = {}  # request id -> rate-limited principal
+        self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
         self._background: set[asyncio.Task] = set()
 
     # -- entry points ------------------------------------------------------------------
@@ -197,7 +198,7 @@ class Gateway:
                 headers = _anthropic_headers(ch, request.headers)
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
             if self.capture is not None:
-                self.capture(rec, body, out, ch, principal)
+                self._capture_soon(rec, body, out, ch, principal)
             self.router.acquire(target, rec.request_id)  # in flight until finish()
             try:
                 resp, first = await self._open(target, url, out, headers, rec)
@@ -233,7 +234,7 @@ class Gateway:
                 }
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
             if self.capture is not None:
-                self.capture(rec, body, out, ch, principal)
+                self._capture_soon(rec, body, out, ch, principal)
             self.router.acquire(target, rec.request_id)  # in flight until finish()
             try:
                 resp, first = await self._open(
@@ -364,9 +365,30 @@ class Gateway:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _capture_soon(self, rec: Record, *args) -> None:
+        """Segment capture hashes the whole prompt (about 1 ms for Claude Code's 50 KB
+        request): it runs on the event loop's next turn, when the request is on its way
+        upstream and the gateway waits for the first byte, not before sending it.
+        ``finish`` runs it first if it is still pending; a retry replaces it."""
+        pending = rec.request_id in self._captures
+        self._captures[rec.request_id] = (rec, *args)
+        if not pending:
+            asyncio.get_running_loop().call_soon(self._capture_now, rec.request_id)
+
+    def _capture_now(self, request_id: str) -> None:
+        args = self._captures.pop(request_id, None)
+        if args is None or self.capture is None:
+            return
+        try:
+            self.capture(*args)
+        except Exception:  # the capture must never break the request path
+            log.exception("segment capture failed (request %s)", request_id)
+
     def finish(self, rec: Record, usage: Usage | None = None) -> None:
         if rec.done_at is not None:
             return
+        if self._captures:
+            self._capture_now(rec.request_id)
         self.router.release(rec.request_id)
         rec.done_at = time.time()
         rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0

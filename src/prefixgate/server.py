@@ -114,14 +114,43 @@ def create_app(
         routes += dashboard_routes(gateway, config.store.dsn)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
-    return HeaderLimit(app, config.limits.max_header_bytes)
+    hot = {
+        "/v1/messages": gateway.messages,
+        "/v1/chat/completions": gateway.chat,
+        "/chat/completions": gateway.chat,
+    }
+    return HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+
+
+class HotRoutes:
+    """``POST`` to an inference route goes straight to its handler; everything else (other
+    routes, other methods, lifespan) through Starlette. The same handlers as the routes
+    above, without the router's and the middleware stack's per-request cost (measured in
+    docs/performance.md). The handlers catch every exception themselves."""
+
+    def __init__(self, app: Starlette, routes: dict) -> None:
+        self.app = app
+        self.routes = routes
+
+    def __getattr__(self, name: str):
+        return getattr(self.app, name)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            handler = self.routes.get(scope["path"])
+            if handler is not None:
+                scope["app"] = self.app
+                response = await handler(Request(scope, receive, send))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class HeaderLimit:
     """Refuse requests whose headers exceed a size, with 431 in the route's error shape,
     before any routing or body reading (the HTTP parser itself sets no such limit)."""
 
-    def __init__(self, app: Starlette, limit: int) -> None:
+    def __init__(self, app, limit: int) -> None:
         self.app = app
         self.limit = limit
 

@@ -5,29 +5,125 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import os
+import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Coroutine
 
 import uvicorn
 
+# The collector's first-generation threshold for a serving process (Python's default is
+# 700). A decoded 50 KB agent request is thousands of dicts and lists: with the default the
+# collector runs several times a request and its older generations grow with every batch
+# of requests in flight (docs/performance.md).
+GC_THRESHOLD = (50_000, 20, 100)
 
-def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+
+def run(main: Coroutine):
+    """Run ``main`` to completion on uvloop (installed with uvicorn[standard]); on the
+    standard asyncio loop when uvloop is missing (docs/performance.md).
+
+    Also tunes the garbage collector for serving: a higher first threshold here, and
+    ``gc.freeze()`` once the server has started (``Server.startup``), so that the objects
+    of the imports and the app's construction are never scanned again."""
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def bind(
+    host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False, listen: bool = True
+) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP (not 0) so that asyncio sets TCP_NODELAY on accepted connections:
     # without it a small write after the headers waits ~40 ms for a delayed ACK.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def run_workers(
+    workers: int, host: str, port: int, serve: Callable[[socket.socket, int], None]
+) -> int:
+    """Serve with ``workers`` processes, each its own event loop and its own listening
+    socket on the same port (SO_REUSEPORT: the kernel spreads connections over them).
+    ``serve(sock, index)`` runs in each forked child. The parent forwards SIGTERM/SIGINT
+    to the children and returns the first non-zero exit status (0 when all stop cleanly).
+
+    Each worker is a whole gateway: in-memory state (the prefix router's LRU, in-flight
+    counts, local rate limits, an embedded simulated upstream) is per process."""
+    # Bound but not listening: reserves the port (also an ephemeral one) for the group
+    # without taking connections itself.
+    anchor = bind(host, port, reuse_port=True, listen=False)
+    port = anchor.getsockname()[1]
+    children: list[int] = []
+    for i in range(workers):
+        pid = os.fork()
+        if pid == 0:  # the child: a gateway of its own
+            code = 0
+            try:
+                anchor.close()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                serve(bind(host, port, reuse_port=True), i)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        children.append(pid)
+
+    def forward(signum, _frame) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    status = 0
+    try:
+        for child in children:
+            while True:
+                try:
+                    _, st = os.waitpid(child, 0)
+                    break
+                except InterruptedError:  # pragma: no cover - PEP 475 retries
+                    continue
+            code = os.waitstatus_to_exitcode(st)
+            if code and not status:
+                status = code if code > 0 else 128 - code
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        anchor.close()
+    return status
 
 
 class Server(uvicorn.Server):
     """uvicorn's server, but a graceful stop on SIGTERM/SIGINT exits with status 0 instead
     of re-raising the signal once the drain is done."""
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if gc.get_threshold() == GC_THRESHOLD:  # a serving process (``run``), not a test
+            gc.collect()
+            gc.freeze()
 
     @contextlib.contextmanager
     def capture_signals(self):

@@ -1,5 +1,9 @@
 """Upstream access behind one small interface: a pooled HTTP client with connect,
-first-byte and idle timeouts, and every foreign error mapped once into the error tree."""
+first-byte and idle timeouts, and every foreign error mapped once into the error tree.
+
+The client is aiohttp: measured against httpx on this project's overhead benchmark
+(``docs/performance.md``) it costs 4-14x less CPU a request (httpx's connection pool scans
+every connection on each request, through anyio's socket attributes)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 import msgspec
+import yarl
 
 from prefixgate.config import Timeouts
 from prefixgate.errors import (
@@ -92,7 +97,7 @@ def error_message(body: bytes) -> str:
     return "upstream error"
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
+def _retry_after(resp) -> float | None:
     v = resp.headers.get("retry-after")
     try:
         return float(v) if v is not None else None
@@ -100,7 +105,9 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return None
 
 
-def map_status(status: int, body: bytes, resp: httpx.Response | None = None) -> GatewayError:
+def map_status(status: int, body: bytes, resp=None) -> GatewayError:
+    """The error of an upstream status; ``resp`` (anything with ``headers``) gives the
+    Retry-After."""
     msg = error_message(body)
     retry_after = _retry_after(resp) if resp is not None else None
     if status in (400, 413, 422):
@@ -146,48 +153,91 @@ class UpstreamRejected(InvalidRequest):
 class UpstreamResponse:
     """An open upstream response (status 2xx). Read it with :meth:`next`."""
 
-    def __init__(self, resp: httpx.Response) -> None:
+    __slots__ = ("_resp", "_content", "status", "headers")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
-        self._it = resp.aiter_bytes().__aiter__()
-        self.status = resp.status_code
+        self._content = resp.content
+        self.status = resp.status
         self.headers = resp.headers
 
     async def next(self, timeout: float, *, first: bool = False) -> bytes | None:
         """The next body chunk, or ``None`` at the end. Raises :class:`UpstreamTimeout`
         when nothing arrives within ``timeout`` seconds."""
-        while True:
-            try:
-                chunk = await asyncio.wait_for(self._it.__anext__(), timeout)
-            except StopAsyncIteration:
-                return None
-            except TimeoutError:
-                where = "before the first byte" if first else "mid-response"
-                raise UpstreamTimeout(f"upstream sent nothing for {timeout:g} s {where}") from None
-            except httpx.HTTPError as exc:
-                raise UpstreamError(
-                    f"upstream connection failed mid-response: {type(exc).__name__}"
-                ) from exc
+        content = self._content
+        try:
+            chunk = content.read_nowait()  # what is already buffered: no timer, no wait
             if chunk:
                 return chunk
+            while not content.at_eof():
+                async with asyncio.timeout(timeout):
+                    chunk = await content.readany()
+                if chunk:
+                    return chunk
+        except TimeoutError:
+            where = "before the first byte" if first else "mid-response"
+            raise UpstreamTimeout(f"upstream sent nothing for {timeout:g} s {where}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(
+                f"upstream connection failed mid-response: {type(exc).__name__}"
+            ) from exc
+        return None
 
     async def aclose(self) -> None:
-        await self._resp.aclose()
+        """Done with the response: a fully read one gives its connection back to the pool;
+        an unfinished one closes it (which cancels the request upstream)."""
+        resp = self._resp
+        if self._content.at_eof():
+            resp.release()
+        else:
+            resp.close()
 
 
 class Upstream:
-    """One pooled HTTP client shared by all channels."""
+    """One pooled HTTP client (aiohttp) shared by all channels, created on first use in
+    the serving event loop."""
 
     def __init__(self, *, max_connections: int = 1000) -> None:
-        # Idle connections are reused for 4 s only: servers such as vLLM (uvicorn) close
-        # theirs after 5 s, and a request sent on a closing connection fails spuriously.
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=200, keepalive_expiry=4.0
-            ),
-            timeout=None,
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self._max = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}
+        self._timeouts: dict[tuple[float, float], aiohttp.ClientTimeout] = {}
+
+    def _client(self) -> aiohttp.ClientSession:
+        session = self._session
+        if session is None or session.closed:
+            # Idle connections are reused for 4 s only: servers such as vLLM (uvicorn) close
+            # theirs after 5 s, and a request sent on a closing connection fails spuriously.
+            connector = aiohttp.TCPConnector(
+                limit=self._max, limit_per_host=0, keepalive_timeout=4.0, ttl_dns_cache=60
+            )
+            session = self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+                skip_auto_headers=("User-Agent",),
+            )
+        return session
+
+    def _url(self, url: str) -> yarl.URL:
+        u = self._urls.get(url)
+        if u is None:
+            if len(self._urls) > 1024:
+                self._urls.clear()
+            u = self._urls[url] = yarl.URL(url)
+        return u
+
+    def _timeout(self, t: Timeouts) -> aiohttp.ClientTimeout:
+        key = (t.connect, t.idle)
+        out = self._timeouts.get(key)
+        if out is None:
+            # connect: waiting for a pooled connection and opening a new one; sock_read:
+            # the idle timeout per socket read (the first byte has its own, below).
+            out = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=None, connect=t.connect, sock_connect=t.connect, sock_read=t.idle
+            )
+        return out
 
     async def open(
         self, url: str, body: bytes, *, timeouts: Timeouts, extra_headers: dict | None = None
@@ -199,47 +249,43 @@ class Upstream:
         }
         if extra_headers:
             headers.update(extra_headers)
-        req = self._client.build_request(
-            "POST",
-            url,
-            content=body,
-            headers=headers,
-            timeout=httpx.Timeout(
-                connect=timeouts.connect,
-                read=timeouts.idle,
-                write=timeouts.idle,
-                pool=timeouts.connect,
-            ),
-        )
         try:
-            resp = await asyncio.wait_for(self._client.send(req, stream=True), timeouts.first_byte)
+            async with asyncio.timeout(timeouts.first_byte):
+                resp = await self._client().request(
+                    "POST",
+                    self._url(url),
+                    data=body,
+                    headers=headers,
+                    timeout=self._timeout(timeouts),
+                    allow_redirects=False,
+                )
+        except aiohttp.ConnectionTimeoutError:
+            raise UpstreamTimeout(
+                f"upstream connect timed out after {timeouts.connect:g} s"
+            ) from None
+        except aiohttp.ServerTimeoutError:
+            raise UpstreamTimeout("upstream timed out before the first byte") from None
         except TimeoutError:
             raise UpstreamTimeout(
                 f"upstream did not answer within {timeouts.first_byte:g} s"
             ) from None
-        except httpx.ConnectTimeout:
-            raise UpstreamTimeout(
-                f"upstream connect timed out after {timeouts.connect:g} s"
-            ) from None
-        except httpx.TimeoutException:
-            raise UpstreamTimeout("upstream timed out before the first byte") from None
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}") from exc
-        if resp.status_code >= 300:
+        if resp.status >= 300:
             try:
-                data = await asyncio.wait_for(_read_limited(resp), timeouts.idle)
-            except (TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout(timeouts.idle):
+                    data = await _read_limited(resp)
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 data = b""
             finally:
-                await resp.aclose()
-            raise map_status(resp.status_code, _scrub(data, headers), resp)
+                resp.close()
+            raise map_status(resp.status, _scrub(data, headers), resp)
         return UpstreamResponse(resp)
 
-    async def get(self, url: str, *, timeout: float = 5.0) -> httpx.Response:
-        return await self._client.get(url, timeout=timeout)
-
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def _scrub(data: bytes, headers: dict) -> bytes:
@@ -253,9 +299,9 @@ def _scrub(data: bytes, headers: dict) -> bytes:
     return data
 
 
-async def _read_limited(resp: httpx.Response) -> bytes:
+async def _read_limited(resp: aiohttp.ClientResponse) -> bytes:
     out = bytearray()
-    async for chunk in resp.aiter_bytes():
+    async for chunk in resp.content.iter_any():
         out += chunk
         if len(out) > _MAX_ERROR_BODY:
             break

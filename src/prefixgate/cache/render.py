@@ -58,6 +58,8 @@ def _image_marker(part: dict[str, Any]) -> str:
     multimodal blocks by the item's hash)."""
     image = part.get("image_url")
     url = image.get("url", "") if isinstance(image, dict) else str(image or "")
+    if not isinstance(url, str):  # a malformed part (count_tokens renders unchecked input)
+        url = canonical_json(url)
     digest = hashlib.blake2b(url.encode("utf-8"), digest_size=8).hexdigest()
     return f"<|image:{digest}|>"
 

@@ -15,7 +15,7 @@ def decode_body(raw: bytes, limits: Limits) -> dict:
         raise RequestTooLarge(
             f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes} bytes"
         )
-    if not raw.strip():
+    if not raw or raw.isspace():
         raise InvalidRequest("request body is empty; a JSON object is required")
     try:
         body = _decoder.decode(raw)
@@ -29,20 +29,25 @@ def decode_body(raw: bytes, limits: Limits) -> dict:
 
 
 def json_depth(obj: object, limit: int) -> int:
-    """Nesting depth of a decoded JSON value, iterative; stops counting past ``limit``."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > deepest:
-            deepest = depth
-            if deepest > limit:
-                return deepest
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
-    return deepest
+    """Nesting depth of a decoded JSON value, level by level; stops counting past
+    ``limit``. (Decoded JSON holds plain dicts and lists only, so exact type tests do.)"""
+    depth = 0
+    level = [obj] if type(obj) in _CONTAINERS else []
+    while level:
+        depth += 1
+        if depth > limit:
+            return depth
+        nxt: list = []
+        add = nxt.append
+        for node in level:
+            for v in node.values() if type(node) is dict else node:
+                if type(v) in _CONTAINERS:
+                    add(v)
+        level = nxt
+    return depth if depth else 1
+
+
+_CONTAINERS = frozenset((dict, list))
 
 
 def expect(cond: bool, message: str, param: str | None = None) -> None:

@@ -43,10 +43,21 @@ class Capturer:
             rec.segments_in = segments_openai(body_in, texts=texts, known=known)
         else:
             rec.segments_in = segments_anthropic(body_in, texts=texts, known=known)
-        if channel.kind == "openai":
+        tools_first = channel.render_order == "tools_first"
+        if (
+            rec.endpoint == "chat"
+            and channel.kind == "openai"
+            and tools_first
+            and body_out.get("messages") is body_in.get("messages")
+            and body_out.get("tools") is body_in.get("tools")
+        ):
+            # A chat request passed through: the very same messages and tools, in the same
+            # order, so the same segments (computing them again would double the cost).
+            rec.segments_out = list(rec.segments_in)
+        elif channel.kind == "openai":
             rec.segments_out = segments_openai(
                 body_out,
-                tools_first=channel.render_order == "tools_first",
+                tools_first=tools_first,
                 texts=texts,
                 known=known,
             )

@@ -106,7 +106,8 @@ class ChannelRouter:
     # -- choice ------------------------------------------------------------------------
     def _channels(self, model: str, key: str) -> list[ChannelConfig]:
         chans = [c for c in self.channels if c.serves(model)]
-        chans.sort(key=lambda c: (-c.priority, -_score(key, c.name, c.weight)))
+        if len(chans) > 1:  # one channel (the common case) needs no hashing
+            chans.sort(key=lambda c: (-c.priority, -_score(key, c.name, c.weight)))
         return chans
 
     def healthy(self, base_url: str) -> bool:
@@ -138,8 +139,9 @@ class ChannelRouter:
         for ch in self._channels(model, key):
             if ch.kind not in kinds:
                 continue
-            urls = [u for u in ch.urls() if self.healthy(u)]
-            down = [u for u in ch.urls() if not self.healthy(u)]
+            all_urls = ch.urls()
+            urls = [u for u in all_urls if self.healthy(u)]
+            down = [u for u in all_urls if u not in urls] if len(urls) < len(all_urls) else []
             blocks: PromptBlocks | None = None
             if ch.routing == "prefix" and prompt is not None:
                 blocks = prompt_blocks(prompt(ch), ch.routing_block_size, ch.render_order)

@@ -1,0 +1,137 @@
+"""Conversion micro-benchmark: the real Claude Code request to the upstream request, and a
+streamed response through the stream state machine. No I/O.
+
+    python benchmarks/convert.py [--json]
+
+Request figures use the body of ``shared/fixtures/claude-code/01_v2.1.332_print_turn1.json``
+(a real Claude Code request, 50 KB of JSON): ``convert`` is ``anthropic_to_openai`` alone;
+``request path`` is what the gateway does to it before sending: decode (with the depth
+check), the request checks, the billing-header hygiene, the conversion and the encoding.
+The stream figures feed a 256-chunk OpenAI stream (decoded chunks, as the relay gives
+them) through ``AnthropicStream``. Goal: ≤ 0.5 ms for the request path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from prefixgate.config import Limits
+from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.convert.stream import AnthropicStream
+from prefixgate.hygiene import strip_billing_header
+from prefixgate.protocol.anthropic import check_messages_request
+from prefixgate.protocol.common import decode_body
+from prefixgate.sse import SSEDecoder
+
+HERE = Path(__file__).resolve().parent
+FIXTURE = "01_v2.1.332_print_turn1.json"
+
+
+def fixture_body() -> bytes:
+    for base in (HERE.parent.parent / "shared", HERE.parent / "shared", Path("/work/shared")):
+        path = base / "fixtures" / "claude-code" / FIXTURE
+        if path.exists():
+            body = json.loads(path.read_text())["body"]
+            return (body if isinstance(body, str) else json.dumps(body)).encode()
+    raise SystemExit("the Claude Code fixture (shared/fixtures/claude-code) is missing")
+
+
+def timed(fn, n: int) -> dict:
+    for _ in range(min(50, n)):
+        fn()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+    return {
+        "p50_ms": 1000 * samples[len(samples) // 2],
+        "p99_ms": 1000 * samples[int(len(samples) * 0.99)],
+        "mean_ms": 1000 * statistics.fmean(samples),
+    }
+
+
+def stream_chunks(n: int) -> list[bytes]:
+    """An OpenAI SSE stream as an upstream sends it: role, n content chunks, finish, usage."""
+
+    def chunk(choices, usage=None) -> bytes:
+        obj = {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": choices}
+        if usage:
+            obj["usage"] = usage
+        return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+    out = [chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}])]
+    out += [chunk([{"index": 0, "delta": {"content": f" w{i}"}}]) for i in range(n)]
+    out.append(chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+    usage = {"prompt_tokens": 12000, "completion_tokens": n}
+    usage["prompt_tokens_details"] = {"cached_tokens": 11000}
+    out.append(chunk([], usage))
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=2000, help="iterations per figure")
+    ap.add_argument("--chunks", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    raw = fixture_body()
+    limits = Limits()
+    body = decode_body(raw, limits)
+    opts = ConvertOptions(upstream_model="served-model")
+    decode = msgspec.json.decode
+    encode = msgspec.json.encode
+
+    def request_path() -> bytes:
+        b = decode_body(raw, limits)
+        check_messages_request(b, limits)
+        clean, _ = strip_billing_header(b)
+        return encode(anthropic_to_openai(clean, opts))
+
+    chunks = stream_chunks(args.chunks)
+
+    def stream() -> None:
+        conv = AnthropicStream(model="claude", stop_sequences=None, exclude_cache=True)
+        conv.start()
+        dec = SSEDecoder()
+        for c in chunks:
+            for _, data in dec.feed(c):
+                if data != b"[DONE]":
+                    conv.feed(decode(data))
+        conv.finish()
+
+    results = {
+        "body_bytes": len(raw),
+        "decode": timed(lambda: decode_body(raw, limits), args.n),
+        "convert": timed(lambda: anthropic_to_openai(body, opts), args.n),
+        "request_path": timed(request_path, args.n),
+        f"stream_{args.chunks}_chunks": timed(stream, max(50, args.n // 10)),
+    }
+    s = results[f"stream_{args.chunks}_chunks"]
+    results["stream_per_chunk_us"] = 1000 * s["p50_ms"] / args.chunks
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"Claude Code request: {len(raw) / 1024:.0f} KiB of JSON")
+    print(f"{'figure':<28}{'p50 ms':>10}{'p99 ms':>10}")
+    for k, v in results.items():
+        if isinstance(v, dict):
+            print(f"{k:<28}{v['p50_ms']:>10.3f}{v['p99_ms']:>10.3f}")
+    print(f"stream, per chunk: {results['stream_per_chunk_us']:.1f} µs")
+    goal = results["request_path"]["p50_ms"]
+    print(f"request path goal ≤ 0.5 ms: {'met' if goal <= 0.5 else 'NOT met'} ({goal:.3f} ms)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
