@@ -80,52 +80,61 @@ class Gateway:
 
     # -- entry points ------------------------------------------------------------------
     async def messages(self, request: Request) -> Response:
-        rec = self._open_record(request, "messages")
-        try:
-            principal = self.auth.authenticate(request.headers)
-            rec.key_name, rec.key_owner = principal.name, principal.owner
-            body = decode_body(await self._read(request), self.config.limits)
-            anthropic_proto.check_messages_request(body, self.config.limits)
-            rec.requested_model = model = body["model"]
-            rec.stream = bool(body.get("stream"))
-            rec.session_id, rec.session_kind = session_of_messages(body, request.headers)
-            self.auth.authorize_model(principal, model)
-            await self._admit(principal, rec)
-            outs: dict[str, dict] = {}  # channel -> converted request, built once
-            targets = await self._plan(
-                model,
-                rec.session_id,
-                kinds=("openai", "anthropic"),
-                prompt=lambda ch: self._chat_request(body, ch, outs),
-            )
-            return await self._messages_failover(request, body, targets, rec, principal, outs)
-        except GatewayError as err:
-            return self._fail(rec, err, anthropic_proto.error_bytes)
-        except Exception:
-            log.exception("internal error on /v1/messages (request %s)", rec.request_id)
-            return self._fail(rec, GatewayError("internal error"), anthropic_proto.error_bytes)
+        return await self._serve(
+            request,
+            "messages",
+            anthropic_proto.check_messages_request,
+            session_of_messages,
+            anthropic_proto.error_bytes,
+            self._messages_route,
+        )
 
     async def chat(self, request: Request) -> Response:
-        rec = self._open_record(request, "chat")
+        return await self._serve(
+            request,
+            "chat",
+            openai_proto.check_chat_request,
+            session_of_chat,
+            openai_proto.error_bytes,
+            self._chat_route,
+        )
+
+    async def _serve(self, request: Request, endpoint: str, check, session_of, shape, route):
+        """The steps both entry points share: auth, read, decode, check, record, model
+        allowed, limits; then ``route`` plans and fails over. Errors in the caller's shape."""
+        rec = self._open_record(request, endpoint)
         try:
             principal = self.auth.authenticate(request.headers)
             rec.key_name, rec.key_owner = principal.name, principal.owner
             body = decode_body(await self._read(request), self.config.limits)
-            openai_proto.check_chat_request(body, self.config.limits)
-            rec.requested_model = model = body["model"]
+            check(body, self.config.limits)
+            rec.requested_model = body["model"]
             rec.stream = bool(body.get("stream"))
-            rec.session_id, rec.session_kind = session_of_chat(body, request.headers)
-            self.auth.authorize_model(principal, model)
+            rec.session_id, rec.session_kind = session_of(body, request.headers)
+            self.auth.authorize_model(principal, body["model"])
             await self._admit(principal, rec)
-            targets = await self._plan(
-                model, rec.session_id, kinds=("openai",), prompt=lambda ch: body
-            )
-            return await self._chat_failover(body, targets, rec, principal)
+            return await route(request, body, rec, principal)
         except GatewayError as err:
-            return self._fail(rec, err, openai_proto.error_bytes)
+            return self._fail(rec, err, shape)
         except Exception:
-            log.exception("internal error on /v1/chat/completions (request %s)", rec.request_id)
-            return self._fail(rec, GatewayError("internal error"), openai_proto.error_bytes)
+            log.exception("internal error on %s (request %s)", request.url.path, rec.request_id)
+            return self._fail(rec, GatewayError("internal error"), shape)
+
+    async def _messages_route(self, request, body, rec, principal) -> Response:
+        outs: dict[str, dict] = {}  # channel -> converted request, built once
+        targets = await self._plan(
+            body["model"],
+            rec.session_id,
+            kinds=("openai", "anthropic"),
+            prompt=lambda ch: self._chat_request(body, ch, outs),
+        )
+        return await self._messages_failover(request, body, targets, rec, principal, outs)
+
+    async def _chat_route(self, request, body, rec, principal) -> Response:
+        targets = await self._plan(
+            body["model"], rec.session_id, kinds=("openai",), prompt=lambda ch: body
+        )
+        return await self._chat_failover(body, targets, rec, principal)
 
     async def count_tokens(self, request: Request) -> Response:
         try:
