@@ -293,3 +293,26 @@ def test_growing_session_is_stored_compactly(body: dict, tmp_path) -> None:
     store.close()
     stored = sum(p.stat().st_size for p in tmp_path.iterdir())
     assert stored <= 0.10 * raw
+
+
+def test_float_hint_scan_matches_the_regular_expression():
+    import re
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from prefixgate.record.segments import _maybe_different
+
+    exponent = re.compile(rb"[0-9]e[-+]?[0-9]")
+
+    def reference(data: bytes) -> bool:
+        return b"null" in data or b"0.0000" in data or exponent.search(data) is not None
+
+    @settings(max_examples=500, deadline=None)
+    @given(
+        st.binary(max_size=40) | st.text(alphabet="0123456789e+-.nul ", max_size=40).map(str.encode)
+    )
+    def check(data):
+        assert _maybe_different(data) == reference(data)
+
+    check()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Container, Iterable
 from typing import Any, NamedTuple
 
@@ -35,16 +34,18 @@ _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 # Python writes "1e+16", "1e-07", "1e-05") and non-finite ones (msgspec "null", Python
 # "NaN"). Output that might hold one is recomputed with json.dumps; false positives (text
 # such as "3e5" or "null") only cost time. The cheap literal-led scan runs first.
-_EXPONENT_HINT = re.compile(rb"e[-+]?[0-9]")
-_EXPONENT = re.compile(rb"[0-9]e[-+]?[0-9]")
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
 def _maybe_different(data: bytes) -> bool:
-    return (
-        b"null" in data
-        or b"0.0000" in data
-        or (_EXPONENT_HINT.search(data) is not None and _EXPONENT.search(data) is not None)
-    )
+    if b"null" in data or b"0.0000" in data:
+        return True
+    if b"e" not in data:
+        return False
+    # A digit, "e", an optional sign, a digit: with every digit mapped to 0 (one C pass),
+    # three plain substring searches instead of a regular expression over the text.
+    zeros = data.translate(_DIGITS_TO_ZERO)
+    return b"0e0" in zeros or b"0e-0" in zeros or b"0e+0" in zeros
 
 
 def canonical_json(obj: Any) -> bytes:
