@@ -8,7 +8,7 @@ on Linux). Once ``bind`` sets it, ``_nodelay`` is a no-op.
 
 from __future__ import annotations
 
-import socket
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,12 +21,6 @@ from prefixgate.sim.upstream import SimSettings, create_upstream_app
 
 PREFILL_RATE = 20_000.0  # tokens/s
 DECODE_RATE = 200.0  # tokens/s
-
-
-def start_nodelay(app) -> ServerThread:
-    server = ServerThread(app)
-    server.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return server.start()
 
 
 @dataclass
@@ -58,20 +52,18 @@ def sim_settings(**kw) -> SimSettings:
     return SimSettings(**(base | kw))
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+@contextlib.contextmanager
+def sim_stack(**rates) -> Iterator[Stack]:
     """The simulated upstream (known rates) and the gateway in front of it."""
-    up = start_nodelay(create_upstream_app(sim_settings()))
-    try:
+    with ServerThread(create_upstream_app(sim_settings(**rates))) as up:
         config = parse_config(
             {"channels": [{"name": "sim", "base_url": up.url + "/v1"}], "store": None}
         )
-        gw = start_nodelay(create_app(config))
-    except BaseException:
-        up.stop()
-        raise
-    try:
-        yield Stack(up, gw)
-    finally:
-        gw.stop()
-        up.stop()
+        with ServerThread(create_app(config)) as gw:
+            yield Stack(up, gw)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    with sim_stack() as s:
+        yield s

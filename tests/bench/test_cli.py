@@ -13,33 +13,16 @@ from click.testing import CliRunner
 
 from prefixgate.bench.cli import bench_command, parse_targets
 from prefixgate.bench.scenarios import ALL_SCENARIOS
-from prefixgate.config import parse_config
-from prefixgate.server import create_app
-from prefixgate.sim.upstream import create_upstream_app
 
-from .conftest import Stack, sim_settings, start_nodelay
+from .conftest import Stack, sim_stack
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def fast() -> Iterator[Stack]:
-    up = start_nodelay(
-        create_upstream_app(sim_settings(prefill_tokens_per_s=500_000, decode_tokens_per_s=4_000))
-    )
-    try:
-        config = parse_config(
-            {"channels": [{"name": "sim", "base_url": up.url + "/v1"}], "store": None}
-        )
-        gw = start_nodelay(create_app(config))
-    except BaseException:
-        up.stop()
-        raise
-    try:
-        yield Stack(up, gw)
-    finally:
-        gw.stop()
-        up.stop()
+    with sim_stack(prefill_tokens_per_s=500_000, decode_tokens_per_s=4_000) as s:
+        yield s
 
 
 SMALL = ["--runs", "1", "--output-tokens", "16", "--prefill-tokens", "200"]
