@@ -1,9 +1,9 @@
 """Upstream access behind one small interface: a pooled HTTP client with connect,
 first-byte and idle timeouts, and every foreign error mapped once into the error tree.
 
-The client is aiohttp: measured against httpx on this project's overhead benchmark
-(``docs/performance.md``) it costs 4-14x less CPU a request (httpx's connection pool scans
-every connection on each request, through anyio's socket attributes)."""
+The client is the project's own (``http1``): on the overhead benchmark
+(``docs/performance.md``) it costs a fraction of aiohttp's CPU a request, which itself
+costs 4-14x less than httpx's."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-import aiohttp
 import msgspec
-import yarl
 
+from prefixgate import http1
 from prefixgate.config import Timeouts
 from prefixgate.errors import (
     GatewayError,
@@ -153,139 +152,132 @@ class UpstreamRejected(InvalidRequest):
 class UpstreamResponse:
     """An open upstream response (status 2xx). Read it with :meth:`next`."""
 
-    __slots__ = ("_resp", "_content", "status", "headers")
+    __slots__ = ("_conn", "_pool", "status", "headers", "_released")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self._resp = resp
-        self._content = resp.content
-        self.status = resp.status
-        self.headers = resp.headers
+    def __init__(self, conn: http1.Connection, pool: http1.Pool) -> None:
+        self._conn, self._pool = conn, pool
+        self.status = conn.status
+        self.headers = conn.headers
+        self._released = False
 
     async def next(self, timeout: float, *, first: bool = False) -> bytes | None:
-        """The next body chunk, or ``None`` at the end. Raises :class:`UpstreamTimeout`
-        when nothing arrives within ``timeout`` seconds."""
-        content = self._content
+        """The next body chunk (everything buffered), or ``None`` at the end. Raises
+        :class:`UpstreamTimeout` when nothing arrives within ``timeout`` seconds."""
+        conn = self._conn
+        if conn.chunks:  # already buffered: no timer, no wait
+            return conn.take()
         try:
-            chunk = content.read_nowait()  # what is already buffered: no timer, no wait
-            if chunk:
-                return chunk
-            while not content.at_eof():
-                async with asyncio.timeout(timeout):
-                    chunk = await content.readany()
-                if chunk:
-                    return chunk
+            return await conn.read(timeout)
         except TimeoutError:
             where = "before the first byte" if first else "mid-response"
             raise UpstreamTimeout(f"upstream sent nothing for {timeout:g} s {where}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError(
-                f"upstream connection failed mid-response: {type(exc).__name__}"
-            ) from exc
-        return None
+        except http1.HTTPError as exc:
+            raise UpstreamError(f"upstream connection failed mid-response: {exc}") from exc
 
     async def aclose(self) -> None:
         """Done with the response: a fully read one gives its connection back to the pool;
         an unfinished one closes it (which cancels the request upstream)."""
-        resp = self._resp
-        if self._content.at_eof():
-            resp.release()
-        else:
-            resp.close()
+        if not self._released:
+            self._released = True
+            self._pool.release(self._conn)
 
 
 class Upstream:
-    """One pooled HTTP client (aiohttp) shared by all channels, created on first use in
-    the serving event loop."""
+    """The HTTP client shared by all channels (``http1``: keep-alive pools per upstream),
+    made on first use in the serving event loop."""
 
     def __init__(self, *, max_connections: int = 1000) -> None:
         self._max = max_connections
-        self._session: aiohttp.ClientSession | None = None
-        self._urls: dict[str, yarl.URL] = {}
-        self._timeouts: dict[tuple[float, float], aiohttp.ClientTimeout] = {}
+        self._pool: http1.Pool | None = None
+        self._targets: dict[str, tuple[http1.Origin, str]] = {}
 
-    def _client(self) -> aiohttp.ClientSession:
-        session = self._session
-        if session is None or session.closed:
+    def _pool_of(self, loop: asyncio.AbstractEventLoop) -> http1.Pool:
+        pool = self._pool
+        if pool is None or pool.loop is not loop:
             # Idle connections are reused for 4 s only: servers such as vLLM (uvicorn) close
             # theirs after 5 s, and a request sent on a closing connection fails spuriously.
-            connector = aiohttp.TCPConnector(
-                limit=self._max, limit_per_host=0, keepalive_timeout=4.0, ttl_dns_cache=60
-            )
-            session = self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                trust_env=False,
-                timeout=aiohttp.ClientTimeout(total=None),
-                skip_auto_headers=("User-Agent",),
-            )
-        return session
+            pool = self._pool = http1.Pool(loop, max_connections=self._max, keepalive=4.0)
+        return pool
 
-    def _url(self, url: str) -> yarl.URL:
-        u = self._urls.get(url)
-        if u is None:
-            if len(self._urls) > 1024:
-                self._urls.clear()
-            u = self._urls[url] = yarl.URL(url)
-        return u
-
-    def _timeout(self, t: Timeouts) -> aiohttp.ClientTimeout:
-        key = (t.connect, t.idle)
-        out = self._timeouts.get(key)
-        if out is None:
-            # connect: waiting for a pooled connection and opening a new one; sock_read:
-            # the idle timeout per socket read (the first byte has its own, below).
-            out = self._timeouts[key] = aiohttp.ClientTimeout(
-                total=None, connect=t.connect, sock_connect=t.connect, sock_read=t.idle
-            )
-        return out
+    def _target(self, url: str) -> tuple[http1.Origin, str]:
+        t = self._targets.get(url)
+        if t is None:
+            if len(self._targets) > 1024:
+                self._targets.clear()
+            try:
+                t = self._targets[url] = http1.split_url(url)
+            except ValueError as exc:
+                raise UpstreamError(f"cannot reach upstream: {exc}", retryable=False) from None
+        return t
 
     async def open(
         self, url: str, body: bytes, *, timeouts: Timeouts, extra_headers: dict | None = None
     ) -> UpstreamResponse:
+        origin, path = self._target(url)
         headers = {
-            "content-type": "application/json",
-            "accept": "application/json, text/event-stream",
-            "accept-encoding": "identity",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "Accept-Encoding": "identity",
         }
         if extra_headers:
             headers.update(extra_headers)
         try:
-            async with asyncio.timeout(timeouts.first_byte):
-                resp = await self._client().request(
-                    "POST",
-                    self._url(url),
-                    data=body,
-                    headers=headers,
-                    timeout=self._timeout(timeouts),
-                    allow_redirects=False,
-                )
-        except aiohttp.ConnectionTimeoutError:
-            raise UpstreamTimeout(
-                f"upstream connect timed out after {timeouts.connect:g} s"
+            data = http1.request_head("POST", path, origin, headers, len(body)) + body
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise UpstreamError(
+                f"cannot send the request upstream: {exc}", retryable=False
             ) from None
-        except aiohttp.ServerTimeoutError:
-            raise UpstreamTimeout("upstream timed out before the first byte") from None
-        except TimeoutError:
-            raise UpstreamTimeout(
-                f"upstream did not answer within {timeouts.first_byte:g} s"
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}") from exc
-        if resp.status >= 300:
+        loop = asyncio.get_running_loop()
+        pool = self._pool_of(loop)
+        deadline = loop.time() + timeouts.first_byte
+        for attempt in (1, 2):
+            remaining = deadline - loop.time()
             try:
-                async with asyncio.timeout(timeouts.idle):
-                    data = await _read_limited(resp)
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                data = b""
+                conn = await pool.acquire(origin, min(timeouts.connect, remaining))
+            except TimeoutError:
+                if remaining <= timeouts.connect:
+                    raise UpstreamTimeout(
+                        f"upstream did not answer within {timeouts.first_byte:g} s"
+                    ) from None
+                raise UpstreamTimeout(
+                    f"upstream connect timed out after {timeouts.connect:g} s"
+                ) from None
+            except OSError as exc:
+                raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}") from exc
+            try:
+                conn.send(data)
+                await conn.headers_of_response(deadline - loop.time())
+            except TimeoutError:
+                pool.discard(conn)
+                raise UpstreamTimeout(
+                    f"upstream did not answer within {timeouts.first_byte:g} s"
+                ) from None
+            except http1.ConnectionClosed as exc:
+                pool.discard(conn)
+                # A kept-alive connection the server closed while it sat idle: the request
+                # never reached it, so it is sent once more on a new connection.
+                if attempt == 1 and conn.reused and exc.before_response:
+                    continue
+                raise UpstreamError(f"cannot reach upstream: {exc}") from exc
+            except http1.HTTPError as exc:
+                pool.discard(conn)
+                raise UpstreamError(f"upstream answered badly: {exc}") from exc
+            except BaseException:
+                pool.discard(conn)
+                raise
+            break
+        if conn.status >= 300:
+            try:
+                body_bytes = await _read_limited(conn, timeouts.idle)
             finally:
-                resp.close()
-            raise map_status(resp.status, _scrub(data, headers), resp)
-        return UpstreamResponse(resp)
+                pool.discard(conn)
+            raise map_status(conn.status, _scrub(body_bytes, headers), conn)
+        return UpstreamResponse(conn, pool)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 def _scrub(data: bytes, headers: dict) -> bytes:
@@ -299,10 +291,12 @@ def _scrub(data: bytes, headers: dict) -> bytes:
     return data
 
 
-async def _read_limited(resp: aiohttp.ClientResponse) -> bytes:
+async def _read_limited(conn: http1.Connection, idle: float) -> bytes:
+    """Up to 64 KB of an error body; what cannot be read in time is left out."""
     out = bytearray()
-    async for chunk in resp.content.iter_any():
-        out += chunk
-        if len(out) > _MAX_ERROR_BODY:
-            break
-    return bytes(out)
+    try:
+        while len(out) <= _MAX_ERROR_BODY and (chunk := await conn.read(idle)) is not None:
+            out += chunk
+    except (TimeoutError, http1.HTTPError):
+        pass
+    return bytes(out[:_MAX_ERROR_BODY])

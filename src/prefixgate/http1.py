@@ -1,0 +1,385 @@
+"""The upstream hop's HTTP/1.1 client: a pool of keep-alive connections, each an asyncio
+protocol around httptools' response parser (the C parser uvicorn uses).
+
+The gateway sends exactly one kind of request upstream (a POST with a JSON body, answered
+with JSON or an SSE stream), so the client is small: no redirects, cookies, proxies,
+decompression or multipart. What it does: per-origin keep-alive pools with an idle limit,
+a cap on open connections, TLS, bounded buffering (reading pauses past 1 MiB unread),
+timeouts through a single timer per wait, and one retry, on a fresh connection, of a
+request whose reused connection turned out to be closed before any response byte (the
+server shut it while idle). Measured against aiohttp and httpx in ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+import httptools
+
+_PAUSE_AT = 1 << 20  # stop reading from the socket past this many unread body bytes
+_RESUME_AT = 1 << 18
+
+
+class HTTPError(Exception):
+    """A connection-level failure (the message says what happened)."""
+
+
+class ConnectionClosed(HTTPError):
+    """The server closed the connection before the response was complete."""
+
+    def __init__(self, message: str, *, before_response: bool) -> None:
+        super().__init__(message)
+        self.before_response = before_response
+
+
+class Origin:
+    """Where requests go: scheme, host and port, and the bytes of the ``Host`` header."""
+
+    __slots__ = ("key", "scheme", "host", "port", "host_header", "tls")
+
+    def __init__(self, scheme: str, host: str, port: int) -> None:
+        self.scheme, self.host, self.port = scheme, host, port
+        self.key = (scheme, host, port)
+        self.tls = scheme == "https"
+        default = 443 if self.tls else 80
+        name = f"[{host}]" if ":" in host else host
+        self.host_header = name if port == default else f"{name}:{port}"
+
+
+def split_url(url: str) -> tuple[Origin, str]:
+    """(origin, path with query) of an ``http://`` or ``https://`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return Origin(parts.scheme, parts.hostname, port), path
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection; carries one request/response at a time."""
+
+    def __init__(self, pool: Pool, origin: Origin) -> None:
+        self.pool, self.origin = pool, origin
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future | None = None
+        self.closed = False  # the transport is gone (or going)
+        self.counted = True  # holds one of the pool's connection slots
+        self.idle_since = 0.0
+        self.reused = False
+        self.paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.got_bytes = False
+        self.interim = False
+        self.error: HTTPError | None = None
+
+    # -- asyncio protocol --------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(HTTPError("the upstream switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(HTTPError(f"malformed HTTP response from the upstream: {exc}"))
+
+    def eof_received(self) -> bool:
+        self._ended(None)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._ended(exc)
+        self.pool._lost(self)
+
+    # -- httptools callbacks -----------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = self.headers.get(key)
+        self.headers[key] = text if old is None else f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # 100 Continue and friends: the real answer follows
+            self.interim = True
+            self.headers = {}
+            return
+        self.status = status
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        if body:
+            self.chunks.append(body)
+            self.buffered += len(body)
+            if self.buffered > _PAUSE_AT and not self.paused and self.transport is not None:
+                self.paused = True
+                self.transport.pause_reading()
+            self._wake()
+
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        # Asked now: once this callback returns, the parser has moved on to the next message.
+        self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
+        self._wake()
+
+    # -- state -------------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, err: HTTPError) -> None:
+        if self.error is None and not self.complete:
+            self.error = err
+        self.close()
+        self._wake()
+
+    def _ended(self, exc: Exception | None) -> None:
+        if self.complete or self.error is not None:
+            return
+        if not self.headers_done:
+            how = f"{type(exc).__name__}" if exc else "closed"
+            self.error = ConnectionClosed(
+                f"the upstream closed the connection ({how}) before answering",
+                before_response=not self.got_bytes,
+            )
+        elif self._close_delimited():
+            self.complete = True  # a body that ends with the connection
+        else:
+            how = f"{type(exc).__name__}" if exc else "closed"
+            self.error = ConnectionClosed(
+                f"the upstream connection {how} mid-response", before_response=False
+            )
+        self._wake()
+
+    def _close_delimited(self) -> bool:
+        h = self.headers
+        return (
+            "content-length" not in h
+            and "chunked" not in h.get("transfer-encoding", "").lower()
+            and self.status not in (204, 304)
+        )
+
+    def reusable(self) -> bool:
+        return self.complete and not self.closed and self.error is None and self.keep_alive
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    # -- request / response ------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self._reset()
+        self.transport.write(data)
+
+    async def wait(self, timeout: float) -> None:
+        """Until the parser has news (headers, body bytes, the end, an error); raises
+        :class:`TimeoutError` after ``timeout`` seconds."""
+        w = self.waiter = self.loop.create_future()
+        timer = self.loop.call_later(max(timeout, 0.0), _expire, w)
+        try:
+            await w
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    async def headers_of_response(self, timeout: float) -> None:
+        deadline = self.loop.time() + timeout
+        while not self.headers_done:
+            if self.error is not None:
+                raise self.error
+            await self.wait(deadline - self.loop.time())
+
+    def take(self) -> bytes:
+        """Every body byte buffered so far (at least one chunk must be there)."""
+        chunks = self.chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        if len(chunks) > 1:
+            chunks.clear()
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def read(self, timeout: float) -> bytes | None:
+        """The next body bytes, ``None`` at the end; :class:`HTTPError` if the connection
+        failed, :class:`TimeoutError` if nothing came for ``timeout`` seconds."""
+        while True:
+            if self.chunks:
+                return self.take()
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            await self.wait(timeout)
+
+
+class Pool:
+    """Keep-alive connections per origin, at most ``max_connections`` open in all.
+    Bound to the event loop it was made in."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        max_connections: int = 1000,
+        keepalive: float = 4.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.loop = loop
+        self.max_connections = max_connections
+        self.keepalive = keepalive
+        self._ssl = ssl_context
+        self._idle: dict[tuple, list[Connection]] = {}
+        self._open = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    def idle_connections(self) -> int:
+        return sum(len(v) for v in self._idle.values())
+
+    async def acquire(self, origin: Origin, timeout: float) -> Connection:
+        """A connection to ``origin``: an idle one if any is fresh, else a new one.
+        ``timeout`` bounds the wait for a free slot and the connect."""
+        idle = self._idle.get(origin.key)
+        if idle:
+            oldest = self.loop.time() - self.keepalive
+            while idle:
+                conn = idle.pop()
+                if not conn.closed and conn.idle_since > oldest:
+                    conn.reused = True
+                    return conn
+                self.discard(conn)
+        return await self._connect(origin, timeout)
+
+    async def _connect(self, origin: Origin, timeout: float) -> Connection:
+        loop = self.loop
+        deadline = loop.time() + timeout
+        while self._open >= self.max_connections:
+            w = loop.create_future()
+            self._waiters.append(w)
+            timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, w)
+            try:
+                await w
+            finally:
+                timer.cancel()
+                if not w.done():
+                    w.cancel()
+            idle = self._idle.get(origin.key)
+            if idle:
+                return await self.acquire(origin, deadline - loop.time())
+        self._open += 1
+        conn = Connection(self, origin)
+        try:
+            async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                await loop.create_connection(
+                    lambda: conn,
+                    origin.host,
+                    origin.port,
+                    ssl=self._ssl_context() if origin.tls else None,
+                    server_hostname=origin.host if origin.tls else None,
+                )
+        except BaseException:
+            if conn.counted:
+                conn.counted = False
+                self._open -= 1
+                self._notify()
+            conn.close()
+            raise
+        return conn
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    def release(self, conn: Connection) -> None:
+        """Done with ``conn``'s response: keep the connection if it can carry another."""
+        if conn.reusable():
+            conn.idle_since = self.loop.time()
+            self._idle.setdefault(conn.origin.key, []).append(conn)
+            self._notify()
+        else:
+            self.discard(conn)
+
+    def discard(self, conn: Connection) -> None:
+        conn.close()
+        self._uncount(conn)
+
+    def _lost(self, conn: Connection) -> None:
+        idle = self._idle.get(conn.origin.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+        self._uncount(conn)
+
+    def _uncount(self, conn: Connection) -> None:
+        if conn.counted:
+            conn.counted = False
+            self._open -= 1
+            self._notify()
+
+    def _notify(self) -> None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+
+
+def request_head(method: str, path: str, origin: Origin, headers: dict, length: int) -> bytes:
+    """The request line and headers. Header names and values must not hold CR or LF."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {origin.host_header}"]
+    for name, value in headers.items():
+        value = str(value)
+        if "\r" in name or "\n" in name or "\r" in value or "\n" in value or ":" in name:
+            raise ValueError(f"header {name!r} holds a forbidden character")
+        lines.append(f"{name}: {value}")
+    lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
