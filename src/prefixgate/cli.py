@@ -112,7 +112,7 @@ def serve(config_path, upstream, model, host, port, store_dsn, workers, log_leve
 
 async def _serve(config, sock=None) -> None:
     from prefixgate.server import build_app
-    from prefixgate.serving import bind, uvicorn_server
+    from prefixgate.serving import bind, http_server
 
     log = logging.getLogger("prefixgate")
     sims = []
@@ -125,7 +125,13 @@ async def _serve(config, sock=None) -> None:
         log.info("embedded simulated upstream at %s", sim_url)
     app = build_app(config)
     sock = sock if sock is not None else bind(config.server.host, config.server.port)
-    server = uvicorn_server(app, log_level="warning", graceful=30)
+    limits = config.limits
+    server = http_server(
+        app,
+        graceful=30,
+        max_body=limits.max_body_bytes,
+        max_header_bytes=max(1024 * 1024, 2 * limits.max_header_bytes),
+    )
     log.info("prefixgate listening on http://%s:%s", config.server.host, sock.getsockname()[1])
     try:
         await server.serve(sockets=[sock])

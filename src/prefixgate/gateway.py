@@ -83,6 +83,7 @@ class Gateway:
         return await self._serve(
             request,
             "messages",
+            decode_body,
             anthropic_proto.check_messages_request,
             session_of_messages,
             anthropic_proto.error_bytes,
@@ -93,20 +94,23 @@ class Gateway:
         return await self._serve(
             request,
             "chat",
+            openai_proto.decode_chat_body,
             openai_proto.check_chat_request,
             session_of_chat,
             openai_proto.error_bytes,
             self._chat_route,
         )
 
-    async def _serve(self, request: Request, endpoint: str, check, session_of, shape, route):
+    async def _serve(
+        self, request: Request, endpoint: str, decode, check, session_of, shape, route
+    ):
         """The steps both entry points share: auth, read, decode, check, record, model
         allowed, limits; then ``route`` plans and fails over. Errors in the caller's shape."""
         rec = self._open_record(request, endpoint)
         try:
             principal = self.auth.authenticate(request.headers)
             rec.key_name, rec.key_owner = principal.name, principal.owner
-            body = decode_body(await self._read(request), self.config.limits)
+            body = decode(await self._read(request), self.config.limits)
             check(body, self.config.limits)
             rec.requested_model = body["model"]
             rec.stream = bool(body.get("stream"))
@@ -132,7 +136,10 @@ class Gateway:
 
     async def _chat_route(self, request, body, rec, principal) -> Response:
         targets = await self._plan(
-            body["model"], rec.session_id, kinds=("openai",), prompt=lambda ch: body
+            body["model"],
+            rec.session_id,
+            kinds=("openai",),
+            prompt=lambda ch: openai_proto.materialize(body)[0],
         )
         return await self._chat_failover(body, targets, rec, principal)
 
@@ -389,7 +396,9 @@ class Gateway:
         if args is None or self.capture is None:
             return
         try:
-            self.capture(*args)
+            rec, body, out, *rest = args
+            body, out = openai_proto.materialize(body, out)  # a chat body's raw fields
+            self.capture(rec, body, out, *rest)
         except Exception:  # the capture must never break the request path
             log.exception("segment capture failed (request %s)", request_id)
 

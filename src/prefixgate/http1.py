@@ -279,10 +279,10 @@ class Pool:
     def idle_connections(self) -> int:
         return sum(len(v) for v in self._idle.values())
 
-    async def acquire(self, origin: Origin, timeout: float) -> Connection:
-        """A connection to ``origin``: an idle one if any is fresh, else a new one.
-        ``timeout`` bounds the wait for a free slot and the connect."""
-        idle = self._idle.get(origin.key)
+    async def acquire(self, origin: Origin, timeout: float, *, fresh: bool = False) -> Connection:
+        """A connection to ``origin``: an idle one if any is fresh, else (or with
+        ``fresh``) a new one. ``timeout`` bounds the wait for a free slot and the connect."""
+        idle = None if fresh else self._idle.get(origin.key)
         if idle:
             oldest = self.loop.time() - self.keepalive
             while idle:
@@ -297,6 +297,8 @@ class Pool:
         loop = self.loop
         deadline = loop.time() + timeout
         while self._open >= self.max_connections:
+            if self._close_idle_elsewhere(origin):
+                continue  # an idle connection to another origin gave way
             w = loop.create_future()
             self._waiters.append(w)
             timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, w)
@@ -328,6 +330,22 @@ class Pool:
             conn.close()
             raise
         return conn
+
+    def _close_idle_elsewhere(self, origin: Origin) -> bool:
+        """At the cap, close the longest-idle connection to another origin."""
+        oldest: Connection | None = None
+        for key, conns in self._idle.items():
+            if (
+                key != origin.key
+                and conns
+                and (oldest is None or conns[0].idle_since < oldest.idle_since)
+            ):
+                oldest = conns[0]
+        if oldest is None:
+            return False
+        self._idle[oldest.origin.key].remove(oldest)
+        self.discard(oldest)
+        return True
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:

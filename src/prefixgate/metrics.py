@@ -97,8 +97,20 @@ class GatewayMetrics:
             registry=r,
         )
         self._totals: dict[tuple, list[int]] = {}
+        self._children: dict[tuple, object] = {}
         if writer is not None:
             r.register(_WriterCollector(writer))
+
+    def _child(self, metric, *labels: str):
+        """``metric.labels(*labels)``, looked up once per label set (prometheus_client's
+        own lookup takes a lock and rebuilds the key on every call)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) > 10_000:
+                self._children.clear()
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe(self, rec: Record) -> None:
         labels = (
@@ -107,25 +119,26 @@ class GatewayMetrics:
             rec.requested_model or "-",
             rec.client or "-",
         )
-        self.requests.labels(*labels, str(rec.status)).inc()
+        child = self._child
+        child(self.requests, *labels, str(rec.status)).inc()
         if rec.retries:
-            self.retries.labels(labels[1]).inc(rec.retries)
+            child(self.retries, labels[1]).inc(rec.retries)
         if rec.error_type and rec.status >= 500:
-            self.upstream_errors.labels(labels[0], rec.error_type).inc()
+            child(self.upstream_errors, labels[0], rec.error_type).inc()
         if rec.prompt_tokens:
             cached = rec.cached_tokens or 0
-            self.prompt.labels(*labels).inc(rec.prompt_tokens)
-            self.cached.labels(*labels).inc(cached)
+            child(self.prompt, *labels).inc(rec.prompt_tokens)
+            child(self.cached, *labels).inc(cached)
             tot = self._totals.setdefault(labels, [0, 0])
             tot[0] += rec.prompt_tokens
             tot[1] += cached
-            self.hit_rate.labels(*labels).set(tot[1] / tot[0])
+            child(self.hit_rate, *labels).set(tot[1] / tot[0])
         if rec.completion_tokens:
-            self.completion.labels(*labels).inc(rec.completion_tokens)
+            child(self.completion, *labels).inc(rec.completion_tokens)
         if rec.latency_ms is not None:
-            self.latency.labels(labels[0], labels[1]).observe(rec.latency_ms / 1000)
+            child(self.latency, labels[0], labels[1]).observe(rec.latency_ms / 1000)
         if rec.ttft_ms is not None:
-            self.ttft.labels(labels[0], labels[1]).observe(rec.ttft_ms / 1000)
+            child(self.ttft, labels[0], labels[1]).observe(rec.ttft_ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

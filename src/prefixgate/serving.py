@@ -1,5 +1,6 @@
-"""Running ASGI apps on loopback: in a background thread (tests, demo, benchmarks) or in
-the current event loop (the CLI)."""
+"""Running ASGI apps: in a background thread (tests, demo, benchmarks) or in the current
+event loop (the CLI), on the project's own HTTP server (``httpserver``); the simulated
+upstreams run on uvicorn."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from collections.abc import Callable, Coroutine
 
 import uvicorn
 
+from prefixgate import httpserver
+
 # The collector's first-generation threshold for a serving process (Python's default is
 # 700). A decoded 50 KB agent request is thousands of dicts and lists: with the default the
 # collector runs several times a request and its older generations grow with every batch
@@ -23,11 +26,11 @@ GC_THRESHOLD = (50_000, 20, 100)
 
 
 def run(main: Coroutine):
-    """Run ``main`` to completion on uvloop (installed with uvicorn[standard]); on the
-    standard asyncio loop when uvloop is missing (docs/performance.md).
+    """Run ``main`` to completion on uvloop; on the standard asyncio loop when uvloop is
+    missing (docs/performance.md).
 
     Also tunes the garbage collector for serving: a higher first threshold here, and
-    ``gc.freeze()`` once the server has started (``Server.startup``), so that the objects
+    ``gc.freeze()`` once the server has started (``http_server``), so that the objects
     of the imports and the app's construction are never scanned again."""
     gc.set_threshold(*GC_THRESHOLD)
     try:
@@ -116,14 +119,9 @@ def run_workers(
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, but a graceful stop on SIGTERM/SIGINT exits with status 0 instead
-    of re-raising the signal once the drain is done."""
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets=sockets)
-        if gc.get_threshold() == GC_THRESHOLD:  # a serving process (``run``), not a test
-            gc.collect()
-            gc.freeze()
+    """uvicorn's server (the simulated upstreams run on it), but a graceful stop on
+    SIGTERM/SIGINT exits with status 0 instead of re-raising the signal once the drain is
+    done."""
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -144,14 +142,39 @@ def uvicorn_server(app, *, log_level: str = "warning", **kw) -> uvicorn.Server:
     return Server(config)
 
 
+def _freeze_gc() -> None:
+    """Once started: everything that exists now (imports, the app) leaves the collector's
+    sight, in a serving process (``run``), not in a test."""
+    if gc.get_threshold() == GC_THRESHOLD:
+        gc.collect()
+        gc.freeze()
+
+
+def http_server(
+    app,
+    *,
+    graceful: float = 5,
+    max_body: int = 64 * 1024 * 1024,
+    max_header_bytes: int = 1024 * 1024,
+    **_ignored,
+) -> httpserver.Server:
+    """The gateway's own HTTP server (``httpserver``) for ``app``."""
+    return httpserver.Server(
+        app,
+        graceful=graceful,
+        max_body=max_body,
+        max_header_bytes=max_header_bytes,
+        on_started=_freeze_gc,
+    )
+
+
 class ServerThread:
     """``with ServerThread(app) as s: s.url`` — the app served on a loopback port."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, **kw) -> None:
         self.sock = bind(host, port)
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = uvicorn_server(app, **kw)
-        self.server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+        self.server = http_server(app, **kw)
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"asgi:{self.port}")
 
     @property

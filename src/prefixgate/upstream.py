@@ -233,7 +233,9 @@ class Upstream:
         for attempt in (1, 2):
             remaining = deadline - loop.time()
             try:
-                conn = await pool.acquire(origin, min(timeouts.connect, remaining))
+                conn = await pool.acquire(
+                    origin, min(timeouts.connect, remaining), fresh=attempt == 2
+                )
             except TimeoutError:
                 if remaining <= timeouts.connect:
                     raise UpstreamTimeout(

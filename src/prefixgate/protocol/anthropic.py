@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from prefixgate.config import Limits
-from prefixgate.errors import GatewayError
-from prefixgate.protocol.common import expect, type_name
+from prefixgate.errors import GatewayError, InvalidRequest
+from prefixgate.protocol.common import type_name
 
 # Anthropic's error type for each neutral kind, with its HTTP status.
 _ERROR_TYPES = {
@@ -55,116 +55,103 @@ def check_messages_request(body: dict, limits: Limits) -> None:
     """Reject what cannot be served, with the field named. Unknown fields pass (they are
     dropped or passed on by the converter)."""
     model = body.get("model")
-    expect(isinstance(model, str) and model != "", "model: a non-empty string is required", "model")
+    if not (isinstance(model, str) and model != ""):
+        raise InvalidRequest("model: a non-empty string is required", param="model")
     mt = body.get("max_tokens")
-    expect(
-        isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1,
-        "max_tokens: a positive integer is required",
-        "max_tokens",
-    )
+    if not (isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1):
+        raise InvalidRequest("max_tokens: a positive integer is required", param="max_tokens")
     messages = body.get("messages")
-    expect(isinstance(messages, list), "messages: an array is required", "messages")
-    expect(
-        len(messages) <= limits.max_messages,
-        f"messages: at most {limits.max_messages} messages are accepted",
-        "messages",
-    )
+    if not isinstance(messages, list):
+        raise InvalidRequest("messages: an array is required", param="messages")
+    if not len(messages) <= limits.max_messages:
+        raise InvalidRequest(
+            f"messages: at most {limits.max_messages} messages are accepted", param="messages"
+        )
     blocks = 0
     for i, m in enumerate(messages):
         where = f"messages.{i}"
-        expect(isinstance(m, dict), f"{where}: must be an object, got {type_name(m)}", where)
-        expect(
-            m.get("role") in _ROLES,
-            f"{where}.role: must be one of {', '.join(_ROLES)}",
-            f"{where}.role",
-        )
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"{where}: must be an object, got {type_name(m)}", param=where)
+        if m.get("role") not in _ROLES:
+            raise InvalidRequest(
+                f"{where}.role: must be one of {', '.join(_ROLES)}", param=f"{where}.role"
+            )
         content = m.get("content")
         if isinstance(content, list):
             blocks += len(content)
             for j, b in enumerate(content):
                 _check_block(b, f"{where}.content.{j}")
         else:
-            expect(
-                isinstance(content, str),
-                f"{where}.content: must be a string or an array of content blocks",
-                f"{where}.content",
-            )
+            if not isinstance(content, str):
+                raise InvalidRequest(
+                    f"{where}.content: must be a string or an array of content blocks",
+                    param=f"{where}.content",
+                )
     system = body.get("system")
     if system is not None:
         if isinstance(system, list):
             blocks += len(system)
             for j, b in enumerate(system):
-                expect(
+                if not (
                     isinstance(b, dict)
                     and b.get("type") == "text"
-                    and isinstance(b.get("text"), str),
-                    f"system.{j}: must be a text block",
-                    f"system.{j}",
-                )
+                    and isinstance(b.get("text"), str)
+                ):
+                    raise InvalidRequest(f"system.{j}: must be a text block", param=f"system.{j}")
         else:
-            expect(
-                isinstance(system, str),
-                "system: must be a string or an array of text blocks",
-                "system",
-            )
-    expect(blocks <= limits.max_blocks, f"at most {limits.max_blocks} content blocks are accepted")
+            if not isinstance(system, str):
+                raise InvalidRequest(
+                    "system: must be a string or an array of text blocks", param="system"
+                )
+    if not blocks <= limits.max_blocks:
+        raise InvalidRequest(f"at most {limits.max_blocks} content blocks are accepted")
     tools = body.get("tools")
     if tools is not None:
-        expect(isinstance(tools, list), "tools: must be an array", "tools")
-        expect(
-            len(tools) <= limits.max_tools,
-            f"tools: at most {limits.max_tools} tools are accepted",
-            "tools",
-        )
+        if not isinstance(tools, list):
+            raise InvalidRequest("tools: must be an array", param="tools")
+        if not len(tools) <= limits.max_tools:
+            raise InvalidRequest(
+                f"tools: at most {limits.max_tools} tools are accepted", param="tools"
+            )
         for j, t in enumerate(tools):
-            expect(
-                isinstance(t, dict) and isinstance(t.get("name"), str),
-                f"tools.{j}: must be an object with a name",
-                f"tools.{j}",
-            )
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str)):
+                raise InvalidRequest(
+                    f"tools.{j}: must be an object with a name", param=f"tools.{j}"
+                )
             schema = t.get("input_schema")
-            expect(
-                schema is None or isinstance(schema, dict),
-                f"tools.{j}.input_schema: must be an object",
-                f"tools.{j}.input_schema",
-            )
+            if not (schema is None or isinstance(schema, dict)):
+                raise InvalidRequest(
+                    f"tools.{j}.input_schema: must be an object", param=f"tools.{j}.input_schema"
+                )
     tc = body.get("tool_choice")
     if tc is not None:
-        expect(
-            isinstance(tc, dict) and tc.get("type") in ("auto", "any", "tool", "none"),
-            "tool_choice: must be an object with type auto, any, tool or none",
-            "tool_choice",
-        )
-        if tc.get("type") == "tool":
-            expect(
-                isinstance(tc.get("name"), str),
-                "tool_choice.name: required for type tool",
-                "tool_choice.name",
+        if not (isinstance(tc, dict) and tc.get("type") in ("auto", "any", "tool", "none")):
+            raise InvalidRequest(
+                "tool_choice: must be an object with type auto, any, tool or none",
+                param="tool_choice",
+            )
+        if tc.get("type") == "tool" and not isinstance(tc.get("name"), str):
+            raise InvalidRequest(
+                "tool_choice.name: required for type tool", param="tool_choice.name"
             )
     for key in ("temperature", "top_p"):
         v = body.get(key)
-        expect(
-            v is None or (isinstance(v, int | float) and not isinstance(v, bool)),
-            f"{key}: must be a number",
-            key,
-        )
+        if not (v is None or (isinstance(v, int | float) and not isinstance(v, bool))):
+            raise InvalidRequest(f"{key}: must be a number", param=key)
     tk = body.get("top_k")
-    expect(
-        tk is None or (isinstance(tk, int) and not isinstance(tk, bool)),
-        "top_k: must be an integer",
-        "top_k",
-    )
+    if not (tk is None or (isinstance(tk, int) and not isinstance(tk, bool))):
+        raise InvalidRequest("top_k: must be an integer", param="top_k")
     ss = body.get("stop_sequences")
-    expect(
-        ss is None or (isinstance(ss, list) and all(isinstance(s, str) for s in ss)),
-        "stop_sequences: must be an array of strings",
-        "stop_sequences",
-    )
-    expect(isinstance(body.get("stream", False), bool), "stream: must be a boolean", "stream")
+    if not (ss is None or (isinstance(ss, list) and all(isinstance(s, str) for s in ss))):
+        raise InvalidRequest("stop_sequences: must be an array of strings", param="stop_sequences")
+    if not isinstance(body.get("stream", False), bool):
+        raise InvalidRequest("stream: must be a boolean", param="stream")
     md = body.get("metadata")
-    expect(md is None or isinstance(md, dict), "metadata: must be an object", "metadata")
+    if not (md is None or isinstance(md, dict)):
+        raise InvalidRequest("metadata: must be an object", param="metadata")
     th = body.get("thinking")
-    expect(th is None or isinstance(th, dict), "thinking: must be an object", "thinking")
+    if not (th is None or isinstance(th, dict)):
+        raise InvalidRequest("thinking: must be an object", param="thinking")
 
 
 def check_count_tokens_request(body: dict, limits: Limits) -> None:
@@ -172,43 +159,37 @@ def check_count_tokens_request(body: dict, limits: Limits) -> None:
 
 
 def _check_block(b: object, where: str) -> None:
-    expect(isinstance(b, dict), f"{where}: must be an object, got {type_name(b)}", where)
+    if not isinstance(b, dict):
+        raise InvalidRequest(f"{where}: must be an object, got {type_name(b)}", param=where)
     btype = b.get("type")
-    expect(
-        isinstance(btype, str) and btype in _BLOCK_TYPES,
-        f"{where}.type: unknown block type {btype!r}",
-        f"{where}.type",
-    )
+    if not (isinstance(btype, str) and btype in _BLOCK_TYPES):
+        raise InvalidRequest(f"{where}.type: unknown block type {btype!r}", param=f"{where}.type")
     if btype == "text":
-        expect(isinstance(b.get("text"), str), f"{where}.text: must be a string", f"{where}.text")
+        if not isinstance(b.get("text"), str):
+            raise InvalidRequest(f"{where}.text: must be a string", param=f"{where}.text")
     elif btype == "tool_use":
-        expect(isinstance(b.get("id"), str), f"{where}.id: must be a string", f"{where}.id")
-        expect(isinstance(b.get("name"), str), f"{where}.name: must be a string", f"{where}.name")
+        if not isinstance(b.get("id"), str):
+            raise InvalidRequest(f"{where}.id: must be a string", param=f"{where}.id")
+        if not isinstance(b.get("name"), str):
+            raise InvalidRequest(f"{where}.name: must be a string", param=f"{where}.name")
     elif btype == "tool_result":
-        expect(
-            isinstance(b.get("tool_use_id"), str),
-            f"{where}.tool_use_id: must be a string",
-            f"{where}.tool_use_id",
-        )
+        if not isinstance(b.get("tool_use_id"), str):
+            raise InvalidRequest(
+                f"{where}.tool_use_id: must be a string", param=f"{where}.tool_use_id"
+            )
         c = b.get("content")
-        expect(
-            c is None or isinstance(c, str | list),
-            f"{where}.content: must be a string or an array",
-            f"{where}.content",
-        )
+        if not (c is None or isinstance(c, str | list)):
+            raise InvalidRequest(
+                f"{where}.content: must be a string or an array", param=f"{where}.content"
+            )
         if isinstance(c, list):
             for k, inner in enumerate(c):
                 _check_block(inner, f"{where}.content.{k}")
     elif btype == "image":
         src = b.get("source")
-        expect(
-            isinstance(src, dict) and src.get("type") in ("base64", "url"),
-            f"{where}.source: must be a base64 or url source",
-            f"{where}.source",
-        )
-    elif btype == "thinking":
-        expect(
-            isinstance(b.get("thinking"), str),
-            f"{where}.thinking: must be a string",
-            f"{where}.thinking",
-        )
+        if not (isinstance(src, dict) and src.get("type") in ("base64", "url")):
+            raise InvalidRequest(
+                f"{where}.source: must be a base64 or url source", param=f"{where}.source"
+            )
+    elif btype == "thinking" and not isinstance(b.get("thinking"), str):
+        raise InvalidRequest(f"{where}.thinking: must be a string", param=f"{where}.thinking")

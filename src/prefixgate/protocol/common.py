@@ -10,21 +10,31 @@ from prefixgate.errors import InvalidRequest, RequestTooLarge
 _decoder = msgspec.json.Decoder()
 
 
-def decode_body(raw: bytes, limits: Limits) -> dict:
+def check_body_bytes(raw: bytes, limits: Limits) -> None:
     if len(raw) > limits.max_body_bytes:
         raise RequestTooLarge(
             f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes} bytes"
         )
     if not raw or raw.isspace():
         raise InvalidRequest("request body is empty; a JSON object is required")
+
+
+def too_deep(limits: Limits) -> InvalidRequest:
+    return InvalidRequest(f"request JSON is nested deeper than {limits.max_json_depth} levels")
+
+
+def decode_body(raw: bytes, limits: Limits) -> dict:
+    check_body_bytes(raw, limits)
     try:
         body = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep(limits) from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     if json_depth(body, limits.max_json_depth) > limits.max_json_depth:
-        raise InvalidRequest(f"request JSON is nested deeper than {limits.max_json_depth} levels")
+        raise too_deep(limits)
     return body
 
 
@@ -48,11 +58,6 @@ def json_depth(obj: object, limit: int) -> int:
 
 
 _CONTAINERS = frozenset((dict, list))
-
-
-def expect(cond: bool, message: str, param: str | None = None) -> None:
-    if not cond:
-        raise InvalidRequest(message, param=param)
 
 
 def type_name(v: object) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 
 from prefixgate.config import Limits
-from prefixgate.errors import GatewayError
-from prefixgate.protocol.common import expect, type_name
+from prefixgate.errors import GatewayError, InvalidRequest
+from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep, type_name
 
 _ERROR_TYPES = {
     "invalid_request_error": ("invalid_request_error", None),
@@ -40,62 +42,150 @@ def error_chunk(err: GatewayError) -> bytes:
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
+# -- the passthrough body --------------------------------------------------------------
+# A chat request goes upstream as it came, but for a few top-level fields (model, stream
+# options, max_tokens). So only those are decoded: ``messages`` and ``tools``, nearly all
+# of the bytes, stay raw JSON (``msgspec.Raw``, a view of the request bytes that encodes
+# back verbatim), and their shape is checked by a typed decode that builds no Python
+# objects for their contents. The gateway never walks into them on the request path, so
+# the depth limit applies to what it decodes; the capture (after the send) and the
+# ``prefix`` routing policy decode them in full (``materialize``).
+_LAZY = frozenset(("messages", "tools"))
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+_SHAPES: dict[tuple, tuple[msgspec.json.Decoder, msgspec.json.Decoder]] = {}
+
+
+def decode_chat_body(raw: bytes, limits: Limits) -> dict:
+    """The chat request with its top-level fields decoded but ``messages`` and ``tools``."""
+    check_body_bytes(raw, limits)
+    try:
+        top = _TOP.decode(raw)
+    except msgspec.ValidationError:
+        raise InvalidRequest("request body must be a JSON object") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep(limits) from None
+    body = {}
+    room = limits.max_json_depth - 1
+    for key, value in top.items():
+        if key in _LAZY:
+            body[key] = value
+            continue
+        v = body[key] = _ANY.decode(value)
+        if type(v) in (dict, list) and json_depth(v, room) > room:
+            raise too_deep(limits)
+    return body
+
+
+def materialize(*bodies: dict) -> list[dict]:
+    """The bodies with their raw fields decoded; a raw value shared by several bodies is
+    decoded once and shared (the capture relies on that identity)."""
+    done: dict[int, object] = {}
+    out = []
+    for body in bodies:
+        if any(type(v) is msgspec.Raw for v in body.values()):
+            body = dict(body)
+            for k, v in body.items():
+                if type(v) is msgspec.Raw:
+                    if id(v) not in done:
+                        try:
+                            done[id(v)] = _ANY.decode(v)
+                        except RecursionError:
+                            raise InvalidRequest(f"{k}: nested too deeply", param=k) from None
+                    body[k] = done[id(v)]
+        out.append(body)
+    return out
+
+
+def _shapes(limits: Limits) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
+    key = (limits.max_messages, limits.max_blocks, limits.max_tools)
+    shapes = _SHAPES.get(key)
+    if shapes is None:
+        part = dict[str, msgspec.Raw]
+        parts = Annotated[list[part], msgspec.Meta(max_length=limits.max_blocks)]
+        message = msgspec.defstruct(
+            "ChatMessage",
+            [("role", Literal[_ROLES]), ("content", str | parts | None, None)],
+        )
+        messages = Annotated[
+            list[message], msgspec.Meta(min_length=1, max_length=limits.max_messages)
+        ]
+        tools = Annotated[list[part], msgspec.Meta(max_length=limits.max_tools)]
+        shapes = _SHAPES[key] = (msgspec.json.Decoder(messages), msgspec.json.Decoder(tools))
+    return shapes
+
+
+def _check_raw(decoder: msgspec.json.Decoder, raw: msgspec.Raw, name: str) -> None:
+    try:
+        decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        text = str(exc).replace("`$", f"`{name}")
+        raise InvalidRequest(f"{name}: {text}", param=name) from None
+    except RecursionError:
+        raise InvalidRequest(f"{name}: nested too deeply", param=name) from None
+
+
 def check_chat_request(body: dict, limits: Limits) -> None:
     model = body.get("model")
-    expect(isinstance(model, str) and model != "", "model: a non-empty string is required", "model")
+    if not (isinstance(model, str) and model != ""):
+        raise InvalidRequest("model: a non-empty string is required", param="model")
     messages = body.get("messages")
-    expect(
-        isinstance(messages, list) and len(messages) > 0,
-        "messages: a non-empty array is required",
-        "messages",
-    )
-    expect(
-        len(messages) <= limits.max_messages,
-        f"messages: at most {limits.max_messages} messages are accepted",
-        "messages",
-    )
+    if type(messages) is msgspec.Raw:
+        for_messages, for_tools = _shapes(limits)
+        _check_raw(for_messages, messages, "messages")
+        tools = body.get("tools")
+        if type(tools) is msgspec.Raw:
+            _check_raw(for_tools, tools, "tools")
+        _check_scalars(body)
+        return
+    if not (isinstance(messages, list) and len(messages) > 0):
+        raise InvalidRequest("messages: a non-empty array is required", param="messages")
+    if not len(messages) <= limits.max_messages:
+        raise InvalidRequest(
+            f"messages: at most {limits.max_messages} messages are accepted", param="messages"
+        )
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        expect(isinstance(m, dict), f"{where}: must be an object, got {type_name(m)}", where)
-        expect(
-            m.get("role") in _ROLES,
-            f"{where}.role: must be one of {', '.join(_ROLES)}",
-            f"{where}.role",
-        )
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"{where}: must be an object, got {type_name(m)}", param=where)
+        if m.get("role") not in _ROLES:
+            raise InvalidRequest(
+                f"{where}.role: must be one of {', '.join(_ROLES)}", param=f"{where}.role"
+            )
         c = m.get("content")
-        expect(
-            c is None or isinstance(c, str | list),
-            f"{where}.content: must be a string, an array of parts or null",
-            f"{where}.content",
-        )
-        if isinstance(c, list):
-            expect(
-                len(c) <= limits.max_blocks and all(isinstance(p, dict) for p in c),
-                f"{where}.content: parts must be objects",
-                f"{where}.content",
+        if not (c is None or isinstance(c, str | list)):
+            raise InvalidRequest(
+                f"{where}.content: must be a string, an array of parts or null",
+                param=f"{where}.content",
+            )
+        if isinstance(c, list) and not (
+            len(c) <= limits.max_blocks and all(isinstance(p, dict) for p in c)
+        ):
+            raise InvalidRequest(
+                f"{where}.content: parts must be objects", param=f"{where}.content"
             )
     tools = body.get("tools")
     if tools is not None:
-        expect(isinstance(tools, list), "tools: must be an array", "tools")
-        expect(
-            len(tools) <= limits.max_tools,
-            f"tools: at most {limits.max_tools} tools are accepted",
-            "tools",
-        )
-        expect(
-            all(isinstance(t, dict) for t in tools), "tools: each tool must be an object", "tools"
-        )
-    expect(
-        isinstance(body.get("stream", False), bool | None), "stream: must be a boolean", "stream"
-    )
+        if not isinstance(tools, list):
+            raise InvalidRequest("tools: must be an array", param="tools")
+        if not len(tools) <= limits.max_tools:
+            raise InvalidRequest(
+                f"tools: at most {limits.max_tools} tools are accepted", param="tools"
+            )
+        if not (all(isinstance(t, dict) for t in tools)):
+            raise InvalidRequest("tools: each tool must be an object", param="tools")
+    _check_scalars(body)
+
+
+def _check_scalars(body: dict) -> None:
+    if not (isinstance(body.get("stream", False), bool | None)):
+        raise InvalidRequest("stream: must be a boolean", param="stream")
     so = body.get("stream_options")
-    expect(
-        so is None or isinstance(so, dict), "stream_options: must be an object", "stream_options"
-    )
+    if not (so is None or isinstance(so, dict)):
+        raise InvalidRequest("stream_options: must be an object", param="stream_options")
     for key in ("temperature", "top_p", "max_tokens", "max_completion_tokens", "n"):
         v = body.get(key)
-        expect(
-            v is None or (isinstance(v, int | float) and not isinstance(v, bool)),
-            f"{key}: must be a number",
-            key,
-        )
+        if not (v is None or (isinstance(v, int | float) and not isinstance(v, bool))):
+            raise InvalidRequest(f"{key}: must be a number", param=key)

@@ -1,0 +1,631 @@
+"""The gateway's HTTP/1.1 server: an ASGI server on asyncio protocols and httptools'
+request parser, made for this gateway's traffic (docs/performance.md says why it
+replaced uvicorn for the gateway, with the figures).
+
+What it does:
+
+- HTTP/1.1 keep-alive (idle connections closed after ``keepalive`` seconds), pipelined
+  requests answered in order, HTTP/1.0, ``HEAD``, ``Expect: 100-continue``;
+- request bodies are buffered before the app runs, up to ``max_body`` bytes: past it
+  (declared or received) the app runs at once with what came, so that it answers 413 in
+  its own shape, and the connection closes after the answer;
+- responses with ``content-length`` or chunked (close-delimited for HTTP/1.0), write
+  flow control (a slow reader pauses the app's ``send``);
+- ASGI 3, spec 2.4: ``send`` raises :class:`OSError` once the client is gone; and the
+  request's task is cancelled when the client disconnects mid-request, so that a
+  streaming relay stops, and its upstream request is cancelled, at once rather than at
+  the next chunk;
+- the ASGI lifespan (startup before listening, shutdown after the drain);
+- graceful stop: ``should_exit`` (or SIGTERM/SIGINT, from the main thread) stops
+  accepting, closes idle connections, lets requests in flight finish for up to
+  ``graceful`` seconds, then cancels what is left.
+
+Header lines past ``max_header_bytes`` in all get 431 here (the app may set a lower,
+route-shaped limit of its own); a request target past 64 KiB gets 414; a malformed request
+gets 400 and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from http import HTTPStatus
+from urllib.parse import unquote
+
+import httptools
+
+log = logging.getLogger("prefixgate.http")
+
+_MAX_TARGET = 64 * 1024
+_PIPELINE_PAUSE = 16  # queued requests on one connection before reading pauses
+
+_STATUS_LINES = {
+    s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode("latin-1") for s in HTTPStatus
+}
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = f"HTTP/1.1 {status} \r\n".encode("latin-1")
+    return line
+
+
+class _Date:
+    """The ``date`` header, formatted once a second."""
+
+    value = b""
+    second = -1
+
+    @classmethod
+    def header(cls) -> bytes:
+        now = int(time.time())
+        if now != cls.second:
+            cls.second = now
+            cls.value = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
+        return cls.value
+
+
+def _plain(status: int, text: str) -> bytes:
+    body = text.encode()
+    return (
+        _status_line(status)
+        + b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        + b"content-length: %d\r\n\r\n" % len(body)
+        + body
+    )
+
+
+class _Request:
+    """One request on a connection: its scope, buffered body and ASGI channels."""
+
+    __slots__ = (
+        "conn",
+        "scope",
+        "body",
+        "body_size",
+        "complete",
+        "too_large",
+        "keep_alive",
+        "task",
+        "started",
+        "chunked",
+        "head_only",
+        "response_done",
+        "disconnected",
+        "body_sent",
+        "waiter",
+        "expect_continue",
+        "head",
+    )
+
+    def __init__(self, conn: HTTPProtocol, scope: dict, keep_alive: bool) -> None:
+        self.conn = conn
+        self.scope = scope
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.complete = False
+        self.too_large = False
+        self.keep_alive = keep_alive
+        self.task: asyncio.Task | None = None
+        self.started = False
+        self.chunked = False
+        self.head_only = scope["method"] == "HEAD"
+        self.response_done = False
+        self.disconnected = False
+        self.body_sent = False
+        self.waiter: asyncio.Future | None = None
+        self.expect_continue = False
+        self.head = b""  # the response head, written with the first body bytes
+
+    # -- ASGI channels -----------------------------------------------------------------
+    async def receive(self) -> dict:
+        if not self.body_sent:
+            self.body_sent = True
+            body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+            self.body = []
+            return {"type": "http.request", "body": body, "more_body": False}
+        if not (self.disconnected or self.response_done):
+            self.waiter = self.conn.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict) -> None:
+        conn = self.conn
+        if self.disconnected:
+            raise OSError("the client disconnected")
+        if conn.write_paused:
+            await conn.drain()
+            if self.disconnected:
+                raise OSError("the client disconnected")
+        kind = message["type"]
+        if not self.started:
+            if kind != "http.response.start":
+                raise RuntimeError(f"expected http.response.start, got {kind!r}")
+            self.started = True
+            self._start(message)
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"expected http.response.body, got {kind!r}")
+        if self.response_done:
+            raise RuntimeError("the response is already complete")
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        head, self.head = self.head, b""
+        if self.head_only:
+            data = b""
+        elif self.chunked:
+            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            if not more:
+                data += b"0\r\n\r\n"
+        else:
+            data = body
+        if head or data:
+            conn.write(head + data if head else data)  # the head goes with the first body bytes
+        if not more:
+            self.response_done = True
+            self._wake()
+            conn.request_done(self)
+
+    def _start(self, message: dict) -> None:
+        status = message["status"]
+        lines = [_status_line(status), _Date.header()]
+        length = False
+        for name, value in message.get("headers", ()):
+            low = name.lower()
+            if low == b"content-length":
+                length = True
+            elif low == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+            elif low == b"transfer-encoding":
+                continue  # the framing is this server's
+            if b"\n" in name or b"\r" in name or b"\n" in value or b"\r" in value:
+                raise RuntimeError("invalid character in a response header")
+            lines.append(b"%s: %s\r\n" % (name, value))
+        bodiless = self.head_only or status in (204, 304) or 100 <= status < 200
+        if not length and not bodiless:
+            if self.scope["http_version"] == "1.0":
+                self.keep_alive = False  # the body ends with the connection
+            else:
+                self.chunked = True
+                lines.append(b"transfer-encoding: chunked\r\n")
+        if not self.keep_alive:
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        self.head = b"".join(lines)
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+class HTTPProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.app = server.app
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.current: _Request | None = None  # the request being answered
+        self.parsing: _Request | None = None  # the request being received
+        self.pipeline: deque[_Request] = deque()
+        self.write_paused = False
+        self.read_paused = False
+        self._drain: asyncio.Future | None = None
+        self.closed = False
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self._url = bytearray()
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
+        self.client: tuple | None = None
+        self.sockname: tuple | None = None
+
+    # -- connection --------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self.client = tuple(peer[:2]) if isinstance(peer, tuple) else None
+        sock = transport.get_extra_info("sockname")
+        self.sockname = tuple(sock[:2]) if isinstance(sock, tuple) else None
+        self._arm_idle()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        self._disarm_idle()
+        for req in (self.current, self.parsing, *self.pipeline):
+            if req is None:
+                continue
+            req.disconnected = True
+            req._wake()
+            task = req.task
+            if task is not None and not task.done() and not req.response_done:
+                task.cancel()
+        self.pipeline.clear()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def eof_received(self) -> bool:
+        return False  # a half-closed client is a gone client: close
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    async def drain(self) -> None:
+        if self.write_paused and not self.closed:
+            self._drain = self.loop.create_future()
+            await self._drain
+
+    def write(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)
+
+    def writelines(self, parts) -> None:
+        if not self.closed:
+            self.transport.writelines(parts)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def _arm_idle(self) -> None:
+        self._disarm_idle()
+        self.idle_timer = self.loop.call_later(self.server.keepalive, self._idle_expired)
+
+    def _disarm_idle(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def _idle_expired(self) -> None:
+        self.idle_timer = None
+        if self.current is None and self.parsing is None:
+            self.close()
+
+    def shutdown(self) -> None:
+        """Server stopping: close now if idle, else after the request in flight."""
+        if self.current is None and self.parsing is None and not self.pipeline:
+            self.close()
+        else:
+            for req in (self.current, self.parsing, *self.pipeline):
+                if req is not None:
+                    req.keep_alive = False
+
+    # -- reading -----------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        self._disarm_idle()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"malformed HTTP request: {exc}")
+
+    def _refuse(self, status: int, text: str) -> None:
+        if self.current is None:
+            self.write(_plain(status, text))
+        self.close()
+
+    def on_message_begin(self) -> None:
+        self._url = bytearray()
+        self._headers = []
+        self._header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > _MAX_TARGET:
+            self._refuse(414, "the request target is too long")
+            raise httptools.HttpParserCallbackError("target too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > self.server.max_header_bytes:
+            self._refuse(431, "request headers are too large")
+            raise httptools.HttpParserCallbackError("headers too large")
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        server = self.server
+        url = bytes(self._url)
+        q = url.find(b"?")
+        raw_path, query = (url, b"") if q < 0 else (url[:q], url[q + 1 :])
+        if raw_path[:1] != b"/":  # absolute-form or asterisk-form
+            try:
+                raw_path = httptools.parse_url(url).path or b"/"
+            except httptools.HttpParserInvalidURLError:
+                raw_path = b"/"
+        path = raw_path.decode("latin-1")
+        if "%" in path:
+            path = unquote(path)
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.4"},
+            "http_version": parser.get_http_version(),
+            "server": self.sockname,
+            "client": self.client,
+            "scheme": "http",
+            "method": parser.get_method().decode("ascii"),
+            "root_path": "",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": query,
+            "headers": self._headers,
+            "state": dict(server.state),
+        }
+        req = _Request(self, scope, parser.should_keep_alive())
+        self.parsing = req
+        for name, value in self._headers:
+            if name == b"content-length":
+                if value.isdigit() and int(value) > server.max_body:
+                    self._overflow(req)
+            elif name == b"expect" and value.lower() == b"100-continue":
+                req.expect_continue = True
+        if req.expect_continue and not req.too_large:
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the body is read before the app runs
+
+    def on_body(self, body: bytes) -> None:
+        req = self.parsing
+        if req is None or req.too_large:
+            return
+        req.body.append(body)
+        req.body_size += len(body)
+        if req.body_size > self.server.max_body:
+            self._overflow(req)
+
+    def _overflow(self, req: _Request) -> None:
+        """Past the body limit: the app answers now (413 in its own shape) and the rest of
+        the body is not read."""
+        req.too_large = True
+        req.keep_alive = False
+        req.expect_continue = False
+        self.parsing = None
+        self._queue(req)
+
+    def on_message_complete(self) -> None:
+        req = self.parsing
+        if req is None:  # answered early (too large)
+            return
+        self.parsing = None
+        req.complete = True
+        self._queue(req)
+
+    def _queue(self, req: _Request) -> None:
+        if self.current is None:
+            self._run(req)
+        else:
+            self.pipeline.append(req)
+            if len(self.pipeline) >= _PIPELINE_PAUSE and not self.read_paused:
+                self.read_paused = True
+                self.transport.pause_reading()
+
+    # -- answering ---------------------------------------------------------------------
+    def _run(self, req: _Request) -> None:
+        self.current = req
+        req.task = self.loop.create_task(self._answer(req))
+
+    async def _answer(self, req: _Request) -> None:
+        try:
+            await self.app(req.scope, req.receive, req.send)
+        except asyncio.CancelledError:
+            if not req.disconnected:  # the server's shutdown, not the client
+                self.close()
+                raise
+        except OSError:
+            if not req.disconnected:
+                log.exception("error in the ASGI app")
+                self.close()
+        except Exception:
+            log.exception("error in the ASGI app")
+            if not req.started and not self.closed:
+                req.keep_alive = False
+                self.write(_plain(500, "Internal Server Error"))
+            self.close()
+        else:
+            if not req.response_done and not self.closed:
+                if not req.started:
+                    log.error("the ASGI app returned without a response")
+                    self.write(_plain(500, "Internal Server Error"))
+                self.close()  # an unfinished response cannot be framed any more
+        finally:
+            if self.current is req and (self.closed or not req.response_done):
+                self.current = None
+
+    def request_done(self, req: _Request) -> None:
+        """The response is complete: next request, keep-alive or close."""
+        if self.current is not req:
+            return
+        self.current = None
+        if not req.keep_alive:
+            self.close()
+            return
+        if self.pipeline:
+            self._run(self.pipeline.popleft())
+        else:
+            if self.read_paused:
+                self.read_paused = False
+                self.transport.resume_reading()
+            if self.parsing is None:
+                self._arm_idle()
+
+
+class Server:
+    """An ASGI app served on given sockets: ``await Server(app).serve([sock])``;
+    ``should_exit = True`` stops it gracefully."""
+
+    def __init__(
+        self,
+        app,
+        *,
+        graceful: float = 5.0,
+        keepalive: float = 5.0,
+        max_body: int = 64 * 1024 * 1024,
+        max_header_bytes: int = 1024 * 1024,
+        lifespan: bool = True,
+        on_started: Callable[[], None] | None = None,
+        **_ignored,
+    ) -> None:
+        self.app = app
+        self.graceful = graceful
+        self.keepalive = keepalive
+        self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
+        self.lifespan = lifespan
+        self.on_started = on_started
+        self.state: dict = {}
+        self.connections: set[HTTPProtocol] = set()
+        self.started = False
+        self.should_exit = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+
+    async def serve(self, sockets) -> None:
+        self.loop = asyncio.get_running_loop()
+        with self._signals():
+            life = _Lifespan(self.app, self.state) if self.lifespan else None
+            if life is not None and not await life.startup():
+                raise SystemExit(3)
+            try:
+                for sock in sockets:
+                    self._servers.append(
+                        await self.loop.create_server(
+                            lambda: HTTPProtocol(self), sock=sock, backlog=2048
+                        )
+                    )
+                self.started = True
+                if self.on_started is not None:
+                    self.on_started()
+                while not self.should_exit:
+                    await asyncio.sleep(0.1)
+                await self._drain()
+            finally:
+                if life is not None:
+                    await life.shutdown()
+
+    async def _drain(self) -> None:
+        for s in self._servers:
+            s.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        deadline = self.loop.time() + self.graceful
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            req = conn.current
+            if req is not None and req.task is not None:
+                req.task.cancel()
+            conn.close()
+        for s in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(s.wait_closed(), 1.0)
+
+    @contextlib.contextmanager
+    def _signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = self.loop
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover
+                pass
+        try:
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self) -> None:
+        if self.should_exit:  # a second signal: stop waiting for the drain
+            self.graceful = 0
+        self.should_exit = True
+
+
+class _Lifespan:
+    """The ASGI lifespan protocol: startup before serving, shutdown after."""
+
+    def __init__(self, app, state: dict) -> None:
+        self.app = app
+        self.state = state
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.events: dict[str, asyncio.Future] = {}
+        self.task: asyncio.Task | None = None
+        self.supported = True
+
+    async def startup(self) -> bool:
+        loop = asyncio.get_running_loop()
+        self.events = {
+            k: loop.create_future()
+            for k in ("startup.complete", "startup.failed", "shutdown.complete", "shutdown.failed")
+        }
+        scope = {
+            "type": "lifespan",
+            "asgi": {"version": "3.0", "spec_version": "2.0"},
+            "state": self.state,
+        }
+        self.task = loop.create_task(self._run(scope))
+        await self.inbox.put({"type": "lifespan.startup"})
+        done, _ = await asyncio.wait(
+            [self.task, self.events["startup.complete"], self.events["startup.failed"]],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if self.events["startup.failed"].done():
+            log.error("application startup failed: %s", self.events["startup.failed"].result())
+            return False
+        if self.events["startup.complete"].done():
+            return True
+        # The app returned (or raised) without answering: it has no lifespan.
+        self.supported = False
+        return True
+
+    async def _run(self, scope: dict) -> None:
+        try:
+            await self.app(scope, self.inbox.get, self._send)
+        except BaseException as exc:
+            if not self.events["startup.complete"].done():
+                self.supported = False
+                if not isinstance(exc, Exception):
+                    raise
+                log.debug("the app has no lifespan: %r", exc)
+            else:
+                log.exception("error in the app's lifespan")
+
+    async def _send(self, message: dict) -> None:
+        kind = message["type"].removeprefix("lifespan.")
+        fut = self.events.get(kind)
+        if fut is not None and not fut.done():
+            fut.set_result(message.get("message", ""))
+
+    async def shutdown(self) -> None:
+        if not self.supported or self.task is None or self.task.done():
+            return
+        await self.inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.wait(
+            [self.task, self.events["shutdown.complete"], self.events["shutdown.failed"]],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if self.events["shutdown.failed"].done():
+            log.error("application shutdown failed: %s", self.events["shutdown.failed"].result())
