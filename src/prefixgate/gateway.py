@@ -120,6 +120,13 @@ class Gateway:
             return await route(request, body, rec, principal)
         except GatewayError as err:
             return self._fail(rec, err, shape)
+        except asyncio.CancelledError:
+            # The client left (the server cancels its request) before an answer: the
+            # upstream request is closed on the way out; the record says so.
+            if rec.done_at is None:
+                rec.status, rec.error_type = 499, "client_disconnected"
+                self.finish(rec)
+            raise
         except Exception:
             log.exception("internal error on %s (request %s)", request.url.path, rec.request_id)
             return self._fail(rec, GatewayError("internal error"), shape)

@@ -117,6 +117,30 @@ def test_client_leaving_mid_stream_cancels_the_upstream_within_a_second(gateway,
     assert gw.records[-1].status == 499 and gw.records[-1].error_type == "client_disconnected"
 
 
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions"])
+def test_client_leaving_before_a_one_shot_answer_cancels_the_upstream(gateway, upstream, path):
+    gw = gateway()
+    upstream.script = lambda b: Reply(text="late", hang_before=5)
+    body = (
+        MSG
+        if path == "/v1/messages"
+        else {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    )
+
+    async def leave_early():
+        async with httpx.AsyncClient(timeout=30) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(gw.url + path, json=body, timeout=0.3)
+
+    asyncio.run(leave_early())
+    t0 = time.monotonic()
+    while not gw.records and time.monotonic() - t0 < 1.0:
+        time.sleep(0.02)
+    assert gw.records, "no record within 1 s of the client leaving"
+    assert gw.records[-1].status == 499 and gw.records[-1].error_type == "client_disconnected"
+    assert time.monotonic() - t0 < 1.0  # not after the upstream's 5 s
+
+
 def test_per_key_rate_and_concurrency_limits(gateway, upstream):
     key = "sk-limited"
     gw = gateway(
