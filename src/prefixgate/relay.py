@@ -84,16 +84,20 @@ def _in_stream_error(obj: dict) -> GatewayError | None:
     return None
 
 
-async def _events(resp: UpstreamResponse, first: bytes, idle: float) -> AsyncIterator[bytes]:
-    """The ``data`` payloads of an upstream SSE stream; ends at ``[DONE]`` or EOF."""
+async def _batches(resp: UpstreamResponse, first: bytes, idle: float) -> AsyncIterator[list[bytes]]:
+    """The ``data`` payloads of an upstream SSE stream, a list per read from the upstream
+    (so that what arrived together leaves together: one write to the client, not one per
+    event); ends at EOF (the caller stops at ``[DONE]``)."""
     dec = SSEDecoder()
     chunk: bytes | None = first
     while chunk is not None:
-        for _, data in dec.feed(chunk):
-            yield data
+        datas = [data for _, data in dec.feed(chunk)]
+        if datas:
+            yield datas
         chunk = await resp.next(idle)
-    for _, data in dec.flush():
-        yield data
+    tail = [data for _, data in dec.flush()]
+    if tail:
+        yield tail
 
 
 # -- Anthropic out, from an OpenAI-compatible upstream ------------------------------------
@@ -127,33 +131,39 @@ def messages_stream(
 
     async def gen() -> AsyncIterator[bytes]:
         done = False
+        pending = [conv.start()]  # what goes out with the next write
         try:
-            yield conv.start()
-            async for data in _events(resp, first, ch.timeouts.idle):
-                if data == b"[DONE]":
-                    done = True
+            async for batch in _batches(resp, first, ch.timeouts.idle):
+                for data in batch:
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    obj = _json(data)
+                    err = _in_stream_error(obj)
+                    if err is not None:
+                        raise err
+                    out = conv.feed(obj)
+                    if out:
+                        if rec.first_byte_at is None:
+                            rec.first_byte_at = time.time()
+                        pending.append(out)
+                if done:
                     break
-                obj = _json(data)
-                err = _in_stream_error(obj)
-                if err is not None:
-                    raise err
-                out = conv.feed(obj)
-                if out:
-                    if rec.first_byte_at is None:
-                        rec.first_byte_at = time.time()
-                    yield out
+                if pending:
+                    yield b"".join(pending)
+                    pending = []
             if not done and conv.finish_reason is None:
                 raise UpstreamError("upstream stream ended before it finished")
-            tail = conv.finish()
+            pending.append(conv.finish())
             rec.status = 200
             _reported(rec, conv.usage.to_anthropic(ch.anthropic_messages_exclude_cache))
             await _close(gw, resp, rec, conv.usage)  # recorded before the client sees the end
-            yield tail
+            yield b"".join(pending)
         except GatewayError as e:
             rec.status, rec.error_type = e.status, e.kind
-            tail = conv.error(e)
+            pending.append(conv.error(e))
             await _close(gw, resp, rec, conv.usage)
-            yield tail
+            yield b"".join(pending)
         except (asyncio.CancelledError, GeneratorExit):
             if rec.done_at is None:
                 rec.status, rec.error_type = 499, "client_disconnected"
@@ -257,35 +267,44 @@ def chat_stream(
     async def gen() -> AsyncIterator[bytes]:
         usage = Usage()
         done = False
+        pending: list[bytes] = []  # what goes out with the next write
         try:
-            async for data in _events(resp, first, idle):
-                if data == b"[DONE]":
-                    done = True
+            async for batch in _batches(resp, first, idle):
+                for data in batch:
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    obj = _json(data)
+                    err = _in_stream_error(obj)
+                    if err is not None:
+                        raise err
+                    if isinstance(obj.get("usage"), dict):
+                        usage = Usage.from_openai(obj["usage"])
+                    if not want_usage and "usage" in obj:
+                        if not obj.get("choices"):
+                            continue  # the usage-only chunk the client did not ask for
+                        del obj["usage"]
+                    if obj.get("model") not in (None, public):
+                        obj["model"] = public
+                    if rec.first_byte_at is None and obj.get("choices"):
+                        rec.first_byte_at = time.time()
+                    pending.append(b"data: " + _encode(obj) + b"\n\n")
+                if done:
                     break
-                obj = _json(data)
-                err = _in_stream_error(obj)
-                if err is not None:
-                    raise err
-                if isinstance(obj.get("usage"), dict):
-                    usage = Usage.from_openai(obj["usage"])
-                if not want_usage and "usage" in obj:
-                    if not obj.get("choices"):
-                        continue  # the usage-only chunk the client did not ask for
-                    del obj["usage"]
-                if obj.get("model") not in (None, public):
-                    obj["model"] = public
-                if rec.first_byte_at is None and obj.get("choices"):
-                    rec.first_byte_at = time.time()
-                yield b"data: " + _encode(obj) + b"\n\n"
+                if pending:
+                    yield b"".join(pending)
+                    pending = []
             if not done:
                 raise UpstreamError("upstream stream ended before it finished")
             rec.status = 200
             await _close(gw, resp, rec, usage)
-            yield b"data: [DONE]\n\n"
+            pending.append(b"data: [DONE]\n\n")
+            yield b"".join(pending)
         except GatewayError as e:
             rec.status, rec.error_type = e.status, e.kind
             await _close(gw, resp, rec, usage)
-            yield openai_proto.error_chunk(e)
+            pending.append(openai_proto.error_chunk(e))
+            yield b"".join(pending)
         except (asyncio.CancelledError, GeneratorExit):
             if rec.done_at is None:
                 rec.status, rec.error_type = 499, "client_disconnected"
