@@ -29,23 +29,34 @@ from prefixgate.record.model import Segment
 from prefixgate.record.redact import redact
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
+_encode_float = msgspec.json.encode
 # msgspec's sorted compact JSON equals json.dumps(sort_keys, ensure_ascii=False, compact)
-# for everything but some floats: exponent forms (msgspec "1e16", "1e-7", "0.00001" where
-# Python writes "1e+16", "1e-07", "1e-05") and non-finite ones (msgspec "null", Python
-# "NaN"). Output that might hold one is recomputed with json.dumps; false positives (text
-# such as "3e5" or "null") only cost time. The cheap literal-led scan runs first.
-_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# for everything but some floats: exponent forms (msgspec "1e16", "1e-7" where Python
+# writes "1e+16", "1e-07") and non-finite ones (msgspec "null", Python "NaN"). An object
+# holding such a float is encoded with json.dumps instead. Finding them is a walk over the
+# object's containers (most agent requests hold no float at all), not a scan of its text.
+_CONTAINERS = (dict, list)
 
 
-def _maybe_different(data: bytes) -> bool:
-    if b"null" in data or b"0.0000" in data:
-        return True
-    if b"e" not in data:
-        return False
-    # A digit, "e", an optional sign, a digit: with every digit mapped to 0 (one C pass),
-    # three plain substring searches instead of a regular expression over the text.
-    zeros = data.translate(_DIGITS_TO_ZERO)
-    return b"0e0" in zeros or b"0e-0" in zeros or b"0e+0" in zeros
+def _floats_differ(obj: Any) -> bool:
+    """Whether ``obj`` holds a float that msgspec writes differently from json.dumps."""
+    level = [obj]
+    while level:
+        nxt: list = []
+        for node in level:
+            t = type(node)
+            if t is float:
+                if _encode_float(node) != float.__repr__(node).encode():
+                    return True
+            elif t is dict:
+                nxt.extend(node.values())
+            elif t is list:
+                nxt.extend(node)
+        level = [v for v in nxt if type(v) in _FLOAT_OR_CONTAINER]
+    return False
+
+
+_FLOAT_OR_CONTAINER = frozenset((dict, list, float))
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -54,7 +65,7 @@ def canonical_json(obj: Any) -> bytes:
         data = _encode_sorted(obj)
     except (TypeError, ValueError, OverflowError, UnicodeEncodeError):
         data = None
-    if data is None or _maybe_different(data):
+    if data is None or _floats_differ(obj):
         text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         data = text.encode("utf-8", "surrogatepass")
     return data
