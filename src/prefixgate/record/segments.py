@@ -59,13 +59,15 @@ def _floats_differ(obj: Any) -> bool:
 _FLOAT_OR_CONTAINER = frozenset((dict, list, float))
 
 
-def canonical_json(obj: Any) -> bytes:
-    """The canonical JSON of ``obj`` as UTF-8 bytes (the hashed form)."""
+def canonical_json(obj: Any, *, floats_checked: bool = False) -> bytes:
+    """The canonical JSON of ``obj`` as UTF-8 bytes (the hashed form).
+    ``floats_checked``: the caller walked a whole that holds ``obj`` and found no float
+    that msgspec writes differently (one walk per request, not one per segment)."""
     try:
         data = _encode_sorted(obj)
     except (TypeError, ValueError, OverflowError, UnicodeEncodeError):
         data = None
-    if data is None or _floats_differ(obj):
+    if data is None or (not floats_checked and _floats_differ(obj)):
         text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         data = text.encode("utf-8", "surrogatepass")
     return data
@@ -117,10 +119,10 @@ def _strip_list(items: list[Any]) -> list[Any]:
     return items
 
 
-def _tool_segments(tools: Any, name_of: Any, texts: _Texts | None) -> list[Segment]:
+def _tool_segments(tools: Any, name_of: Any, texts: _Texts | None, exact: bool) -> list[Segment]:
     if not isinstance(tools, list) or not tools:
         return []
-    parts = [canonical_json(_strip(tool)) for tool in tools]
+    parts = [canonical_json(_strip(tool), floats_checked=exact) for tool in tools]
     # The list's canonical JSON is its items' canonical JSON joined (compact separators).
     out = [_segment("tools", "tools", b"[" + b",".join(parts) + b"]", texts)]
     for i, (tool, data) in enumerate(zip(tools, parts, strict=True)):
@@ -162,20 +164,23 @@ def segments_anthropic(
     also fills it with the redacted canonical JSON of each segment, by hash, except the
     hashes in ``known`` (texts already stored)."""
     texts_ = _sink(texts, known)
-    tools = _tool_segments(body.get("tools"), _anthropic_tool_name, texts_)
+    exact = not _floats_differ(body)
+    tools = _tool_segments(body.get("tools"), _anthropic_tool_name, texts_, exact)
     head: list[Segment] = []
     system = body.get("system")
     if isinstance(system, str):
         head.append(_segment("system", "system", canonical_json(system), texts_))
     elif isinstance(system, list):
         for i, block in enumerate(system):
-            head.append(_segment("system", f"system[{i}]", canonical_json(_strip(block)), texts_))
+            data = canonical_json(_strip(block), floats_checked=exact)
+            head.append(_segment("system", f"system[{i}]", data, texts_))
     out = tools + head if tools_first else head + tools
     messages = body.get("messages")
     if isinstance(messages, list):
         for i, message in enumerate(messages):
             name = f"messages[{i}]:{_role(message)}"
-            out.append(_segment("message", name, canonical_json(_strip(message)), texts_))
+            data = canonical_json(_strip(message), floats_checked=exact)
+            out.append(_segment("message", name, data, texts_))
     return out
 
 
@@ -192,7 +197,8 @@ def segments_openai(
     leading system messages (how most chat templates render them), else after. ``texts``
     and ``known`` as in :func:`segments_anthropic`."""
     texts_ = _sink(texts, known)
-    tools = _tool_segments(body.get("tools"), _openai_tool_name, texts_)
+    exact = not _floats_differ(body)
+    tools = _tool_segments(body.get("tools"), _openai_tool_name, texts_, exact)
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
     leading = 0
@@ -201,9 +207,8 @@ def segments_openai(
     head, rest = [], []
     for i, message in enumerate(messages):
         kind = "system" if i < leading else "message"
-        seg = _segment(
-            kind, f"messages[{i}]:{_role(message)}", canonical_json(_strip(message)), texts_
-        )
+        data = canonical_json(_strip(message), floats_checked=exact)
+        seg = _segment(kind, f"messages[{i}]:{_role(message)}", data, texts_)
         (head if i < leading else rest).append(seg)
     return tools + head + rest if tools_first else head + tools + rest
 
