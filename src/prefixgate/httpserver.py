@@ -22,7 +22,9 @@ What it does:
 
 Header lines past ``max_header_bytes`` in all get 431 here (the app may set a lower,
 route-shaped limit of its own); a request target past 64 KiB gets 414; a malformed request
-gets 400 and the connection is closed.
+gets 400 and the connection is closed. An ``Upgrade`` (websocket, h2c) is not taken: the
+request is answered in HTTP/1.1. Like uvicorn, no timeout applies to a request that is
+still arriving: the keep-alive timer runs only between requests.
 """
 
 from __future__ import annotations
@@ -180,13 +182,15 @@ class _Request:
     def _start(self, message: dict) -> None:
         status = message["status"]
         lines = [_status_line(status), _Date.header()]
-        length = False
+        length = close_sent = False
         for name, value in message.get("headers", ()):
             low = name.lower()
             if low == b"content-length":
                 length = True
-            elif low == b"connection" and b"close" in value.lower():
-                self.keep_alive = False
+            elif low == b"connection":
+                if b"close" in value.lower():
+                    self.keep_alive = False
+                    close_sent = True
             elif low == b"transfer-encoding":
                 continue  # the framing is this server's
             if b"\n" in name or b"\r" in name or b"\n" in value or b"\r" in value:
@@ -200,7 +204,10 @@ class _Request:
                 self.chunked = True
                 lines.append(b"transfer-encoding: chunked\r\n")
         if not self.keep_alive:
-            lines.append(b"connection: close\r\n")
+            if not close_sent:
+                lines.append(b"connection: close\r\n")
+        elif self.scope["http_version"] == "1.0":
+            lines.append(b"connection: keep-alive\r\n")
         lines.append(b"\r\n")
         self.head = b"".join(lines)
 
@@ -230,6 +237,8 @@ class HTTPProtocol(asyncio.Protocol):
         self._url = bytearray()
         self._headers: list[tuple[bytes, bytes]] = []
         self._header_bytes = 0
+        self._in_head = False  # between a request's first byte and the end of its headers
+        self._head_read = 0
         self.client: tuple | None = None
         self.sockname: tuple | None = None
 
@@ -316,10 +325,23 @@ class HTTPProtocol(asyncio.Protocol):
         self._disarm_idle()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(400, "protocol upgrades are not supported")
+        except httptools.HttpParserUpgrade as exc:
+            # Upgrades (websocket, h2c) are not taken: the request was answered in
+            # HTTP/1.1, as a server may do, and what follows is HTTP/1.1 again.
+            offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
+            self.parser = httptools.HttpRequestParser(self)
+            if offset < len(data) and not self.closed:
+                self.data_received(data[offset:])
+            return
         except httptools.HttpParserError as exc:
             self._refuse(400, f"malformed HTTP request: {exc}")
+            return
+        # A header line that never ends is buffered by the parser, not shown to on_header:
+        # the bytes read while in the head are counted here too.
+        if self._in_head:
+            self._head_read += len(data)
+            if self._head_read > self.server.max_header_bytes + _MAX_TARGET:
+                self._refuse(431, "request headers are too large")
 
     def _refuse(self, status: int, text: str) -> None:
         if self.current is None:
@@ -330,6 +352,8 @@ class HTTPProtocol(asyncio.Protocol):
         self._url = bytearray()
         self._headers = []
         self._header_bytes = 0
+        self._in_head = True
+        self._head_read = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -345,6 +369,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         parser = self.parser
         server = self.server
         url = bytes(self._url)
@@ -381,7 +406,8 @@ class HTTPProtocol(asyncio.Protocol):
                     self._overflow(req)
             elif name == b"expect" and value.lower() == b"100-continue":
                 req.expect_continue = True
-        if req.expect_continue and not req.too_large:
+        if req.expect_continue and not req.too_large and self.current is None:
+            req.expect_continue = False
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the body is read before the app runs
 
     def on_body(self, body: bytes) -> None:
@@ -429,18 +455,21 @@ class HTTPProtocol(asyncio.Protocol):
             await self.app(req.scope, req.receive, req.send)
         except asyncio.CancelledError:
             if not req.disconnected:  # the server's shutdown, not the client
-                self.close()
+                if not req.response_done:
+                    self.close()
                 raise
         except OSError:
             if not req.disconnected:
                 log.exception("error in the ASGI app")
-                self.close()
+                if not req.response_done:
+                    self.close()
         except Exception:
             log.exception("error in the ASGI app")
-            if not req.started and not self.closed:
-                req.keep_alive = False
-                self.write(_plain(500, "Internal Server Error"))
-            self.close()
+            if not req.response_done:  # else: after the answer (a background task)
+                if (not req.started or req.head) and not self.closed:
+                    # Nothing of the answer was written yet (the head waits for the body).
+                    self.write(_plain(500, "Internal Server Error"))
+                self.close()
         else:
             if not req.response_done and not self.closed:
                 if not req.started:
@@ -465,8 +494,13 @@ class HTTPProtocol(asyncio.Protocol):
             if self.read_paused:
                 self.read_paused = False
                 self.transport.resume_reading()
-            if self.parsing is None:
+            parsing = self.parsing
+            if parsing is None:
                 self._arm_idle()
+            elif parsing.expect_continue and not parsing.too_large:
+                # Waiting for its 100 Continue, held while the previous answer went out.
+                parsing.expect_continue = False
+                self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 class Server:
