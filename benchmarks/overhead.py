@@ -1,7 +1,7 @@
 """The gateway's own cost, side by side with the LiteLLM proxy, in one run.
 
     python benchmarks/overhead.py [--repeats 3] [--seconds 3] [--json] [--no-litellm]
-                                  [--workers N]
+                                  [--workers N] [--servers]
 
 Starts a fast fake OpenAI upstream (`overhead_upstream.py`) and measures, against it:
 ``direct`` (the upstream itself), ``prefixgate`` (`prefixgate serve --config …`, SQLite
@@ -185,6 +185,8 @@ class Gateway:
         cfg.write_text(json.dumps(config))
         exe = Path(sys.executable).parent / "prefixgate"
         cmd = [str(exe), "serve", "--config", str(cfg), "--log-level", "warning"]
+        if self.name == "prefixgate-uvicorn":
+            cmd += ["--http", "uvicorn"]
         if self.args.workers > 1:
             cmd += ["--workers", str(self.args.workers)]
         return cmd, dict(os.environ), "/healthz"
@@ -298,6 +300,8 @@ def run_all(args) -> dict:
     )
     up_url = f"http://127.0.0.1:{up_port}"
     targets = ["direct", "prefixgate", "prefixgate-nostore"]
+    if args.servers:
+        targets.append("prefixgate-uvicorn")
     if not args.no_litellm:
         litellm_bin(args.litellm_version)
         targets.append("litellm")
@@ -430,6 +434,11 @@ def main() -> None:
     ap.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM proxy")
     ap.add_argument("--litellm-version", default=LITELLM_VERSION)
     ap.add_argument("--workers", type=int, default=1, help="prefixgate worker processes")
+    ap.add_argument(
+        "--servers",
+        action="store_true",
+        help="also prefixgate (no store) on uvicorn (`serve --http uvicorn`), to compare servers",
+    )
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args()
     summary = run_all(args)

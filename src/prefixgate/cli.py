@@ -55,8 +55,18 @@ def main() -> None:
     show_default=True,
     help="Worker processes sharing the port (SO_REUSEPORT). In-memory state is per worker.",
 )
+@click.option(
+    "--http",
+    "http_impl",
+    type=click.Choice(["prefixgate", "uvicorn"]),
+    default="prefixgate",
+    show_default=True,
+    help="HTTP server: the gateway's own (docs/performance.md), or uvicorn as a fallback.",
+)
 @click.option("--log-level", default="info", show_default=True)
-def serve(config_path, upstream, model, host, port, store_dsn, workers, log_level) -> None:
+def serve(
+    config_path, upstream, model, host, port, store_dsn, workers, http_impl, log_level
+) -> None:
     """Run the gateway.
 
     With neither --config nor --upstream it serves an embedded simulated vLLM upstream, so
@@ -94,7 +104,7 @@ def serve(config_path, upstream, model, host, port, store_dsn, workers, log_leve
     from prefixgate import serving
 
     if workers == 1:
-        serving.run(_serve(config))
+        serving.run(_serve(config, http_impl=http_impl))
         return
     log.info("prefixgate: %d worker processes", workers)
 
@@ -105,14 +115,14 @@ def serve(config_path, upstream, model, host, port, store_dsn, workers, log_leve
             cfg = cfg.model_copy(
                 update={"store": cfg.store.model_copy(update={"spool_path": spool})}
             )
-        serving.run(_serve(cfg, sock))
+        serving.run(_serve(cfg, sock, http_impl=http_impl))
 
     sys.exit(serving.run_workers(workers, config.server.host, config.server.port, worker))
 
 
-async def _serve(config, sock=None) -> None:
+async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
     from prefixgate.server import build_app
-    from prefixgate.serving import bind, http_server
+    from prefixgate.serving import bind, http_server, uvicorn_server
 
     log = logging.getLogger("prefixgate")
     sims = []
@@ -126,12 +136,15 @@ async def _serve(config, sock=None) -> None:
     app = build_app(config)
     sock = sock if sock is not None else bind(config.server.host, config.server.port)
     limits = config.limits
-    server = http_server(
-        app,
-        graceful=30,
-        max_body=limits.max_body_bytes,
-        max_header_bytes=max(1024 * 1024, 2 * limits.max_header_bytes),
-    )
+    if http_impl == "uvicorn":
+        server = uvicorn_server(app, log_level="warning", graceful=30)
+    else:
+        server = http_server(
+            app,
+            graceful=30,
+            max_body=limits.max_body_bytes,
+            max_header_bytes=max(1024 * 1024, 2 * limits.max_header_bytes),
+        )
     log.info("prefixgate listening on http://%s:%s", config.server.host, sock.getsockname()[1])
     try:
         await server.serve(sockets=[sock])

@@ -123,6 +123,10 @@ class Server(uvicorn.Server):
     SIGTERM/SIGINT exits with status 0 instead of re-raising the signal once the drain is
     done."""
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        _freeze_gc()
+
     @contextlib.contextmanager
     def capture_signals(self):
         with super().capture_signals():

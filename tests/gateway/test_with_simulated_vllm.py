@@ -8,6 +8,7 @@ import time
 
 import anthropic
 import httpx
+import pytest
 
 from prefixgate.config import parse_config
 from prefixgate.server import create_app
@@ -90,7 +91,8 @@ def test_volatile_header_collapses_hits_without_the_protection():
     assert pinned / total < 0.9
 
 
-def test_serve_without_arguments_uses_the_embedded_upstream(tmp_path):
+@pytest.mark.parametrize("http", ["prefixgate", "uvicorn"])
+def test_serve_without_arguments_uses_the_embedded_upstream(tmp_path, http):
     port = _free_port()
     proc = subprocess.Popen(
         [
@@ -102,6 +104,8 @@ def test_serve_without_arguments_uses_the_embedded_upstream(tmp_path):
             str(port),
             "--store",
             f"sqlite:///{tmp_path}/r.db",
+            "--http",
+            http,
         ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
