@@ -14,6 +14,18 @@ def client_of(user_agent: str | None) -> tuple[str | None, str | None]:
     ``("openai-python", "1.40.0")`` from ``OpenAI/Python 1.40.0``."""
     if not user_agent:
         return None, None
+    known = _CLIENTS.get(user_agent)
+    if known is None:
+        if len(_CLIENTS) > 4096:  # user agents repeat; a flood of new ones does not grow it
+            _CLIENTS.clear()
+        known = _CLIENTS[user_agent] = _client_of(user_agent)
+    return known
+
+
+_CLIENTS: dict[str, tuple[str | None, str | None]] = {}
+
+
+def _client_of(user_agent: str) -> tuple[str | None, str | None]:
     m = _SDK.match(user_agent)
     if m:
         return f"{m.group(1).lower()}-{m.group(2).lower()}", m.group(3)

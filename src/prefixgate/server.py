@@ -7,6 +7,7 @@ import contextlib
 import logging
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -140,10 +141,36 @@ class HotRoutes:
             handler = self.routes.get(scope["path"])
             if handler is not None:
                 scope["app"] = self.app
-                response = await handler(Request(scope, receive, send))
+                request = Request(scope, receive, send)
+                request._headers = IndexedHeaders(scope["headers"])
+                response = await handler(request)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class IndexedHeaders(Headers):
+    """Starlette's request headers, looked up in a dict built once instead of a scan of
+    the list per lookup (a request handler asks for a dozen, most of them absent). ASGI
+    servers give header names in lower case."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._list = raw
+        index: dict[str, str] = {}
+        for name, value in raw:
+            key = name.decode("latin-1")
+            if key not in index:  # the first one, as Headers.get gives
+                index[key] = value.decode("latin-1")
+        self._index = index
+
+    def get(self, key: str, default=None):
+        return self._index.get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return self._index[key.lower()]
+
+    def __contains__(self, key) -> bool:
+        return isinstance(key, str) and key.lower() in self._index
 
 
 class HeaderLimit:
