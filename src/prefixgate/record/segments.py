@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Container, Iterable
 from typing import Any, NamedTuple
 
@@ -91,9 +92,40 @@ def _sink(texts: dict[str, str] | None, known: Container[str]) -> _Texts | None:
     return None if texts is None else _Texts(texts, known)
 
 
+class _Digests:
+    """Digest and size of canonical segment bytes seen recently. An agent sends the same
+    tools, system prompt and history again every turn: looking the bytes up (one pass of
+    Python's own hash, and a compare on a hit) costs a fraction of blake2b and the
+    character count. Least recently used first out, within a byte budget; only for
+    segments long enough to be worth it."""
+
+    MIN = 2048
+
+    def __init__(self, budget: int = 32 * 1024 * 1024) -> None:
+        self._d: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
+        self._bytes = 0
+        self.budget = budget
+
+    def of(self, data: bytes) -> tuple[str, int]:
+        if len(data) < self.MIN:
+            return hashlib.blake2b(data, digest_size=16).hexdigest(), _chars(data)
+        hit = self._d.get(data)
+        if hit is not None:
+            self._d.move_to_end(data)
+            return hit
+        hit = self._d[data] = (hashlib.blake2b(data, digest_size=16).hexdigest(), _chars(data))
+        self._bytes += len(data)
+        while self._bytes > self.budget and self._d:
+            old, _ = self._d.popitem(last=False)
+            self._bytes -= len(old)
+        return hit
+
+
+_DIGESTS = _Digests()
+
+
 def _segment(kind: str, name: str, data: bytes, texts: _Texts | None) -> Segment:
-    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-    chars = _chars(data)
+    digest, chars = _DIGESTS.of(data)
     if texts is not None and digest not in texts.out and digest not in texts.known:
         texts.out[digest] = redact(data.decode("utf-8", "surrogatepass"))
     return Segment(kind, name, digest, chars, (chars + 3) // 4)
