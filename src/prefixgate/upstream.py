@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from dataclasses import dataclass
 
 import msgspec
@@ -186,8 +187,11 @@ class Upstream:
     """The HTTP client shared by all channels (``http1``: keep-alive pools per upstream),
     made on first use in the serving event loop."""
 
-    def __init__(self, *, max_connections: int = 1000) -> None:
+    def __init__(
+        self, *, max_connections: int = 1000, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self._max = max_connections
+        self._ssl = ssl_context  # None: the system's trusted CAs, hostname checked
         self._pool: http1.Pool | None = None
         self._targets: dict[str, tuple[http1.Origin, str]] = {}
 
@@ -196,7 +200,9 @@ class Upstream:
         if pool is None or pool.loop is not loop:
             # Idle connections are reused for 4 s only: servers such as vLLM (uvicorn) close
             # theirs after 5 s, and a request sent on a closing connection fails spuriously.
-            pool = self._pool = http1.Pool(loop, max_connections=self._max, keepalive=4.0)
+            pool = self._pool = http1.Pool(
+                loop, max_connections=self._max, keepalive=4.0, ssl_context=self._ssl
+            )
         return pool
 
     def _target(self, url: str) -> tuple[http1.Origin, str]:

@@ -8,11 +8,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import socket
+import ssl
 import struct
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -110,18 +114,19 @@ class RawServer:
     """``async with RawServer(handler) as srv``: a loopback server running ``handler`` for
     each connection; it counts connections and records the requests read."""
 
-    def __init__(self, handler: Handler, host: str = "127.0.0.1") -> None:
-        self.handler, self.host = handler, host
+    def __init__(self, handler: Handler, host: str = "127.0.0.1", tls=None) -> None:
+        self.handler, self.host, self.tls = handler, host, tls
         self.peers: list[Peer] = []
         self.requests: list[Request] = []
         self.errors: list[BaseException] = []
         self._tasks: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> RawServer:
-        self._server = await asyncio.start_server(self._serve, self.host, 0)
+        self._server = await asyncio.start_server(self._serve, self.host, 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         name = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{name}:{self.port}{PATH}"
+        scheme = "https" if self.tls else "http"
+        self.url = f"{scheme}://{name}:{self.port}{PATH}"
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -950,6 +955,52 @@ def test_ipv6_literal_upstream():
     run(main())
 
 
-@pytest.mark.skip(reason="https needs a TLS server; these tests stay on plain loopback TCP")
-def test_https_upstream():
-    pass
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl, as on every test machine)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_https_upstream_is_verified_and_kept_alive(certificate):
+    cert, key = certificate
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    trusting = ssl.create_default_context(cafile=str(cert))
+
+    async def main():
+        async with RawServer(OK, tls=server_tls) as srv:
+            assert srv.url.startswith("https://")
+            async with client(ssl_context=trusting) as up:
+                assert [await fetch(up, srv.url) for _ in range(3)] == [b"ok"] * 3
+            assert srv.connections == 1  # kept alive over TLS
+            async with client() as up:  # the system's CAs: the self-signed one is refused
+                with pytest.raises(UpstreamError, match="cannot reach upstream"):
+                    await fetch(up, srv.url)
+
+    run(main())
