@@ -75,10 +75,13 @@ def _json(data: bytes) -> dict:
     return obj
 
 
-def _in_stream_error(obj: dict) -> GatewayError | None:
-    """An error object sent with status 200 (in a stream, or as the whole body)."""
+def _in_stream_error(obj: dict, secret: bytes | None) -> GatewayError | None:
+    """An error object sent with status 200 (in a stream, or as the whole body); the
+    channel's key (``secret``) scrubbed from it, should the upstream echo it."""
     if obj.get("error") or obj.get("object") == "error":
         data = _encode(obj)
+        if secret and secret in data:
+            data = data.replace(secret, b"<redacted>")
         status = 400 if b"context length" in data else 502
         return map_status(status, data)
     return None
@@ -103,7 +106,7 @@ async def _batches(resp: UpstreamResponse, first: bytes, idle: float) -> AsyncIt
 # -- Anthropic out, from an OpenAI-compatible upstream ------------------------------------
 def messages_once(gw: Gateway, obj: dict, rec: Record, body: dict, ch: ChannelConfig) -> Response:
     try:
-        err = _in_stream_error(obj)
+        err = _in_stream_error(obj, _secret(ch))
         if err is not None:
             raise err
         msg, usage = openai_to_anthropic(
@@ -128,6 +131,7 @@ def messages_stream(
         stop_sequences=body.get("stop_sequences"),
         exclude_cache=ch.anthropic_messages_exclude_cache,
     )
+    secret = _secret(ch)
 
     async def gen() -> AsyncIterator[bytes]:
         done = False
@@ -139,7 +143,7 @@ def messages_stream(
                         done = True
                         break
                     obj = _json(data)
-                    err = _in_stream_error(obj)
+                    err = _in_stream_error(obj, secret)
                     if err is not None:
                         raise err
                     out = conv.feed(obj)
@@ -200,6 +204,7 @@ def anthropic_passthrough(
     usage = Usage()
     idle = _idle_of(gw, rec)
     swap = (upstream_model.encode(), public.encode()) if upstream_model != public else None
+    secret = _secret_of(gw, rec)
     if not rec.stream:
         obj = first
         _anthropic_usage(obj.get("usage"), usage)
@@ -228,6 +233,8 @@ def anthropic_passthrough(
                 if rec.first_byte_at is None:
                     rec.first_byte_at = time.time()
                 out = chunk.replace(swap[0], swap[1]) if swap else chunk
+                if secret and secret in out:  # an error event echoing the channel's key
+                    out = out.replace(secret, b"<redacted>")
                 chunk = await resp.next(idle)
                 if chunk is None:
                     rec.status = 200
@@ -249,7 +256,7 @@ def anthropic_passthrough(
 
 # -- OpenAI out (chat completions passthrough) -------------------------------------------
 def chat_once(gw: Gateway, obj: dict, rec: Record, public: str) -> Response:
-    err = _in_stream_error(obj)
+    err = _in_stream_error(obj, _secret_of(gw, rec))
     if err is not None:
         return gw._fail(rec, err, openai_proto.error_bytes)
     if "model" in obj:
@@ -263,6 +270,7 @@ def chat_stream(
     gw: Gateway, resp: UpstreamResponse, first: bytes, rec: Record, public: str, want_usage: bool
 ) -> StreamingResponse:
     idle = _idle_of(gw, rec)
+    secret = _secret_of(gw, rec)
 
     async def gen() -> AsyncIterator[bytes]:
         usage = Usage()
@@ -275,7 +283,7 @@ def chat_stream(
                         done = True
                         break
                     obj = _json(data)
-                    err = _in_stream_error(obj)
+                    err = _in_stream_error(obj, secret)
                     if err is not None:
                         raise err
                     if isinstance(obj.get("usage"), dict):
@@ -338,6 +346,19 @@ async def _close(gw: Gateway, resp: UpstreamResponse, rec: Record, usage: Usage)
     await resp.aclose()
     if rec.done_at is None:
         gw.finish(rec, usage)
+
+
+def _secret_of(gw: Gateway, rec: Record) -> bytes | None:
+    """The upstream key of the record's channel: never to be relayed to a client."""
+    for ch in gw.config.channels:
+        if ch.name == rec.channel:
+            return _secret(ch)
+    return None
+
+
+def _secret(ch: ChannelConfig) -> bytes | None:
+    key = ch.api_key()
+    return key.encode() if key and len(key) >= 8 else None
 
 
 def _idle_of(gw: Gateway, rec: Record) -> float:

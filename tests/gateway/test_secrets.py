@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 
 import httpx
@@ -66,3 +67,24 @@ def msgspec_dump(rec):
     import msgspec
 
     return msgspec.json.encode(rec).decode()
+
+
+def test_an_error_inside_a_stream_that_echoes_the_upstream_key_is_scrubbed(
+    gateway, upstream, monkeypatch
+):
+    monkeypatch.setenv("UPSTREAM_KEY_ENV", UPSTREAM_KEY)
+    gw = gateway({"api_key_env": "UPSTREAM_KEY_ENV"})
+    echoed = {"error": {"message": f"token Bearer {UPSTREAM_KEY} is over its quota"}}
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    upstream.script = lambda b: Reply(
+        raw_stream=[
+            b"data: " + json.dumps(role).encode() + b"\n\n",
+            b"data: " + json.dumps(echoed).encode() + b"\n\n",
+        ]
+    )
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    for path, body in (("/v1/messages", {**MSG, "stream": True}), ("/v1/chat/completions", chat)):
+        r = httpx.post(gw.url + path, json=body)
+        assert r.status_code == 200  # the stream had started
+        assert "over its quota" in r.text, r.text  # the error reaches the client…
+        assert UPSTREAM_KEY not in r.text and "<redacted>" in r.text  # …without the key
