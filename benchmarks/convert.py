@@ -35,7 +35,7 @@ FIXTURE = "01_v2.1.332_print_turn1.json"
 
 
 def fixture_body() -> bytes:
-    for base in (HERE.parent.parent / "shared", HERE.parent / "shared", Path("/work/shared")):
+    for base in (HERE.parent.parent / "shared", HERE.parent / "shared"):
         path = base / "fixtures" / "claude-code" / FIXTURE
         if path.exists():
             body = json.loads(path.read_text())["body"]

@@ -217,7 +217,7 @@ def _arun(coro):
 # -- cases -------------------------------------------------------------------------------
 def bodies() -> tuple[dict, dict]:
     """(anthropic, chat): the Claude Code request, and the same converted to Chat."""
-    for base in (ROOT.parent / "shared", ROOT / "shared", Path("/work/shared")):
+    for base in (ROOT.parent / "shared", ROOT / "shared"):
         path = base / "fixtures" / "claude-code" / FIXTURE_NAMES[0]
         if path.exists():
             break

@@ -110,14 +110,15 @@ class Gateway:
         try:
             principal = self.auth.authenticate(request.headers)
             rec.key_name, rec.key_owner = principal.name, principal.owner
-            body = decode(await self._read(request), self.config.limits)
+            raw = await self._read(request)
+            body = decode(raw, self.config.limits)
             check(body, self.config.limits)
             rec.requested_model = body["model"]
             rec.stream = bool(body.get("stream"))
             rec.session_id, rec.session_kind = session_of(body, request.headers)
             self.auth.authorize_model(principal, body["model"])
             await self._admit(principal, rec)
-            return await route(request, body, rec, principal)
+            return await route(request, body, rec, principal, raw)
         except GatewayError as err:
             return self._fail(rec, err, shape)
         except asyncio.CancelledError:
@@ -131,7 +132,7 @@ class Gateway:
             log.exception("internal error on %s (request %s)", request.url.path, rec.request_id)
             return self._fail(rec, GatewayError("internal error"), shape)
 
-    async def _messages_route(self, request, body, rec, principal) -> Response:
+    async def _messages_route(self, request, body, rec, principal, raw) -> Response:
         outs: dict[str, dict] = {}  # channel -> converted request, built once
         targets = await self._plan(
             body["model"],
@@ -139,16 +140,16 @@ class Gateway:
             kinds=("openai", "anthropic"),
             prompt=lambda ch: self._chat_request(body, ch, outs),
         )
-        return await self._messages_failover(request, body, targets, rec, principal, outs)
+        return await self._messages_failover(request, body, targets, rec, principal, outs, raw)
 
-    async def _chat_route(self, request, body, rec, principal) -> Response:
+    async def _chat_route(self, request, body, rec, principal, raw) -> Response:
         targets = await self._plan(
             body["model"],
             rec.session_id,
             kinds=("openai",),
             prompt=lambda ch: openai_proto.materialize(body)[0],
         )
-        return await self._chat_failover(body, targets, rec, principal)
+        return await self._chat_failover(body, targets, rec, principal, raw)
 
     async def count_tokens(self, request: Request) -> Response:
         try:
@@ -206,6 +207,7 @@ class Gateway:
         rec: Record,
         principal: Principal,
         outs: dict[str, dict] | None = None,
+        raw: bytes | None = None,
     ) -> Response:
         last: GatewayError | None = None
         outs = {} if outs is None else outs
@@ -220,11 +222,12 @@ class Gateway:
                 url = _anthropic_url(target.base_url)
                 headers = _anthropic_headers(ch, request.headers)
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
+            data = _encode(out)
             if self.capture is not None:
-                self._capture_soon(rec, body, out, ch, principal)
+                self._capture_soon(rec, body, out, ch, principal, raw, data)
             self.router.acquire(target, rec.request_id)  # in flight until finish()
             try:
-                resp, first = await self._open(target, url, out, headers, rec)
+                resp, first = await self._open(target, url, out, headers, rec, data)
                 if not rec.stream:
                     first = await relay.read_json(resp, first, ch.timeouts.idle)
             except UpstreamError as err:
@@ -243,7 +246,12 @@ class Gateway:
         raise last or NotFound(f"no channel serves model {body['model']!r}")
 
     async def _chat_failover(
-        self, body: dict, targets: list[Target], rec: Record, principal: Principal
+        self,
+        body: dict,
+        targets: list[Target],
+        rec: Record,
+        principal: Principal,
+        raw: bytes | None = None,
     ) -> Response:
         last: GatewayError | None = None
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -256,12 +264,13 @@ class Gateway:
                     "include_usage": True,
                 }
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
+            data = _encode(out)
             if self.capture is not None:
-                self._capture_soon(rec, body, out, ch, principal)
+                self._capture_soon(rec, body, out, ch, principal, raw, data)
             self.router.acquire(target, rec.request_id)  # in flight until finish()
             try:
                 resp, first = await self._open(
-                    target, target.base_url + "/chat/completions", out, _bearer(ch), rec
+                    target, target.base_url + "/chat/completions", out, _bearer(ch), rec, data
                 )
                 if not rec.stream:
                     first = await relay.read_json(resp, first, ch.timeouts.idle)
@@ -277,15 +286,13 @@ class Gateway:
         raise last or NotFound(f"no channel serves model {body['model']!r}")
 
     async def _open(
-        self, target: Target, url: str, out: dict, headers: dict, rec: Record
+        self, target: Target, url: str, out: dict, headers: dict, rec: Record, data: bytes
     ) -> tuple[UpstreamResponse, bytes]:
-        """Send, and wait for the first body bytes, so that an upstream that accepts the
-        connection and then fails can still be failed over."""
+        """Send ``data`` (``out`` encoded), and wait for the first body bytes, so that an
+        upstream that accepts the connection and then fails can still be failed over."""
         ch = target.channel
         try:
-            resp = await self.upstream.open(
-                url, _encode(out), timeouts=ch.timeouts, extra_headers=headers
-            )
+            resp = await self.upstream.open(url, data, timeouts=ch.timeouts, extra_headers=headers)
         except UpstreamRejected as err:
             if err.overflow is None or "max_tokens" not in out:
                 raise
@@ -403,9 +410,7 @@ class Gateway:
         if args is None or self.capture is None:
             return
         try:
-            rec, body, out, *rest = args
-            body, out = openai_proto.materialize(body, out)  # a chat body's raw fields
-            self.capture(rec, body, out, *rest)
+            self.capture(*args)
         except Exception:  # the capture must never break the request path
             log.exception("segment capture failed (request %s)", request_id)
 

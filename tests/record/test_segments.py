@@ -7,7 +7,6 @@ import copy
 import hashlib
 import json
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -24,8 +23,9 @@ from prefixgate.record.segments import (
     texts_of,
 )
 from prefixgate.store.sqlite import SqliteStore
+from tests.conftest import FIXTURES
 
-FIXTURE = Path("/work/shared/fixtures/claude-code/01_v2.1.332_print_turn1.json")
+FIXTURE = FIXTURES / "01_v2.1.332_print_turn1.json"
 
 
 @pytest.fixture(scope="module")
@@ -344,3 +344,120 @@ def test_digest_memo_gives_the_same_segments_and_keeps_to_its_budget():
         assert small._bytes <= 10_000 and len(small._d) == 1  # the least recently used went
     finally:
         seg._DIGESTS = saved
+
+
+# -- from the request bytes: the same segments as from the decoded object ----------------
+def _both_ways(body: dict, api: str, tools_first: bool | None = None):
+    from prefixgate.record.segments import segments_from_bytes
+
+    first = api == "openai" if tools_first is None else tools_first
+    by_object = (segments_anthropic if api == "anthropic" else segments_openai)(
+        body, tools_first=first
+    )
+    raw = json.dumps(body).encode()
+    return by_object, segments_from_bytes(raw, api, tools_first=tools_first)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.json")))
+@pytest.mark.parametrize("tools_first", [False, True])
+def test_segments_from_bytes_equal_the_object_way_on_claude_code_requests(name, tools_first):
+    from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+
+    body = json.loads((FIXTURES / name).read_text())["body"]
+    body = json.loads(body) if isinstance(body, str) else body
+    for _ in range(2):  # cold, then every piece seen before
+        by_object, by_bytes = _both_ways(body, "anthropic", tools_first)
+        assert by_bytes == by_object
+    chat = anthropic_to_openai(body, ConvertOptions(upstream_model="m"))
+    for _ in range(2):
+        by_object, by_bytes = _both_ways(chat, "openai", tools_first)
+        assert by_bytes == by_object
+
+
+def test_segments_from_bytes_follow_a_growing_session_and_moving_markers(body):
+    from prefixgate.record.segments import segments_from_bytes
+
+    turn = copy.deepcopy(body)
+    for k in range(4):
+        turn["messages"].append(
+            {"role": "assistant", "content": [{"type": "text", "text": f"a{k}"}]}
+        )
+        turn["messages"].append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": f"u{k}", "cache_control": {"type": "ephemeral"}}
+                ],
+            }
+        )
+        if k:  # the marker moved: the previous user turn lost it
+            turn["messages"][-3]["content"][0].pop("cache_control", None)
+        raw = json.dumps(turn).encode()
+        assert segments_from_bytes(raw, "anthropic") == segments_anthropic(turn)
+
+
+def test_segments_from_bytes_decline_other_shapes_and_agree_on_odd_ones():
+    from prefixgate.record.segments import segments_from_bytes
+
+    declined = [
+        {"tools": {"name": "x"}, "messages": []},
+        {"messages": {"role": "user"}},
+        {"system": 5, "messages": []},
+    ]
+    for b in declined:
+        assert segments_from_bytes(json.dumps(b).encode(), "anthropic") is None
+    odd = [
+        {"messages": None, "tools": None, "system": None},
+        {"messages": [1, "x", None, {"role": 7}], "tools": [{"description": "no name"}, 3]},
+        {"tools": [{"name": ""}, {"function": {"name": "f"}}], "messages": []},
+        {"system": "one string", "messages": [{"role": "user", "content": "hi"}]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "developer", "content": "d"}]},
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}
+            ]
+        },
+        {"messages": [{"role": "user", "content": "f", "x": 1e16, "y": 1.5}]},
+    ]
+    for b in odd:
+        for api in ("anthropic", "openai"):
+            by_object, by_bytes = _both_ways(b, api)
+            assert by_bytes == by_object, (b, api)
+
+
+def test_segments_from_bytes_match_on_generated_bodies():
+    scalars = (
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6)
+    )
+    blocks = st.dictionaries(
+        st.sampled_from(["type", "text", "cache_control", "name", "input", "content"]),
+        scalars | st.lists(scalars, max_size=3),
+        max_size=4,
+    )
+    messages = st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "assistant", "system", "tool", "developer"])},
+            optional={"content": st.text(max_size=8) | st.lists(blocks, max_size=3)},
+        ),
+        max_size=5,
+    )
+    tools = st.lists(
+        st.dictionaries(
+            st.sampled_from(["name", "description", "input_schema", "function", "cache_control"]),
+            scalars | blocks,
+            max_size=3,
+        ),
+        max_size=3,
+    )
+    bodies = st.fixed_dictionaries(
+        {"messages": messages},
+        optional={"tools": tools, "system": st.text(max_size=8) | st.lists(blocks, max_size=2)},
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(bodies, st.sampled_from(["anthropic", "openai"]))
+    def check(b, api):
+        by_object, by_bytes = _both_ways(b, api)
+        assert by_bytes is None or by_bytes == by_object
+
+    check()

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from prefixgate.config import ChannelConfig
+from prefixgate.protocol.openai import materialize
 from prefixgate.record.model import Record
-from prefixgate.record.segments import segments_anthropic, segments_openai
+from prefixgate.record.segments import segments_anthropic, segments_from_bytes, segments_openai
 
 
 class _SeenHashes:
@@ -33,17 +34,40 @@ class Capturer:
         self._seen = _SeenHashes()
 
     def __call__(
-        self, rec: Record, body_in: dict, body_out: dict, channel: ChannelConfig, principal
+        self,
+        rec: Record,
+        body_in: dict,
+        body_out: dict,
+        channel: ChannelConfig,
+        principal,
+        raw_in: bytes | None = None,
+        raw_out: bytes | None = None,
     ) -> None:
+        """``raw_in`` / ``raw_out``: the JSON bytes of the request as received and as
+        sent, when at hand: the segments are then computed from them (pieces seen before
+        are looked up, not hashed again). A chat body may hold raw fields (``msgspec.Raw``);
+        they are decoded when the object way is taken."""
         texts: dict[str, str] | None = (
             {} if (channel.capture_text or getattr(principal, "capture_text", False)) else None
         )
         known = self._seen
-        if rec.endpoint == "chat":
-            rec.segments_in = segments_openai(body_in, texts=texts, known=known)
-        else:
-            rec.segments_in = segments_anthropic(body_in, texts=texts, known=known)
+        api_in = "openai" if rec.endpoint == "chat" else "anthropic"
         tools_first = channel.render_order == "tools_first"
+        objects: list[dict] | None = None
+
+        def decoded() -> list[dict]:
+            nonlocal objects
+            if objects is None:
+                objects = materialize(body_in, body_out)
+            return objects
+
+        segs = None
+        if texts is None and raw_in is not None:
+            segs = segments_from_bytes(raw_in, api_in)
+        if segs is None:
+            of = segments_openai if api_in == "openai" else segments_anthropic
+            segs = of(decoded()[0], texts=texts, known=known)
+        rec.segments_in = segs
         if (
             rec.endpoint == "chat"
             and channel.kind == "openai"
@@ -54,15 +78,20 @@ class Capturer:
             # A chat request passed through: the very same messages and tools, in the same
             # order, so the same segments (computing them again would double the cost).
             rec.segments_out = list(rec.segments_in)
-        elif channel.kind == "openai":
-            rec.segments_out = segments_openai(
-                body_out,
-                tools_first=tools_first,
-                texts=texts,
-                known=known,
-            )
         else:
-            rec.segments_out = segments_anthropic(body_out, texts=texts, known=known)
+            api_out = "openai" if channel.kind == "openai" else "anthropic"
+            first = tools_first if api_out == "openai" else False
+            segs = None
+            if texts is None and raw_out is not None:
+                segs = segments_from_bytes(raw_out, api_out, tools_first=first)
+            if segs is None:
+                if api_out == "openai":
+                    segs = segments_openai(
+                        decoded()[1], tools_first=first, texts=texts, known=known
+                    )
+                else:
+                    segs = segments_anthropic(decoded()[1], texts=texts, known=known)
+            rec.segments_out = segs
         if texts:
             rec.texts = texts
             known.add_all(texts)

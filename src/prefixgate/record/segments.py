@@ -162,18 +162,28 @@ def _tool_segments(tools: Any, name_of: Any, texts: _Texts | None, exact: bool) 
     return out
 
 
-def _anthropic_tool_name(tool: Any, i: int) -> str:
+def _anthropic_tool_label(tool: Any) -> str | None:
     name = tool.get("name") if isinstance(tool, dict) else None
-    return name if isinstance(name, str) else f"tools[{i}]"
+    return name if isinstance(name, str) else None
 
 
-def _openai_tool_name(tool: Any, i: int) -> str:
+def _openai_tool_label(tool: Any) -> str | None:
     if isinstance(tool, dict):
         fn = tool.get("function")
         name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
         if isinstance(name, str):
             return name
-    return f"tools[{i}]"
+    return None
+
+
+def _anthropic_tool_name(tool: Any, i: int) -> str:
+    name = _anthropic_tool_label(tool)
+    return f"tools[{i}]" if name is None else name
+
+
+def _openai_tool_name(tool: Any, i: int) -> str:
+    name = _openai_tool_label(tool)
+    return f"tools[{i}]" if name is None else name
 
 
 def _role(message: Any) -> str:
@@ -243,6 +253,132 @@ def segments_openai(
         seg = _segment(kind, f"messages[{i}]:{_role(message)}", data, texts_)
         (head if i < leading else rest).append(seg)
     return tools + head + rest if tools_first else head + tools + rest
+
+
+# -- from the request bytes ------------------------------------------------------------
+# The same segments, computed from the JSON bytes of a request instead of its decoded
+# object. Each tool, system block and message is cut out of the bytes as it came
+# (``msgspec.Raw``, no Python objects for its contents) and looked up by those bytes: an
+# agent sends the same tools, system prompt and history every turn, so nearly every piece
+# was seen the turn before and only the new ones are decoded, stripped and hashed (by the
+# functions above, so the result is the same). Bodies of another shape (a ``tools`` that
+# is not an array, say) go the object way.
+class _Shape(msgspec.Struct):
+    """What the segments are cut from, in one pass over the bytes."""
+
+    tools: list[msgspec.Raw] | None = None
+    messages: list[msgspec.Raw] | None = None
+    system: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_SHAPE = msgspec.json.Decoder(_Shape)
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_decode_any = msgspec.json.Decoder().decode
+
+
+class _Pieces:
+    """(digest, chars, label) by key: a tool, block or message by its bytes as sent (the
+    label: a tool's name or a message's role), or the tool list by its tools' digests;
+    least recently used first out, within a byte budget."""
+
+    def __init__(self, budget: int = 32 * 1024 * 1024) -> None:
+        self._d: OrderedDict[tuple, tuple[str, int, str | None]] = OrderedDict()
+        self._bytes = 0
+        self.budget = budget
+
+    def get(self, key: tuple, size: int, make) -> tuple[str, int, str | None]:
+        hit = self._d.get(key)
+        if hit is not None:
+            self._d.move_to_end(key)
+            return hit
+        hit = self._d[key] = make()
+        self._bytes += size
+        while self._bytes > self.budget and self._d:
+            old, _ = self._d.popitem(last=False)
+            self._bytes -= len(old[1]) if isinstance(old[1], bytes) else 64 * len(old[1])
+        return hit
+
+
+_PIECES = _Pieces()
+
+
+def _piece(tag: str, raw: bytes, label_of) -> tuple[str, int, str | None]:
+    def make() -> tuple[str, int, str | None]:
+        obj = _decode_any(raw)
+        digest, chars = _DIGESTS.of(canonical_json(_strip(obj)))
+        return digest, chars, label_of(obj)
+
+    return _PIECES.get((tag, raw), len(raw), make)
+
+
+def _tools_from_raw(raws: list[msgspec.Raw] | None, api: str) -> list[Segment]:
+    if not raws:
+        return []
+    items = [bytes(t) for t in raws]
+    label_of = _anthropic_tool_label if api == "anthropic" else _openai_tool_label
+    pieces = [_piece(f"tool:{api}", t, label_of) for t in items]  # label: the name, or None
+
+    def whole() -> tuple[str, int, str | None]:
+        # The list's canonical JSON is its items' canonical JSON joined (compact separators).
+        parts = [canonical_json(_strip(_decode_any(t))) for t in items]
+        digest, chars = _DIGESTS.of(b"[" + b",".join(parts) + b"]")
+        return digest, chars, None
+
+    # The list is known by its tools' digests (their canonical bytes, so its own).
+    key = ("tools", tuple(p[0] for p in pieces))
+    digest, chars, _ = _PIECES.get(key, 64 * len(pieces), whole)
+    out = [Segment("tools", "tools", digest, chars, (chars + 3) // 4)]
+    for i, (digest, chars, name) in enumerate(pieces):
+        name = f"tools[{i}]" if name is None else name  # a tool without a name: its position
+        out.append(Segment("tool", name, digest, chars, (chars + 3) // 4))
+    return out
+
+
+def _no_label(_obj: Any) -> str:
+    return ""
+
+
+def segments_from_bytes(
+    raw: bytes, api: str, *, tools_first: bool | None = None
+) -> list[Segment] | None:
+    """:func:`segments_anthropic` (``api="anthropic"``) or :func:`segments_openai` of the
+    request whose JSON is ``raw``, without texts; ``None`` for a body of another shape
+    (the caller then uses those functions)."""
+    if tools_first is None:
+        tools_first = api == "openai"
+    try:
+        shape = _SHAPE.decode(raw)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError: another shape
+        return None
+    tools = _tools_from_raw(shape.tools, api)
+    msgs = [_piece("message", bytes(m), _role) for m in shape.messages or ()]
+
+    def seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
+        return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
+
+    if api == "anthropic":
+        head: list[Segment] = []
+        system = bytes(shape.system)
+        if system[:1] == b'"':
+            head.append(seg("system", "system", _piece("system", system, _no_label)))
+        elif system[:1] == b"[":
+            for i, block in enumerate(_ITEMS.decode(system)):
+                piece = _piece("block", bytes(block), _no_label)
+                head.append(seg("system", f"system[{i}]", piece))
+        elif system != b"null":
+            return None
+        out = tools + head if tools_first else head + tools
+        out += [seg("message", f"messages[{i}]:{p[2]}", p) for i, p in enumerate(msgs)]
+        return out
+    leading = 0
+    while leading < len(msgs) and msgs[leading][2] in ("system", "developer"):
+        leading += 1
+    lead = [seg("system", f"messages[{i}]:{p[2]}", p) for i, p in enumerate(msgs[:leading])]
+    rest = [
+        seg("message", f"messages[{i}]:{p[2]}", p)
+        for i, p in enumerate(msgs[leading:], start=leading)
+    ]
+    return tools + lead + rest if tools_first else lead + tools + rest
 
 
 def texts_of(
