@@ -105,12 +105,22 @@ class ScriptedUpstream:
         self.headers: list[dict] = []
         self.script = lambda body: Reply(text="Hello from upstream")
         self.cancelled = 0
+        self.model_ids: list[str] | None = None  # GET /v1/models: None answers 404
+        self.model_listings = 0
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
             ]
         )
+
+    async def models(self, request: Request) -> Response:
+        self.model_listings += 1
+        self.headers.append(dict(request.headers))
+        if self.model_ids is None:
+            return JSONResponse({"error": {"message": "no such route"}}, status_code=404)
+        return JSONResponse({"object": "list", "data": [{"id": m} for m in self.model_ids]})
 
     async def messages(self, request: Request) -> Response:
         """An Anthropic-compatible upstream (for passthrough channels)."""

@@ -76,6 +76,7 @@ class Gateway:
         self.limiter = make_limiter(config.rate_limits_shared)
         self._admitted: dict[str, Principal] = {}  # request id -> rate-limited principal
         self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
+        self._model_lists: dict[str, tuple[float, list[str]]] = {}  # channel -> (until, ids)
         self._background: set[asyncio.Task] = set()
 
     # -- entry points ------------------------------------------------------------------
@@ -168,13 +169,17 @@ class Gateway:
             log.exception("internal error on /v1/messages/count_tokens")
             return _error_response(GatewayError("internal error"), anthropic_proto.error_bytes)
 
-    def models(self, request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
         try:
             principal = self.auth.authenticate(request.headers)
         except GatewayError as err:
             fmt = anthropic_proto if "anthropic-version" in request.headers else openai_proto
             return _error_response(err, fmt.error_bytes)
-        names = [m for m in self.router.models() if principal.allows(m)]
+        names = dict.fromkeys(self.router.models())
+        for ch in self.config.channels:
+            if not ch.models:  # serves any model: what its upstream says it has
+                names.update(dict.fromkeys(await self._upstream_models(ch, request.headers)))
+        names = [m for m in names if principal.allows(m)]
         if "anthropic-version" in request.headers:
             data = [
                 {"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
@@ -197,6 +202,34 @@ class Gateway:
                 ],
             }
         )
+
+    async def _upstream_models(self, ch: ChannelConfig, incoming) -> list[str]:
+        """The model ids a channel that accepts any model lists upstream (``GET …/models``),
+        kept for a minute (ten seconds after a failure, which lists none)."""
+        now = time.monotonic()
+        cached = self._model_lists.get(ch.name)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        ids: list[str] = []
+        ttl = 10.0
+        urls = [u for u in ch.urls() if self.router.healthy(u)] or list(ch.urls())
+        if ch.kind == "openai":
+            url, headers = urls[0] + "/models", _bearer(ch)
+        else:
+            url = _anthropic_url(urls[0]).removesuffix("/messages") + "/models"
+            headers = _anthropic_headers(ch, incoming)
+        try:
+            doc = await self.upstream.get_json(url, timeouts=ch.timeouts, extra_headers=headers)
+            data = doc.get("data") if isinstance(doc, dict) else None
+            if isinstance(data, list):
+                ids = [
+                    m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
+                ]
+                ttl = 60.0
+        except GatewayError as err:
+            log.info("channel %s: no model list from upstream (%s)", ch.name, err.message)
+        self._model_lists[ch.name] = (now + ttl, ids)
+        return ids
 
     # -- failover loops ----------------------------------------------------------------
     async def _messages_failover(

@@ -282,6 +282,41 @@ class Upstream:
             raise map_status(conn.status, _scrub(body_bytes, headers), conn)
         return UpstreamResponse(conn, pool)
 
+    async def get_json(
+        self, url: str, *, timeouts: Timeouts, extra_headers: dict | None = None
+    ) -> object:
+        """``GET url`` and its JSON body (a listing such as ``/v1/models``); raises
+        :class:`UpstreamError` on any failure, a status >= 300 or a body that is not JSON."""
+        origin, path = self._target(url)
+        headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
+        headers.update(extra_headers or {})
+        try:
+            data = http1.request_head("GET", path, origin, headers, 0)
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise UpstreamError(
+                f"cannot send the request upstream: {exc}", retryable=False
+            ) from None
+        loop = asyncio.get_running_loop()
+        pool = self._pool_of(loop)
+        try:
+            async with asyncio.timeout(timeouts.first_byte):
+                conn = await pool.acquire(origin, timeouts.connect, fresh=True)
+                try:
+                    conn.send(data)
+                    await conn.headers_of_response(timeouts.first_byte)
+                    body = await _read_limited(conn, timeouts.idle, limit=8 * 1024 * 1024)
+                    status = conn.status
+                finally:
+                    pool.release(conn)
+        except (TimeoutError, OSError, http1.HTTPError) as exc:
+            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}") from None
+        if status >= 300:
+            raise map_status(status, _scrub(body, headers), conn)
+        try:
+            return msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            raise UpstreamError("upstream sent a body that is not valid JSON") from None
+
     async def aclose(self) -> None:
         if self._pool is not None:
             self._pool.close()
@@ -299,12 +334,13 @@ def _scrub(data: bytes, headers: dict) -> bytes:
     return data
 
 
-async def _read_limited(conn: http1.Connection, idle: float) -> bytes:
-    """Up to 64 KB of an error body; what cannot be read in time is left out."""
+async def _read_limited(conn: http1.Connection, idle: float, limit: int = _MAX_ERROR_BODY) -> bytes:
+    """Up to ``limit`` bytes of a body (64 KB: an error's); what cannot be read in time is
+    left out."""
     out = bytearray()
     try:
-        while len(out) <= _MAX_ERROR_BODY and (chunk := await conn.read(idle)) is not None:
+        while len(out) <= limit and (chunk := await conn.read(idle)) is not None:
             out += chunk
     except (TimeoutError, http1.HTTPError):
         pass
-    return bytes(out[:_MAX_ERROR_BODY])
+    return bytes(out[:limit])

@@ -231,6 +231,25 @@ def test_models_listing_both_shapes(gateway):
     assert ids == ["a", "b"]
 
 
+def test_models_of_a_channel_that_serves_any_model_come_from_its_upstream(
+    gateway, upstream, monkeypatch
+):
+    monkeypatch.setenv("UP_KEY", "sk-upstream-models-0123456789")
+    gw = gateway({"api_key_env": "UP_KEY", "model_map": {"alias": "up-1"}})
+    upstream.model_ids = ["up-1", "up-2"]
+    assert [m.id for m in o_client(gw).models.list()] == ["alias", "up-1", "up-2"]
+    assert [m.id for m in a_client(gw).models.list()] == ["alias", "up-1", "up-2"]
+    assert upstream.model_listings == 1  # kept for a minute
+    assert upstream.headers[-1]["authorization"] == "Bearer sk-upstream-models-0123456789"
+
+
+def test_models_listing_survives_an_upstream_without_one(gateway, upstream):
+    gw = gateway()
+    upstream.model_ids = None  # 404
+    assert [m.id for m in o_client(gw).models.list()] == []
+    assert upstream.model_listings == 1
+
+
 def test_count_tokens(gateway):
     gw = gateway()
     n = a_client(gw).messages.count_tokens(
