@@ -227,12 +227,7 @@ class Upstream:
         }
         if extra_headers:
             headers.update(extra_headers)
-        try:
-            data = http1.request_head("POST", path, origin, headers, len(body)) + body
-        except (ValueError, UnicodeEncodeError) as exc:
-            raise UpstreamError(
-                f"cannot send the request upstream: {exc}", retryable=False
-            ) from None
+        data = _request_bytes("POST", path, origin, headers, body)
         loop = asyncio.get_running_loop()
         pool = self._pool_of(loop)
         deadline = loop.time() + timeouts.first_byte
@@ -290,14 +285,8 @@ class Upstream:
         origin, path = self._target(url)
         headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
         headers.update(extra_headers or {})
-        try:
-            data = http1.request_head("GET", path, origin, headers, 0)
-        except (ValueError, UnicodeEncodeError) as exc:
-            raise UpstreamError(
-                f"cannot send the request upstream: {exc}", retryable=False
-            ) from None
-        loop = asyncio.get_running_loop()
-        pool = self._pool_of(loop)
+        data = _request_bytes("GET", path, origin, headers, b"")
+        pool = self._pool_of(asyncio.get_running_loop())
         try:
             async with asyncio.timeout(timeouts.first_byte):
                 conn = await pool.acquire(origin, timeouts.connect, fresh=True)
@@ -321,6 +310,13 @@ class Upstream:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+
+def _request_bytes(method: str, path: str, origin, headers: dict, body: bytes) -> bytes:
+    try:
+        return http1.request_head(method, path, origin, headers, len(body)) + body
+    except (ValueError, UnicodeEncodeError) as exc:  # a header that could inject a line
+        raise UpstreamError(f"cannot send the request upstream: {exc}", retryable=False) from None
 
 
 def _scrub(data: bytes, headers: dict) -> bytes:
