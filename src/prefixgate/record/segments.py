@@ -100,8 +100,9 @@ class _Digests:
     segments long enough to be worth it."""
 
     MIN = 2048
+    ENTRY = 160  # bytes an entry costs beyond its key's: the dict slot, the tuple, the str
 
-    def __init__(self, budget: int = 32 * 1024 * 1024) -> None:
+    def __init__(self, budget: int = 4 * 1024 * 1024) -> None:
         self._d: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
         self._bytes = 0
         self.budget = budget
@@ -114,10 +115,10 @@ class _Digests:
             self._d.move_to_end(data)
             return hit
         hit = self._d[data] = (hashlib.blake2b(data, digest_size=16).hexdigest(), _chars(data))
-        self._bytes += len(data)
+        self._bytes += len(data) + self.ENTRY
         while self._bytes > self.budget and self._d:
             old, _ = self._d.popitem(last=False)
-            self._bytes -= len(old)
+            self._bytes -= len(old) + self.ENTRY
         return hit
 
 
@@ -281,7 +282,9 @@ class _Pieces:
     label: a tool's name or a message's role), or the tool list by its tools' digests;
     least recently used first out, within a byte budget."""
 
-    def __init__(self, budget: int = 32 * 1024 * 1024) -> None:
+    ENTRY = 240  # bytes an entry costs beyond its key's: the dict slot, the tuples, the str
+
+    def __init__(self, budget: int = 16 * 1024 * 1024) -> None:
         self._d: OrderedDict[tuple, tuple[str, int, str | None]] = OrderedDict()
         self._bytes = 0
         self.budget = budget
@@ -292,10 +295,11 @@ class _Pieces:
             self._d.move_to_end(key)
             return hit
         hit = self._d[key] = make()
-        self._bytes += size
+        self._bytes += size + self.ENTRY
         while self._bytes > self.budget and self._d:
             old, _ = self._d.popitem(last=False)
-            self._bytes -= len(old[1]) if isinstance(old[1], bytes) else 64 * len(old[1])
+            size = len(old[1]) if isinstance(old[1], bytes) else 64 * len(old[1])
+            self._bytes -= size + self.ENTRY
         return hit
 
 
