@@ -102,7 +102,7 @@ class _Digests:
     MIN = 2048
     ENTRY = 160  # bytes an entry costs beyond its key's: the dict slot, the tuple, the str
 
-    def __init__(self, budget: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, budget: int = 2 * 1024 * 1024) -> None:
         self._d: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
         self._bytes = 0
         self.budget = budget
@@ -284,7 +284,7 @@ class _Pieces:
 
     ENTRY = 240  # bytes an entry costs beyond its key's: the dict slot, the tuples, the str
 
-    def __init__(self, budget: int = 16 * 1024 * 1024) -> None:
+    def __init__(self, budget: int = 8 * 1024 * 1024) -> None:
         self._d: OrderedDict[tuple, tuple[str, int, str | None]] = OrderedDict()
         self._bytes = 0
         self.budget = budget
