@@ -87,20 +87,38 @@ def _in_stream_error(obj: dict, secret: bytes | None) -> GatewayError | None:
     return None
 
 
-async def _batches(resp: UpstreamResponse, first: bytes, idle: float) -> AsyncIterator[list[bytes]]:
-    """The ``data`` payloads of an upstream SSE stream, a list per read from the upstream
-    (so that what arrived together leaves together: one write to the client, not one per
-    event); ends at EOF (the caller stops at ``[DONE]``)."""
-    dec = SSEDecoder()
-    chunk: bytes | None = first
-    while chunk is not None:
-        datas = [data for _, data in dec.feed(chunk)]
-        if datas:
-            yield datas
-        chunk = await resp.next(idle)
-    tail = [data for _, data in dec.flush()]
-    if tail:
-        yield tail
+class _Events:
+    """The JSON objects of an upstream SSE stream, a list per read from the upstream (what
+    arrived together leaves together: one write to the client, not one per event), until
+    ``[DONE]`` (then ``done``) or EOF. An error object raises, after the objects before it
+    have been handed over; the channel's key (``secret``) is scrubbed from it."""
+
+    def __init__(self, resp: UpstreamResponse, first: bytes, idle: float, secret) -> None:
+        self.resp, self.first, self.idle, self.secret = resp, first, idle, secret
+        self.done = False
+
+    async def __aiter__(self) -> AsyncIterator[list[dict]]:
+        dec = SSEDecoder()
+        chunk: bytes | None = self.first
+        while True:
+            datas = dec.feed(chunk) if chunk is not None else dec.flush()
+            objs: list[dict] = []
+            for _, data in datas:
+                if data == b"[DONE]":
+                    self.done = True
+                    break
+                obj = _json(data)
+                err = _in_stream_error(obj, self.secret)
+                if err is not None:
+                    if objs:
+                        yield objs
+                    raise err
+                objs.append(obj)
+            if objs:
+                yield objs
+            if self.done or chunk is None:
+                return
+            chunk = await self.resp.next(self.idle)
 
 
 # -- Anthropic out, from an OpenAI-compatible upstream ------------------------------------
@@ -134,29 +152,20 @@ def messages_stream(
     secret = _secret(ch)
 
     async def gen() -> AsyncIterator[bytes]:
-        done = False
         pending = [conv.start()]  # what goes out with the next write
         try:
-            async for batch in _batches(resp, first, ch.timeouts.idle):
-                for data in batch:
-                    if data == b"[DONE]":
-                        done = True
-                        break
-                    obj = _json(data)
-                    err = _in_stream_error(obj, secret)
-                    if err is not None:
-                        raise err
+            events = _Events(resp, first, ch.timeouts.idle, secret)
+            async for objs in events:
+                for obj in objs:
                     out = conv.feed(obj)
                     if out:
                         if rec.first_byte_at is None:
                             rec.first_byte_at = time.time()
                         pending.append(out)
-                if done:
-                    break
-                if pending:
+                if pending and not events.done:
                     yield b"".join(pending)
                     pending = []
-            if not done and conv.finish_reason is None:
+            if not events.done and conv.finish_reason is None:
                 raise UpstreamError("upstream stream ended before it finished")
             pending.append(conv.finish())
             rec.status = 200
@@ -274,18 +283,11 @@ def chat_stream(
 
     async def gen() -> AsyncIterator[bytes]:
         usage = Usage()
-        done = False
         pending: list[bytes] = []  # what goes out with the next write
         try:
-            async for batch in _batches(resp, first, idle):
-                for data in batch:
-                    if data == b"[DONE]":
-                        done = True
-                        break
-                    obj = _json(data)
-                    err = _in_stream_error(obj, secret)
-                    if err is not None:
-                        raise err
+            events = _Events(resp, first, idle, secret)
+            async for objs in events:
+                for obj in objs:
                     if isinstance(obj.get("usage"), dict):
                         usage = Usage.from_openai(obj["usage"])
                     if not want_usage and "usage" in obj:
@@ -297,12 +299,10 @@ def chat_stream(
                     if rec.first_byte_at is None and obj.get("choices"):
                         rec.first_byte_at = time.time()
                     pending.append(b"data: " + _encode(obj) + b"\n\n")
-                if done:
-                    break
-                if pending:
+                if pending and not events.done:
                     yield b"".join(pending)
                     pending = []
-            if not done:
+            if not events.done:
                 raise UpstreamError("upstream stream ended before it finished")
             rec.status = 200
             await _close(gw, resp, rec, usage)
