@@ -517,7 +517,6 @@ class Server:
         max_header_bytes: int = 1024 * 1024,
         lifespan: bool = True,
         on_started: Callable[[], None] | None = None,
-        **_ignored,
     ) -> None:
         self.app = app
         self.graceful = graceful

@@ -160,7 +160,6 @@ def http_server(
     graceful: float = 5,
     max_body: int = 64 * 1024 * 1024,
     max_header_bytes: int = 1024 * 1024,
-    **_ignored,
 ) -> httpserver.Server:
     """The gateway's own HTTP server (``httpserver``) for ``app``."""
     return httpserver.Server(
