@@ -29,6 +29,9 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import wait_http  # noqa: E402
+
 KEY = "pg-soak-" + "k" * 24
 UPSTREAM_KEY = "sk-upstream-soak-SECRET-123456"
 
@@ -44,17 +47,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
 
 
 async def load(url: str, seconds: float, rps: float, stats: dict) -> None:
@@ -169,8 +161,8 @@ def main() -> None:
     )
     url = f"http://127.0.0.1:{gw_port}"
     try:
-        wait_http(f"http://127.0.0.1:{up_port}/health")
-        wait_http(url + "/healthz")
+        wait_http(f"http://127.0.0.1:{up_port}/health", upstream)
+        wait_http(url + "/healthz", gateway)
         stats = {"sent": 0, "errors": 0}
         samples: list[tuple[float, float]] = []
         seconds = args.minutes * 60

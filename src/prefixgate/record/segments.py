@@ -36,7 +36,7 @@ _encode_float = msgspec.json.encode
 # writes "1e+16", "1e-07") and non-finite ones (msgspec "null", Python "NaN"). An object
 # holding such a float is encoded with json.dumps instead. Finding them is a walk over the
 # object's containers (most agent requests hold no float at all), not a scan of its text.
-_CONTAINERS = (dict, list)
+_FLOAT_OR_CONTAINER = frozenset((dict, list, float))
 
 
 def _floats_differ(obj: Any) -> bool:
@@ -55,9 +55,6 @@ def _floats_differ(obj: Any) -> bool:
                 nxt.extend(node)
         level = [v for v in nxt if type(v) in _FLOAT_OR_CONTAINER]
     return False
-
-
-_FLOAT_OR_CONTAINER = frozenset((dict, list, float))
 
 
 def canonical_json(obj: Any, *, floats_checked: bool = False) -> bytes:
