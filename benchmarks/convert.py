@@ -4,9 +4,12 @@ streamed response through the stream state machine. No I/O.
     python benchmarks/convert.py [--json]
 
 Request figures use the body of ``shared/fixtures/claude-code/01_v2.1.332_print_turn1.json``
-(a real Claude Code request, 50 KB of JSON): ``convert`` is ``anthropic_to_openai`` alone;
-``request path`` is what the gateway does to it before sending: decode (with the depth
-check), the request checks, the billing-header hygiene, the conversion and the encoding.
+(a real Claude Code request, 50 KB of JSON). ``request path`` is what the gateway does to
+it before sending: the typed decode with its checks (``decode_messages_body``), the
+billing-header hygiene, the conversion (texts stay raw JSON) and the encoding; ``decode``
+and ``convert`` are its first and third steps. ``plain path`` is the same on plain
+objects (decode with the depth check, the dict checks, ``anthropic_to_openai``, encode):
+the way the gateway went before, and still goes for a request the typed decode refuses.
 The stream figures feed a 256-chunk OpenAI stream (decoded chunks, as the relay gives
 them) through ``AnthropicStream``. Goal: ≤ 0.5 ms for the request path.
 """
@@ -23,11 +26,13 @@ from pathlib import Path
 import msgspec
 
 from prefixgate.config import Limits
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert
 from prefixgate.convert.stream import AnthropicStream
 from prefixgate.hygiene import strip_billing_header
+from prefixgate.hygiene.billing import strip_billing_header_typed
 from prefixgate.protocol.anthropic import check_messages_request
 from prefixgate.protocol.common import decode_body
+from prefixgate.protocol.messages_body import decode_messages_body
 from prefixgate.sse import SSEDecoder
 
 HERE = Path(__file__).resolve().parent
@@ -87,16 +92,22 @@ def main() -> None:
 
     raw = fixture_body()
     limits = Limits()
-    body = decode_body(raw, limits)
+    typed = decode_messages_body(raw, limits).typed
     opts = ConvertOptions(upstream_model="served-model")
     decode = msgspec.json.decode
     encode = msgspec.json.encode
 
     def request_path() -> bytes:
+        clean, _ = strip_billing_header_typed(decode_messages_body(raw, limits).typed)
+        return encode(convert(clean, opts))
+
+    def plain_path() -> bytes:
         b = decode_body(raw, limits)
         check_messages_request(b, limits)
         clean, _ = strip_billing_header(b)
         return encode(anthropic_to_openai(clean, opts))
+
+    assert decode(request_path()) == decode(plain_path())
 
     chunks = stream_chunks(args.chunks)
 
@@ -112,9 +123,10 @@ def main() -> None:
 
     results = {
         "body_bytes": len(raw),
-        "decode": timed(lambda: decode_body(raw, limits), args.n),
-        "convert": timed(lambda: anthropic_to_openai(body, opts), args.n),
+        "decode": timed(lambda: decode_messages_body(raw, limits), args.n),
+        "convert": timed(lambda: convert(typed, opts), args.n),
         "request_path": timed(request_path, args.n),
+        "plain_path": timed(plain_path, args.n),
         f"stream_{args.chunks}_chunks": timed(stream, max(50, args.n // 10)),
     }
     s = results[f"stream_{args.chunks}_chunks"]

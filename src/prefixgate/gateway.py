@@ -31,14 +31,16 @@ from starlette.responses import JSONResponse, Response
 from prefixgate import relay
 from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert, plain
 from prefixgate.errors import GatewayError, InvalidRequest, NotFound, RequestTooLarge, UpstreamError
 from prefixgate.hygiene import strip_billing_header
+from prefixgate.hygiene.billing import strip_billing_header_typed
 from prefixgate.identify import client_of, session_of_chat, session_of_messages
 from prefixgate.metrics import GatewayMetrics
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.common import decode_body
+from prefixgate.protocol.messages_body import MessagesBody, decode_messages_body
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
 from prefixgate.routing.channels import ChannelRouter, Target
@@ -84,8 +86,8 @@ class Gateway:
         return await self._serve(
             request,
             "messages",
-            decode_body,
-            anthropic_proto.check_messages_request,
+            decode_messages_body,
+            _checked,
             session_of_messages,
             anthropic_proto.error_bytes,
             self._messages_route,
@@ -139,7 +141,7 @@ class Gateway:
             body["model"],
             rec.session_id,
             kinds=("openai", "anthropic"),
-            prompt=lambda ch: self._chat_request(body, ch, outs),
+            prompt=lambda ch: plain(self._chat_request(body, ch, outs)),
         )
         return await self._messages_failover(request, body, targets, rec, principal, outs, raw)
 
@@ -251,7 +253,7 @@ class Gateway:
                 url = target.base_url + "/chat/completions"
                 headers = _bearer(ch)
             else:
-                out = {**body, "model": ch.upstream_model(body["model"])}
+                out = {**body.whole(), "model": ch.upstream_model(body["model"])}
                 url = _anthropic_url(target.base_url)
                 headers = _anthropic_headers(ch, request.headers)
             rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, out["model"]
@@ -357,14 +359,16 @@ class Gateway:
             return strip_billing_header(body)
         return body, False
 
-    def _chat_request(self, body: dict, ch: ChannelConfig, outs: dict[str, dict]) -> dict:
+    def _chat_request(self, body: MessagesBody, ch: ChannelConfig, outs: dict[str, dict]) -> dict:
         """The OpenAI chat request a channel receives for an Anthropic request, converted
-        once per channel (the ``prefix`` policy and the send share it)."""
+        once per channel (the ``prefix`` policy and the send share it); texts stay raw."""
         out = outs.get(ch.name)
         if out is None:
-            clean, _ = self._hygiene(body, ch) if ch.kind == "openai" else (body, False)
-            out = outs[ch.name] = anthropic_to_openai(
-                clean,
+            typed = body.typed
+            if ch.kind == "openai" and ch.strip_billing_header:
+                typed, _ = strip_billing_header_typed(typed)
+            out = outs[ch.name] = convert(
+                typed,
                 ConvertOptions(ch.upstream_model(body["model"]), ch.thinking, ch.history_thinking),
             )
         return out
@@ -510,6 +514,10 @@ def _anthropic_headers(ch: ChannelConfig, incoming) -> dict:
     if key:
         headers["x-api-key"] = key
     return headers
+
+
+def _checked(body: MessagesBody, limits) -> None:
+    """A Messages request is checked as it is decoded (``decode_messages_body``)."""
 
 
 def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:

@@ -8,6 +8,12 @@ Rules that protect the upstream prefix cache:
   hoisted into the top system prompt, which would change the prefix on every turn);
 - Anthropic-only fields (``cache_control``, ``context_management``, ``output_config``,
   ``safeguards``, ``defer_loading`` …) are dropped without error.
+
+The converter reads the typed request (``protocol/messages_body.py``): texts arrive as
+``msgspec.Raw`` (JSON strings as the client wrote them) and leave the same way, so the
+upstream body is assembled without unescaping or escaping the bulk of the prompt. Where
+texts are joined, their JSON is joined (``_join``). ``convert`` gives that raw-leaved dict
+(what the gateway encodes and sends); ``anthropic_to_openai`` gives plain objects.
 """
 
 from __future__ import annotations
@@ -15,7 +21,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from prefixgate.errors import InvalidRequest
+import msgspec
+from msgspec import Raw
+
+from prefixgate.protocol.messages_body import (
+    DocumentBlock,
+    ImageBlock,
+    MessagesBody,
+    Request,
+    SystemBlock,
+    TextBlock,
+    ThinkingBlock,
+    Tool,
+    ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
+    is_string,
+    typed_request,
+)
 
 _EFFORTS = ("low", "medium", "high")
 
@@ -32,7 +55,14 @@ def dumps(obj: object) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+Text = str | Raw  # a string, or a JSON string as it came
+
+_ANY = msgspec.json.Decoder()
+_encode = msgspec.json.encode
+
+
 def system_text(system: object) -> str:
+    """The system prompt of a plain request, as one string."""
     if system is None:
         return ""
     if isinstance(system, str):
@@ -43,37 +73,110 @@ def system_text(system: object) -> str:
 
 
 def anthropic_to_openai(body: dict, opts: ConvertOptions) -> dict:
+    """A plain Messages request dict (or a ``MessagesBody``) → the Chat request, plain."""
+    typed = body.typed if isinstance(body, MessagesBody) else typed_request(body)
+    return plain(convert(typed, opts))
+
+
+def plain(out: dict) -> dict:
+    """A converted request with its raw texts decoded."""
+    return _ANY.decode(_encode(out))
+
+
+def convert(req: Request, opts: ConvertOptions) -> dict:
+    """The Chat request for a typed Messages request; texts stay raw."""
     messages: list[dict] = []
-    sys_text = system_text(body.get("system"))
-    if sys_text:
+    sys_text = _system(req.system)
+    if not _empty(sys_text):
         messages.append({"role": "system", "content": sys_text})
-    for m in body.get("messages", ()):
+    for m in req.messages:
         messages.extend(_convert_message(m, opts))
 
     out: dict = {"model": opts.upstream_model, "messages": messages}
-    tools = [_convert_tool(t) for t in body.get("tools") or () if _is_function_tool(t)]
+    tools = [_convert_tool(t) for t in req.tools or () if _is_function_tool(t)]
     if tools:
         out["tools"] = tools
-    tc = body.get("tool_choice")
-    if tc and tools:
+    tc = req.tool_choice
+    if tc is not None and tools:
         choice, parallel = _convert_tool_choice(tc)
         out["tool_choice"] = choice
         if parallel is not None:
             out["parallel_tool_calls"] = parallel
-    out["max_tokens"] = body["max_tokens"]
+    out["max_tokens"] = req.max_tokens
     for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k")):
-        if body.get(src) is not None:
-            out[dst] = body[src]
-    if body.get("stop_sequences"):
-        out["stop"] = list(body["stop_sequences"])
-    user = _user_of(body.get("metadata"))
+        value = getattr(req, src)
+        if value is not None:
+            out[dst] = value
+    if req.stop_sequences:
+        out["stop"] = list(req.stop_sequences)
+    user = _user_of(req.metadata)
     if user:
         out["user"] = user
-    _apply_thinking(out, body, opts)
-    if body.get("stream"):
+    _apply_thinking(out, req, opts)
+    if req.stream:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
     return out
+
+
+# -- texts as JSON -------------------------------------------------------------------------
+def _inner(text: Text):
+    """The JSON of a text between its quotes."""
+    if type(text) is str:
+        return _encode(text)[1:-1]
+    return memoryview(text)[1:-1]
+
+
+def _join(texts: list[Text], sep: str) -> Text:
+    """``sep.join(texts)``, done on the JSON when a text is raw."""
+    if len(texts) == 1:
+        return texts[0]
+    if all(type(t) is str for t in texts):
+        return sep.join(texts)
+    return Raw(b'"' + bytes(_inner(sep)).join(_inner(t) for t in texts) + b'"')
+
+
+def _prefixed(prefix: str, text: Text) -> Text:
+    return prefix + text if type(text) is str else _join([prefix, text], "")
+
+
+def _empty(text: Text) -> bool:
+    return text == "" if type(text) is str else len(text) <= 2
+
+
+def _as_text(raw: Raw, default: str = "") -> Text:
+    """A raw value where the plain converter formats whatever it finds into a string."""
+    if not raw:
+        return default
+    if is_string(raw):
+        return raw
+    return str(_ANY.decode(raw))
+
+
+def _truthy(raw: Raw) -> bool:
+    """``bool()`` of a raw JSON value as Python would see it decoded."""
+    n = len(raw)
+    if n == 0:
+        return False
+    first = memoryview(raw)[0]
+    if first == 34:  # a string
+        return n > 2
+    if n > 16 and first in _CONTAINER_OPENERS:
+        return True  # an object or array this long has something in it
+    return bool(_ANY.decode(raw))
+
+
+_CONTAINER_OPENERS = (91, 123)  # '[', '{'
+
+
+def _system(system: str | list[SystemBlock] | None) -> Text:
+    if system is None:
+        return ""
+    if type(system) is str:
+        return system
+    if not system:
+        return ""
+    return _join([b.text for b in system], "\n")
 
 
 def _user_of(metadata: object) -> str | None:
@@ -84,15 +187,15 @@ def _user_of(metadata: object) -> str | None:
     return None
 
 
-def _apply_thinking(out: dict, body: dict, opts: ConvertOptions) -> None:
-    thinking = body.get("thinking")
+def _apply_thinking(out: dict, req: Request, opts: ConvertOptions) -> None:
+    thinking = req.thinking
     if not isinstance(thinking, dict) or opts.thinking == "drop":
         return
     enabled = thinking.get("type") in ("enabled", "adaptive")
     if opts.thinking == "chat_template_kwargs":
         out["chat_template_kwargs"] = {"enable_thinking": enabled}
     elif opts.thinking == "reasoning_effort" and enabled:
-        out["reasoning_effort"] = _effort(thinking, body.get("output_config"))
+        out["reasoning_effort"] = _effort(thinking, req.output_config)
 
 
 def _effort(thinking: dict, output_config: object) -> str:
@@ -104,70 +207,67 @@ def _effort(thinking: dict, output_config: object) -> str:
     return "medium"
 
 
-def _is_function_tool(tool: dict) -> bool:
+def _is_function_tool(tool: Tool) -> bool:
     # Server tools (web search, code execution …) have a versioned type and no schema.
-    ttype = tool.get("type")
-    return ttype in (None, "custom") or "input_schema" in tool
+    return tool.type in (None, "custom") or bool(tool.input_schema)
 
 
-def _convert_tool(tool: dict) -> dict:
-    fn: dict = {"name": tool["name"]}
-    if tool.get("description"):
-        fn["description"] = tool["description"]
-    fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+def _convert_tool(tool: Tool) -> dict:
+    fn: dict = {"name": tool.name}
+    if _truthy(tool.description):
+        fn["description"] = tool.description
+    schema = tool.input_schema
+    fn["parameters"] = schema if _truthy(schema) else {"type": "object", "properties": {}}
     return {"type": "function", "function": fn}
 
 
-def _convert_tool_choice(tc: dict) -> tuple[object, bool | None]:
-    kind = tc.get("type")
-    parallel = False if tc.get("disable_parallel_tool_use") else None
+def _convert_tool_choice(tc: ToolChoice) -> tuple[object, bool | None]:
+    kind = tc.type
+    parallel = False if tc.disable_parallel_tool_use else None
     if kind == "any":
         return "required", parallel
     if kind == "tool":
-        return {"type": "function", "function": {"name": tc["name"]}}, parallel
+        return {"type": "function", "function": {"name": tc.name}}, parallel
     if kind == "none":
         return "none", None
     return "auto", parallel
 
 
-def _convert_message(m: dict, opts: ConvertOptions) -> list[dict]:
-    role = m["role"]
-    content = m["content"]
-    if isinstance(content, str):
+def _convert_message(m, opts: ConvertOptions) -> list[dict]:
+    role = m.role
+    content = m.content
+    if type(content) is str:
         return [{"role": role, "content": content}]
     if role == "assistant":
         return [_convert_assistant(content, opts)]
     if role == "system":
-        return [{"role": "system", "content": _join_text(content)}]
+        texts = [b.text for b in content if type(b) is TextBlock]
+        return [{"role": "system", "content": _join(texts, "\n") if texts else ""}]
     return _convert_user(content)
 
 
-def _join_text(blocks: list) -> str:
-    return "\n".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-
-
 def _convert_assistant(blocks: list, opts: ConvertOptions) -> dict:
-    texts: list[str] = []
-    reasoning: list[str] = []
+    texts: list[Text] = []
+    reasoning: list[Text] = []
     calls: list[dict] = []
     for b in blocks:
-        btype = b.get("type")
-        if btype == "text":
-            texts.append(b.get("text", ""))
-        elif btype == "thinking":
-            reasoning.append(b.get("thinking", ""))
-        elif btype == "tool_use":
+        kind = type(b)
+        if kind is TextBlock:
+            texts.append(b.text)
+        elif kind is ThinkingBlock:
+            reasoning.append(b.thinking)
+        elif kind is ToolUseBlock:
             calls.append(
                 {
-                    "id": b["id"],
+                    "id": b.id,
                     "type": "function",
-                    "function": {"name": b["name"], "arguments": dumps(b.get("input", {}))},
+                    "function": {"name": b.name, "arguments": dumps(b.input)},
                 }
             )
         # redacted_thinking and server-tool blocks cannot be replayed upstream: dropped.
-    msg: dict = {"role": "assistant", "content": "".join(texts) if texts else None}
+    msg: dict = {"role": "assistant", "content": _join(texts, "") if texts else None}
     if reasoning and opts.history_thinking == "reasoning_content":
-        msg["reasoning_content"] = "".join(reasoning)
+        msg["reasoning_content"] = _join(reasoning, "")
     if calls:
         msg["tool_calls"] = calls
     if msg["content"] is None and not calls:
@@ -181,65 +281,67 @@ def _convert_user(blocks: list) -> list[dict]:
     out: list[dict] = []
     parts: list[dict] = []
     for b in blocks:
-        btype = b.get("type")
-        if btype == "tool_result":
+        kind = type(b)
+        if kind is ToolResultBlock:
             text, images = _tool_result_content(b)
-            out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
+            out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
             if images:
                 parts.extend(images)
-        elif btype == "text":
-            parts.append({"type": "text", "text": b.get("text", "")})
-        elif btype == "image":
-            parts.append(_image_part(b))
-        elif btype == "document":
+        elif kind is TextBlock:
+            parts.append({"type": "text", "text": b.text})
+        elif kind is ImageBlock:
+            parts.append(_image_part(b.source))
+        elif kind is DocumentBlock:
             parts.append({"type": "text", "text": _document_text(b)})
     if parts:
-        if all(p["type"] == "text" for p in parts) and len(parts) == 1:
+        if len(parts) == 1 and parts[0]["type"] == "text":
             out.append({"role": "user", "content": parts[0]["text"]})
         else:
             out.append({"role": "user", "content": parts})
     return out
 
 
-def _tool_result_content(b: dict) -> tuple[str, list[dict]]:
-    content = b.get("content")
+def _tool_result_content(b: ToolResultBlock) -> tuple[Text, list[dict]]:
+    content = b.content
     images: list[dict] = []
     if content is None:
-        text = ""
-    elif isinstance(content, str):
+        text: Text = ""
+    elif type(content) is Raw:  # a string
         text = content
     else:
-        pieces = []
+        pieces: list[Text] = []
         for inner in content:
-            itype = inner.get("type")
-            if itype == "text":
-                pieces.append(inner.get("text", ""))
-            elif itype == "image":
-                images.append(_image_part(inner))
-            elif itype == "document":
+            kind = type(inner)
+            if kind is TextBlock:
+                pieces.append(inner.text)
+            elif kind is ImageBlock:
+                images.append(_image_part(inner.source))
+            elif kind is DocumentBlock:
                 pieces.append(_document_text(inner))
-        text = "\n".join(pieces)
-    if b.get("is_error"):
-        text = f"Error: {text}" if text else "Error"
+        text = _join(pieces, "\n") if pieces else ""
+    if b.is_error:
+        text = "Error" if _empty(text) else _prefixed("Error: ", text)
     return text, images
 
 
-def _image_part(b: dict) -> dict:
-    src = b.get("source") or {}
-    if src.get("type") == "base64":
-        url = f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
-    elif src.get("type") == "url":
-        url = src.get("url", "")
+def _image_part(src) -> dict:
+    if src.type == "base64":
+        data = _as_text(src.data)
+        url = _join([f"data:{src.media_type};base64,", data], "")
     else:
-        raise InvalidRequest("image source must be base64 or url")
+        url = src.url
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _document_text(b: dict) -> str:
-    src = b.get("source") or {}
+def _document_text(b: DocumentBlock) -> str:
+    src = b.source or {}
     if src.get("type") == "text":
         return src.get("data", "")
     if src.get("type") == "content" and isinstance(src.get("content"), list):
-        return _join_text(src["content"])
-    title = b.get("title") or "document"
+        return "\n".join(
+            x.get("text", "")
+            for x in src["content"]
+            if isinstance(x, dict) and x.get("type") == "text"
+        )
+    title = b.title or "document"
     return f"[{title}: {src.get('media_type', src.get('type', 'unsupported'))} content not supported upstream]"

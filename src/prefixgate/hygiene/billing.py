@@ -9,7 +9,12 @@ vendor's own API reads the header, so this runs only on the Messages → ``opena
 
 from __future__ import annotations
 
+import msgspec
+
+from prefixgate.protocol.messages_body import Request
+
 PREFIX = "x-anthropic-billing-header:"
+_RAW_PREFIX = b'"' + PREFIX.encode()
 
 
 def is_billing_header(text: str) -> bool:
@@ -36,3 +41,28 @@ def strip_billing_header(body: dict) -> tuple[dict, bool]:
         rest = system.split("\n", 1)[1] if "\n" in system else ""
         return {**body, "system": rest}, True
     return body, False
+
+
+def strip_billing_header_typed(req: Request) -> tuple[Request, bool]:
+    """``strip_billing_header`` for a typed request (system texts raw)."""
+    system = req.system
+    if isinstance(system, list):
+        kept = [b for b in system if not _raw_is_header(b.text)]
+        if len(kept) != len(system):
+            return msgspec.structs.replace(req, system=kept), True
+    elif isinstance(system, str):
+        plain, removed = strip_billing_header({"system": system})
+        if removed:
+            return msgspec.structs.replace(req, system=plain["system"]), True
+    return req, False
+
+
+def _raw_is_header(raw: msgspec.Raw) -> bool:
+    """``is_billing_header`` of a raw JSON string, decoding it only when it might start
+    with blanks (a plain text that starts otherwise is told by its first bytes)."""
+    head = bytes(memoryview(raw)[:48])
+    if head.startswith(_RAW_PREFIX):
+        return True
+    if len(head) < 2 or not (head[1:2].isspace() or head[1] == 0x5C or head[1] >= 0x80):
+        return False
+    return is_billing_header(msgspec.json.decode(raw))

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from prefixgate.config import ChannelConfig
+from prefixgate.convert.request import plain
+from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.record.model import Record
 from prefixgate.record.segments import segments_anthropic, segments_from_bytes, segments_openai
@@ -58,7 +60,10 @@ class Capturer:
         def decoded() -> list[dict]:
             nonlocal objects
             if objects is None:
-                objects = materialize(body_in, body_out)
+                if isinstance(body_in, MessagesBody):  # typed, with raw texts inside
+                    objects = [body_in.plain(), plain(body_out)]
+                else:
+                    objects = materialize(body_in, body_out)
             return objects
 
         segs = None

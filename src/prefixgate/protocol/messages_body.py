@@ -1,0 +1,345 @@
+"""The Anthropic Messages request as the hot path reads it: one typed decode.
+
+A Claude Code request is mostly text (the system prompt, tool descriptions and schemas,
+file contents in tool results) that the gateway moves but never reads. So the request is
+decoded once into the structs below, where those texts stay ``msgspec.Raw`` (a view of
+the JSON string in the request bytes, written back verbatim when the upstream request is
+encoded): they are neither unescaped nor escaped again. Everything the gateway reads
+(roles, block types, ids, names, tool inputs, sampling fields) is decoded and type-checked
+by the same decode.
+
+The typed decode is the fast path of the same contract that ``anthropic.check_messages_
+request`` states on a plain dict. When it rejects a request (or any check after it
+fails) the request takes the plain path: decoded as a dict, checked there, so the error
+the client gets names the field exactly as before; and the plain path, when it accepts,
+turns the dict into these structs (``typed_request``), so the converter has one input.
+
+Depth: the structs bound the nesting of everything but the free-form values (tool
+inputs, metadata, thinking, documents ...), whose depth is checked where they sit, so the
+depth limit means the same on both paths for what the gateway decodes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import Meta, Raw, Struct, field
+
+from prefixgate.config import Limits
+from prefixgate.errors import InvalidRequest
+from prefixgate.protocol.common import check_body_bytes, decode_body, json_depth
+
+_QUOTE = 34  # '"': the first byte of a JSON string
+
+
+def is_string(raw: Raw) -> bool:
+    """Whether a raw JSON value is a string (the decoder gives values without blanks)."""
+    return len(raw) > 0 and memoryview(raw)[0] == _QUOTE
+
+
+# -- the structs (unknown fields are skipped: the converter never reads them) -------------
+class Source(Struct):
+    type: Literal["base64", "url"]
+    media_type: Any = "image/png"
+    data: Raw = Raw()
+    url: Any = ""
+
+
+class TextBlock(Struct, tag_field="type", tag="text"):
+    text: Raw
+
+
+class ImageBlock(Struct, tag_field="type", tag="image"):
+    source: Source
+
+
+class DocumentBlock(Struct, tag_field="type", tag="document"):
+    source: Any = None
+    title: Any = None
+
+
+class ToolUseBlock(Struct, tag_field="type", tag="tool_use"):
+    id: str
+    name: str
+    input: Any = field(default_factory=dict)
+
+
+class ToolResultBlock(Struct, tag_field="type", tag="tool_result"):
+    tool_use_id: str
+    # raw until the decode's walk: a string stays raw, an array becomes typed blocks
+    content: Raw = Raw()
+    is_error: Any = None
+
+
+class ThinkingBlock(Struct, tag_field="type", tag="thinking"):
+    thinking: Raw
+
+
+class RedactedThinkingBlock(Struct, tag_field="type", tag="redacted_thinking"):
+    pass
+
+
+class ServerToolUseBlock(Struct, tag_field="type", tag="server_tool_use"):
+    pass
+
+
+class WebSearchResultBlock(Struct, tag_field="type", tag="web_search_tool_result"):
+    pass
+
+
+class SearchResultBlock(Struct, tag_field="type", tag="search_result"):
+    pass
+
+
+class ContainerUploadBlock(Struct, tag_field="type", tag="container_upload"):
+    pass
+
+
+Block = Union[  # noqa: UP007 (msgspec reads the union from this alias)
+    TextBlock,
+    ImageBlock,
+    DocumentBlock,
+    ToolUseBlock,
+    ToolResultBlock,
+    ThinkingBlock,
+    RedactedThinkingBlock,
+    ServerToolUseBlock,
+    WebSearchResultBlock,
+    SearchResultBlock,
+    ContainerUploadBlock,
+]
+
+
+class Message(Struct):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[Block]
+
+
+class SystemBlock(Struct):
+    type: Literal["text"]
+    text: Raw
+
+
+class Tool(Struct):
+    name: str
+    description: Raw = Raw()
+    input_schema: Raw = Raw()
+    type: Any = None
+
+
+class ToolChoice(Struct):
+    type: Literal["auto", "any", "tool", "none"]
+    name: Any = None
+    disable_parallel_tool_use: Any = None
+
+
+class Request(Struct):
+    model: str
+    max_tokens: int
+    messages: list[Message]
+    system: str | list[SystemBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    temperature: int | float | None = None
+    top_p: int | float | None = None
+    top_k: int | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: Any = None
+
+
+# The top-level fields the rest of the gateway reads from the body (relay, identity,
+# records); the heavy ones (messages, system, tools) are read through ``.typed`` only.
+_PLAIN_FIELDS = (
+    "model",
+    "max_tokens",
+    "stream",
+    "metadata",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "thinking",
+)
+
+
+class MessagesBody(dict):
+    """A checked Messages request: a dict of its small top-level fields (what the
+    gateway reads: ``model``, ``stream``, ``metadata`` ...), with the whole request typed
+    in ``typed`` and its bytes in ``raw``."""
+
+    __slots__ = ("typed", "raw")
+
+    def __init__(self, typed: Request, raw: bytes) -> None:
+        super().__init__((k, v) for k in _PLAIN_FIELDS if (v := getattr(typed, k)) is not None)
+        self.typed = typed
+        self.raw = raw
+
+    def whole(self) -> dict:
+        """Every top-level field as it came (what an Anthropic upstream receives): the
+        heavy and the unknown ones raw (they encode back verbatim), the rest decoded."""
+        return {**_TOP.decode(self.raw), **self}
+
+    def plain(self) -> dict:
+        """The request decoded in full, as plain JSON objects."""
+        return _ANY.decode(self.raw)
+
+
+_TOP = msgspec.json.Decoder(dict[str, Raw])
+_ANY = msgspec.json.Decoder()
+_DECODERS: dict[tuple, msgspec.json.Decoder] = {}
+_INNER = msgspec.json.Decoder(list[Block])
+_LENIENT = msgspec.json.Decoder(Request)
+
+
+def _decoder(limits: Limits) -> msgspec.json.Decoder:
+    key = (limits.max_messages, limits.max_tools)
+    dec = _DECODERS.get(key)
+    if dec is None:
+        limited = msgspec.defstruct(
+            "LimitedRequest",
+            [
+                ("messages", Annotated[list[Message], Meta(max_length=limits.max_messages)]),
+                (
+                    "tools",
+                    Annotated[list[Tool], Meta(max_length=limits.max_tools)] | None,
+                    None,
+                ),
+            ],
+            bases=(Request,),
+        )
+        dec = _DECODERS[key] = msgspec.json.Decoder(limited)
+    return dec
+
+
+class _Plain(Exception):
+    """The typed path cannot vouch for this request: take the plain one."""
+
+
+def decode_messages_body(raw: bytes, limits: Limits) -> MessagesBody:
+    """Decode and check a Messages request (``InvalidRequest`` names what is wrong)."""
+    check_body_bytes(raw, limits)
+    try:
+        typed = _decoder(limits).decode(raw)
+        _walk(typed, limits)
+    except (msgspec.DecodeError, RecursionError, _Plain):
+        return _plain_path(raw, limits)
+    return MessagesBody(typed, raw)
+
+
+def _plain_path(raw: bytes, limits: Limits) -> MessagesBody:
+    from prefixgate.protocol.anthropic import check_messages_request
+
+    body = decode_body(raw, limits)
+    check_messages_request(body, limits)
+    # Accepted there: the same request typed (what the typed path could not vouch for
+    # was a limit, which the plain check has now applied).
+    typed = typed_request(body)
+    try:
+        _walk(typed, None)
+    except _Plain:
+        raise InvalidRequest("request body does not have the shape of a Messages request") from None
+    return MessagesBody(typed, raw)
+
+
+def typed_request(body: dict) -> Request:
+    """A plain Messages request dict as the typed structs (the converter's input)."""
+    try:
+        typed = _LENIENT.decode(msgspec.json.encode(body))
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(
+            f"request body does not have the shape of a Messages request: {exc}"
+        ) from None
+    except RecursionError:
+        raise InvalidRequest("request JSON is nested too deeply") from None
+    try:
+        _walk(typed, None)
+    except _Plain:
+        raise InvalidRequest("request body does not have the shape of a Messages request") from None
+    return typed
+
+
+def _walk(typed: Request, limits: Limits | None) -> None:
+    """What the structs cannot say: raw texts are strings, counts and depths are within
+    the limits, and tool results' contents are typed. ``_Plain`` if anything is off."""
+    if limits is not None and (not typed.model or typed.max_tokens < 1):
+        raise _Plain
+    room = limits.max_json_depth if limits is not None else None
+    blocks = 0
+    for m in typed.messages:
+        content = m.content
+        if type(content) is list:
+            blocks += len(content)
+            for b in content:
+                _check_block(b, room, 5)
+    system = typed.system
+    if type(system) is list:
+        blocks += len(system)
+        for s in system:
+            if not is_string(s.text):
+                raise _Plain
+    if limits is None:
+        return
+    if blocks > limits.max_blocks:
+        raise _Plain
+    for t in typed.tools or ():
+        schema = t.input_schema
+        if schema and not (memoryview(schema)[0] == 123 or bytes(schema) == b"null"):  # '{'
+            raise _Plain
+    if typed.tool_choice is not None:
+        tc = typed.tool_choice
+        if tc.type == "tool" and not isinstance(tc.name, str):
+            raise _Plain
+        _deep(tc.name, room, 3)
+        _deep(tc.disable_parallel_tool_use, room, 3)
+    _deep(typed.metadata, room, 2)
+    _deep(typed.thinking, room, 2)
+    _deep(typed.output_config, room, 2)
+    for t in typed.tools or ():
+        _deep(t.type, room, 4)
+
+
+def _check_block(b: Block, room: int | None, at: int) -> None:
+    """Check one block, which sits at depth ``at``."""
+    kind = type(b)
+    if kind is TextBlock:
+        if not is_string(b.text):
+            raise _Plain
+    elif kind is ThinkingBlock:
+        if not is_string(b.thinking):
+            raise _Plain
+    elif kind is ToolUseBlock:
+        _deep(b.input, room, at + 1)
+    elif kind is ToolResultBlock:
+        content = b.content
+        if type(content) is Raw:
+            if len(content) == 0 or bytes(memoryview(content)[:4]) == b"null":
+                b.content = None
+            elif memoryview(content)[0] == 91:  # '[': typed blocks
+                try:
+                    b.content = content = _INNER.decode(content)
+                except (msgspec.DecodeError, RecursionError):
+                    raise _Plain from None
+            elif not is_string(content):
+                raise _Plain
+        if type(content) is list:
+            for inner in content:
+                _check_block(inner, room, at + 2)
+        _deep(b.is_error, room, at + 1)
+    elif kind is DocumentBlock:
+        if b.source and type(b.source) is not dict:  # (no source reads as an empty one)
+            raise _Plain
+        _deep(b.source, room, at + 1)
+        _deep(b.title, room, at + 1)
+    elif kind is ImageBlock:
+        _deep(b.source.media_type, room, at + 2)
+        _deep(b.source.url, room, at + 2)
+
+
+def _deep(value: object, room: int | None, at: int) -> None:
+    """``value`` sits at depth ``at`` (the body is depth 1): past the limit, ``_Plain``."""
+    if room is not None and type(value) in (dict, list) and at - 1 + json_depth(value, room) > room:
+        raise _Plain

@@ -1,0 +1,373 @@
+"""The typed decode of Messages requests (``protocol/messages_body.py``): it accepts and
+rejects exactly what the plain check does, converts the same, and keeps texts raw."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefixgate.config import Limits
+from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert
+from prefixgate.errors import GatewayError
+from prefixgate.hygiene.billing import strip_billing_header, strip_billing_header_typed
+from prefixgate.protocol import messages_body
+from prefixgate.protocol.anthropic import check_messages_request
+from prefixgate.protocol.common import decode_body
+from prefixgate.protocol.messages_body import MessagesBody, decode_messages_body, typed_request
+from tests.conftest import fixture_names, load_fixture
+from tests.convert.test_properties import ident, json_value, messages_request, text
+
+OPTS = (
+    ConvertOptions("up"),
+    ConvertOptions("up", "reasoning_effort", "drop"),
+    ConvertOptions("up", "drop"),
+)
+
+# -- a richer request than test_properties' (images, documents, choices, sampling) ---------
+_img = st.one_of(
+    st.builds(
+        lambda m, d: {"type": "image", "source": {"type": "base64", "media_type": m, "data": d}},
+        st.sampled_from(["image/png", "image/jpeg"]),
+        text,
+    ),
+    st.builds(lambda u: {"type": "image", "source": {"type": "url", "url": u}}, text),
+    st.just({"type": "image", "source": {"type": "base64"}}),
+)
+_doc = st.one_of(
+    st.builds(lambda d: {"type": "document", "source": {"type": "text", "data": d}}, text),
+    st.builds(
+        lambda d: {
+            "type": "document",
+            "title": "T",
+            "source": {"type": "content", "content": [{"type": "text", "text": d}]},
+        },
+        text,
+    ),
+    st.just({"type": "document", "source": {"type": "base64", "media_type": "application/pdf"}}),
+)
+_txt = st.builds(lambda t: {"type": "text", "text": t}, text)
+_result = st.builds(
+    lambda c, e: {"type": "tool_result", "tool_use_id": "t1", "content": c, "is_error": e},
+    st.one_of(st.none(), text, st.lists(st.one_of(_txt, _img, _doc), max_size=3)),
+    st.one_of(st.booleans(), st.none()),
+)
+_user = st.one_of(_txt, _img, _doc, _result, st.just({"type": "search_result"}))
+_assistant = st.one_of(
+    _txt,
+    st.builds(lambda t: {"type": "thinking", "thinking": t, "signature": "s"}, text),
+    st.just({"type": "redacted_thinking", "data": "x"}),
+    st.builds(
+        lambda i: {"type": "tool_use", "id": "t1", "name": "n", "input": i},
+        st.dictionaries(ident, json_value, max_size=3),
+    ),
+)
+_message = st.one_of(
+    st.builds(
+        lambda c: {"role": "user", "content": c}, st.one_of(text, st.lists(_user, max_size=4))
+    ),
+    st.builds(
+        lambda c: {"role": "assistant", "content": c},
+        st.one_of(text, st.lists(_assistant, max_size=4)),
+    ),
+    st.builds(
+        lambda c: {"role": "system", "content": c}, st.one_of(text, st.lists(_txt, max_size=2))
+    ),
+)
+_MISSING = object()
+_tool = st.builds(
+    lambda n, d, s, t: {
+        k: v
+        for k, v in (("name", n), ("description", d), ("input_schema", s), ("type", t))
+        if v is not _MISSING
+    },
+    ident,
+    st.one_of(text, st.none(), st.just(_MISSING)),
+    st.sampled_from(
+        [{}, None, _MISSING, {"type": "object", "properties": {"a": {"type": "string"}}}]
+    ),
+    st.sampled_from([_MISSING, None, "custom", "web_search_20250305"]),
+)
+_OPTIONAL = {
+    "system": st.one_of(
+        text, st.just("x-anthropic-billing-header: a=1;\nrest"), st.lists(_txt, max_size=3)
+    ),
+    "tools": st.lists(_tool, max_size=3),
+    "tool_choice": st.sampled_from(
+        [
+            {"type": "auto"},
+            {"type": "any", "disable_parallel_tool_use": True},
+            {"type": "tool", "name": "n"},
+            {"type": "none"},
+        ]
+    ),
+    "thinking": st.sampled_from(
+        [{"type": "enabled", "budget_tokens": 5000}, {"type": "disabled"}, {"type": "adaptive"}]
+    ),
+    "output_config": st.builds(lambda e: {"effort": e}, st.sampled_from(["low", "high", "max"])),
+    "metadata": st.builds(lambda u: {"user_id": u}, text),
+    "temperature": st.one_of(st.integers(0, 2), st.floats(0, 2)),
+    "top_p": st.floats(0, 1),
+    "top_k": st.integers(0, 50),
+    "stop_sequences": st.lists(text, max_size=2),
+    "stream": st.booleans(),
+}
+
+
+@st.composite
+def rich_request(draw):
+    body = {
+        "model": "m",
+        "max_tokens": draw(st.integers(1, 9)),
+        "messages": draw(st.lists(_message, min_size=1, max_size=5)),
+    }
+    for key, values in _OPTIONAL.items():
+        if draw(st.booleans()):
+            body[key] = draw(values)
+    return copy.deepcopy(body)
+
+
+@st.composite
+def mutated_request(draw):
+    """A request with one value somewhere replaced (or removed): mostly invalid."""
+    body = draw(rich_request())
+    paths: list[tuple] = []
+
+    def walk(node, path):
+        paths.append(path)
+        if isinstance(node, dict | list):
+            for k, v in node.items() if isinstance(node, dict) else enumerate(node):
+                walk(v, (*path, k))
+
+    walk(body, ())
+    path = draw(st.sampled_from(paths[1:]))
+    parent = body
+    for k in path[:-1]:
+        parent = parent[k]
+    if isinstance(parent, dict) and draw(st.booleans()):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = draw(st.one_of(json_value, st.just([[[[[[[[[[[[1]]]]]]]]]]]])))
+    return body
+
+
+def _plain_verdict(raw: bytes, limits: Limits) -> str:
+    try:
+        check_messages_request(decode_body(raw, limits), limits)
+    except GatewayError as err:
+        return err.message
+    return "ok"
+
+
+def _typed_verdict(raw: bytes, limits: Limits) -> str:
+    try:
+        decode_messages_body(raw, limits)
+    except GatewayError as err:
+        return err.message
+    return "ok"
+
+
+def _without_passed_on_values(body: dict) -> dict:
+    """The request without the values the gateway passes on without walking them (tool
+    descriptions and schemas, image data)."""
+    body = copy.deepcopy(body)
+    for t in body.get("tools") or []:
+        if isinstance(t, dict):
+            t.pop("description", None)
+            t.pop("input_schema", None)
+
+    def blocks(content):
+        for b in content if isinstance(content, list) else ():
+            if isinstance(b, dict):
+                yield b
+                yield from blocks(b.get("content"))
+
+    for m in body.get("messages") or []:
+        for b in blocks(m.get("content") if isinstance(m, dict) else None):
+            if isinstance(b.get("source"), dict):
+                b["source"].pop("data", None)
+    return body
+
+
+def _has_unusable_document(body: dict) -> bool:
+    return any(
+        isinstance(b, dict)
+        and b.get("type") == "document"
+        and b.get("source")
+        and not isinstance(b["source"], dict)
+        for m in body.get("messages") or []
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for b in m["content"]
+    )
+
+
+TIGHT = Limits(max_json_depth=12, max_blocks=6, max_messages=4, max_tools=2)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(mutated_request(), rich_request()))
+def test_typed_decode_accepts_and_rejects_as_the_plain_check(body):
+    raw = json.dumps(body).encode()
+    plain, typed = _plain_verdict(raw, TIGHT), _typed_verdict(raw, TIGHT)
+    if plain.startswith("request JSON is nested") and typed == "ok":
+        # Values passed on verbatim are not walked (as on the chat route); only those
+        # may hold what made the plain check refuse.
+        stripped = json.dumps(_without_passed_on_values(body)).encode()
+        assert _plain_verdict(stripped, TIGHT) != plain
+        return
+    if plain == "ok" and _has_unusable_document(body):
+        # A document whose source is not an object: the plain converter failed on it
+        # (a 500); it is now refused.
+        assert typed.startswith("request body does not have the shape")
+        return
+    assert typed == plain
+
+
+@settings(max_examples=800, deadline=None)
+@given(body=rich_request())
+def test_valid_requests_take_the_typed_path_and_convert_the_same(monkeypatch_plain, body):
+    raw = json.dumps(body).encode()
+    if _plain_verdict(raw, Limits()) != "ok":
+        return
+    before = len(monkeypatch_plain)
+    typed = decode_messages_body(raw, Limits())
+    assert len(monkeypatch_plain) == before, "a valid request fell back to the plain path"
+    for opts in OPTS:
+        assert anthropic_to_openai(typed, opts) == anthropic_to_openai(body, opts)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_plain():
+    """Records every fall back to the plain path."""
+    calls: list[bytes] = []
+    original = messages_body._plain_path
+
+    def spy(raw, limits):
+        calls.append(raw)
+        return original(raw, limits)
+
+    messages_body._plain_path = spy
+    yield calls
+    messages_body._plain_path = original
+
+
+@pytest.mark.parametrize("name", fixture_names())
+def test_claude_code_requests_take_the_typed_path(name, monkeypatch_plain):
+    body = load_fixture(name)["body"]
+    body = json.loads(body) if isinstance(body, str) else body
+    raw = json.dumps(body).encode()
+    before = len(monkeypatch_plain)
+    typed = decode_messages_body(raw, Limits())
+    assert len(monkeypatch_plain) == before
+    assert anthropic_to_openai(typed, OPTS[0]) == anthropic_to_openai(body, OPTS[0])
+
+
+def test_texts_go_upstream_as_the_client_wrote_them():
+    raw = (
+        b'{"model":"m","max_tokens":5,"system":[{"type":"text","text":"caf\\u00e9"},'
+        b'{"type":"text","text":"line\\ntwo \\"q\\""}],"messages":[{"role":"user","content":'
+        b'[{"type":"text","text":"\\u00e9t\\u00e9 \\/ ok"}]}]}'
+    )
+    body = decode_messages_body(raw, Limits())
+    sent = msgspec.json.encode(convert(body.typed, OPTS[0]))
+    # the user's text verbatim; the system texts joined on their JSON
+    assert b'"content":"\\u00e9t\\u00e9 \\/ ok"' in sent
+    assert b'"content":"caf\\u00e9\\nline\\ntwo \\"q\\""' in sent
+    decoded = msgspec.json.decode(sent)
+    assert decoded["messages"][0]["content"] == 'café\nline\ntwo "q"'
+    assert decoded["messages"][1]["content"] == "été / ok"
+
+
+def test_joined_texts_and_error_results_decode_to_the_plain_strings():
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "a\u2028"}, {"type": "text", "text": '"b\\'}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "is_error": True,
+                        "content": [
+                            {"type": "text", "text": "x\ty"},
+                            {"type": "text", "text": "é"},
+                        ],
+                    },
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"},
+                    },
+                ],
+            },
+        ],
+    }
+    out = anthropic_to_openai(decode_messages_body(json.dumps(body).encode(), Limits()), OPTS[0])
+    assert out["messages"][0]["content"] == 'a\u2028"b\\'
+    assert out["messages"][1]["content"] == "Error: x\ty\né"
+    assert out["messages"][2]["content"][0]["image_url"]["url"] == "data:image/png;base64,QUJD"
+
+
+@pytest.mark.parametrize(
+    "system",
+    [
+        [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=ab;"}],
+        [
+            {"type": "text", "text": "  x-anthropic-billing-header: a"},
+            {"type": "text", "text": "keep"},
+        ],
+        [{"type": "text", "text": "\n\tx-anthropic-billing-header: a"}],
+        [{"type": "text", "text": "\u00a0x-anthropic-billing-header: a"}],
+        [
+            {"type": "text", "text": "keep"},
+            {"type": "text", "text": "x-anthropic-billing-header: b"},
+        ],
+        [{"type": "text", "text": "not x-anthropic-billing-header: a"}],
+        "x-anthropic-billing-header: a;\nthe rest",
+        "plain system",
+    ],
+)
+def test_billing_header_strip_is_the_same_on_typed_requests(system):
+    body = {
+        "model": "m",
+        "max_tokens": 1,
+        "system": system,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    plain_body, plain_removed = strip_billing_header(body)
+    typed, removed = strip_billing_header_typed(typed_request(body))
+    assert removed == plain_removed
+    assert anthropic_to_openai(plain_body, OPTS[0]) == anthropic_to_openai(
+        MessagesBody(typed, json.dumps(body).encode()), OPTS[0]
+    )
+
+
+def test_an_anthropic_upstream_gets_every_field_as_it_came():
+    raw = (
+        b'{"model":"m","max_tokens":5,"stream":false,"context_management":{"edits":[]},'
+        b'"messages":[{"role":"user","content":[{"type":"text","text":"hi",'
+        b'"cache_control":{"type":"ephemeral"}}]}],"future_field":[1,{"a":"\\u00e9"}]}'
+    )
+    body = decode_messages_body(raw, Limits())
+    whole = body.whole()
+    assert whole["stream"] is False  # decoded: the gateway reads it
+    sent = msgspec.json.encode({**whole, "model": "up"})
+    assert b'"future_field":[1,{"a":"\\u00e9"}]' in sent
+    assert b'"cache_control":{"type":"ephemeral"}' in sent
+    assert msgspec.json.decode(sent) == {**json.loads(raw), "model": "up"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages_request())
+def test_plain_and_typed_requests_convert_the_same(body):
+    typed = decode_messages_body(json.dumps(body).encode(), Limits())
+    assert anthropic_to_openai(typed, OPTS[0]) == anthropic_to_openai(body, OPTS[0])
