@@ -393,12 +393,19 @@ class Gateway:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise RequestTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
-        buf = bytearray()
+        body = b""
+        buf: bytearray | None = None
         async for chunk in request.stream():
-            buf += chunk
-            if len(buf) > limit:
+            if not body:
+                body = chunk  # a body that comes in one piece is not copied
+            else:
+                if buf is None:
+                    buf = bytearray(body)
+                buf += chunk
+                body = buf
+            if len(body) > limit:
                 raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
-        return bytes(buf)
+        return bytes(body) if buf is not None else body
 
     def _open_record(self, request: Request, endpoint: str) -> Record:
         client, version = client_of(request.headers.get("user-agent"))

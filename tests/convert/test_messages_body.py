@@ -371,3 +371,36 @@ def test_an_anthropic_upstream_gets_every_field_as_it_came():
 def test_plain_and_typed_requests_convert_the_same(body):
     typed = decode_messages_body(json.dumps(body).encode(), Limits())
     assert anthropic_to_openai(typed, OPTS[0]) == anthropic_to_openai(body, OPTS[0])
+
+
+_LEAD = st.sampled_from(
+    [
+        " ",
+        "\n",
+        "\t",
+        "\r",
+        "\x0c",
+        "\x0b",
+        "\x1c",
+        "\u00a0",
+        "\u2028",
+        "\u3000",
+        "x",
+        "é",
+        "\\",
+        '"',
+        "中",
+    ]
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_LEAD, max_size=60), st.booleans(), text, st.booleans())
+def test_the_billing_header_is_told_from_raw_json_as_from_the_text(lead, header, tail, ascii_only):
+    from prefixgate.hygiene.billing import PREFIX, _raw_is_header, is_billing_header
+
+    value = "".join(lead) + (PREFIX if header else "x-anthropic") + tail
+    want = value.strip().startswith(PREFIX)
+    assert is_billing_header(value) == want
+    raw = msgspec.Raw(json.dumps(value, ensure_ascii=ascii_only).encode())
+    assert _raw_is_header(raw) == want

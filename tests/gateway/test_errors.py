@@ -142,6 +142,57 @@ def test_oversized_body(gateway):
     _assert_openai_error(r, 413)
 
 
+def test_a_body_sent_in_pieces_is_read_whole_and_held_to_the_limit(gateway, upstream):
+    gw = gateway(limits={"max_body_bytes": 4000})
+    text = "piece " * 300
+    data = httpx.Request(
+        "POST", "/", json={**GOOD_MSG, "messages": [{"role": "user", "content": text}]}
+    ).content
+
+    def pieces(raw: bytes):  # chunked transfer encoding, a piece per write
+        for i in range(0, len(raw), 500):
+            yield raw[i : i + 500]
+
+    r = httpx.post(gw.url + "/v1/messages", content=pieces(data), headers={"x-api-key": "k"})
+    assert r.status_code == 200, r.text
+    assert upstream.requests[-1]["messages"][-1]["content"] == text
+    r = httpx.post(gw.url + "/v1/messages", content=pieces(data + b" " * 3000))
+    _assert_anthropic_error(r, 413, "request_too_large")
+
+
+@pytest.mark.parametrize("pieces", [[b"abc"], [b"ab", b"", b"c"], [b"", b"a", b"bc"], [b"x"] * 5])
+def test_the_body_is_read_whole_from_any_number_of_messages(pieces):
+    """Servers that hand the body over in pieces (uvicorn does) give the same bytes;
+    past the limit, 413 however it came."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from prefixgate.config import Config
+    from prefixgate.errors import RequestTooLarge
+    from prefixgate.gateway import Gateway
+
+    def request_of(parts):
+        messages = [
+            {"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
+            for i, p in enumerate(parts)
+        ]
+
+        async def receive():
+            return messages.pop(0)
+
+        scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+        return Request(scope, receive)
+
+    config = Config.model_validate({"channels": [{"name": "c", "base_url": "http://x/v1"}]})
+    gw = Gateway(config)
+    body = asyncio.run(gw._read(request_of(pieces)))
+    assert body == b"".join(pieces) and type(body) is bytes
+    small = Config.model_validate({**config.model_dump(), "limits": {"max_body_bytes": 3}})
+    with pytest.raises(RequestTooLarge):
+        asyncio.run(Gateway(small)._read(request_of([*pieces, b"y"])))
+
+
 def test_keys_auth_and_model_allowlist(gateway, upstream):
     gw = gateway({"models": ["m", "other"]}, **_keys())
     url = gw.url + "/v1/messages"

@@ -9,16 +9,22 @@ vendor's own API reads the header, so this runs only on the Messages → ``opena
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from prefixgate.protocol.messages_body import Request
 
 PREFIX = "x-anthropic-billing-header:"
-_RAW_PREFIX = b'"' + PREFIX.encode()
+_HEADER = re.compile(r"\s*" + re.escape(PREFIX))
+# A raw JSON string's opening quote and leading ASCII blanks (as bytes or escapes).
+_RAW_BLANKS = re.compile(rb'"(?: |\\[ntfr])*')
+_RAW_PREFIX = PREFIX.encode()
 
 
 def is_billing_header(text: str) -> bool:
-    return text.strip().startswith(PREFIX)
+    """Whether the text, leading blanks aside, starts with the header."""
+    return _HEADER.match(text) is not None
 
 
 def strip_billing_header(body: dict) -> tuple[dict, bool]:
@@ -58,11 +64,16 @@ def strip_billing_header_typed(req: Request) -> tuple[Request, bool]:
 
 
 def _raw_is_header(raw: msgspec.Raw) -> bool:
-    """``is_billing_header`` of a raw JSON string, decoding it only when it might start
-    with blanks (a plain text that starts otherwise is told by its first bytes)."""
-    head = bytes(memoryview(raw)[:48])
-    if head.startswith(_RAW_PREFIX):
+    """``is_billing_header`` of a raw JSON string, told by its first bytes; decoded only
+    when its leading blanks are not plain ASCII ones."""
+    head = bytes(memoryview(raw)[:96])
+    rest = head[_RAW_BLANKS.match(head).end() :]
+    if rest.startswith(_RAW_PREFIX):
         return True
-    if len(head) < 2 or not (head[1:2].isspace() or head[1] == 0x5C or head[1] >= 0x80):
-        return False
-    return is_billing_header(msgspec.json.decode(raw))
+    if (
+        (len(rest) < len(_RAW_PREFIX) and len(head) == 96)  # blanks past the head
+        or rest[:1] == b"\\"  # an escape: \u00a0 is a blank, say
+        or (rest[:1] >= b"\x80" and rest[:4].decode("utf-8", "ignore")[:1].isspace())
+    ):
+        return is_billing_header(msgspec.json.decode(raw))
+    return False
