@@ -171,25 +171,46 @@ def _typed_verdict(raw: bytes, limits: Limits) -> str:
     return "ok"
 
 
+def _read_fields(cls) -> set[str]:
+    """The fields of a typed-decode struct that the gateway decodes (not the raw ones)."""
+    return {f.name for f in msgspec.structs.fields(cls) if f.type is not msgspec.Raw}
+
+
+_BLOCK_FIELDS = {
+    cls.__struct_config__.tag: _read_fields(cls)
+    for cls in messages_body.Block.__args__  # type: ignore[attr-defined]
+}
+
+
 def _without_passed_on_values(body: dict) -> dict:
-    """The request without the values the gateway passes on without walking them (tool
-    descriptions and schemas, image data)."""
+    """The request with only what the typed decode reads: the values it passes on or
+    drops without reading them (texts, tool descriptions and schemas, image data, fields
+    it does not know) taken out."""
     body = copy.deepcopy(body)
-    for t in body.get("tools") or []:
-        if isinstance(t, dict):
-            t.pop("description", None)
-            t.pop("input_schema", None)
+
+    def keep(d: dict, fields: set[str]) -> None:
+        for k in [k for k in d if k not in fields]:
+            del d[k]
 
     def blocks(content):
         for b in content if isinstance(content, list) else ():
             if isinstance(b, dict):
-                yield b
-                yield from blocks(b.get("content"))
+                keep(b, {"type"} | _BLOCK_FIELDS.get(b.get("type"), set()) | {"content"})
+                if isinstance(b.get("source"), dict) and b.get("type") == "image":
+                    keep(b["source"], _read_fields(messages_body.Source))
+                blocks(b.get("content"))
 
+    keep(body, _read_fields(messages_body.Request) | {"messages", "system", "tools"})
+    for t in body.get("tools") or []:
+        if isinstance(t, dict):
+            keep(t, _read_fields(messages_body.Tool))
+    for b in body.get("system") if isinstance(body.get("system"), list) else ():
+        if isinstance(b, dict):
+            keep(b, {"type"})
     for m in body.get("messages") or []:
-        for b in blocks(m.get("content") if isinstance(m, dict) else None):
-            if isinstance(b.get("source"), dict):
-                b["source"].pop("data", None)
+        if isinstance(m, dict):
+            keep(m, {"role", "content"})
+            blocks(m.get("content"))
     return body
 
 
