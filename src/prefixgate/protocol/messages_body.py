@@ -28,6 +28,7 @@ from msgspec import Meta, Raw, Struct, field
 
 from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest
+from prefixgate.protocol.anthropic import check_messages_request
 from prefixgate.protocol.common import check_body_bytes, decode_body, json_depth
 
 _QUOTE = 34  # '"': the first byte of a JSON string
@@ -231,8 +232,6 @@ def decode_messages_body(raw: bytes, limits: Limits) -> MessagesBody:
 
 
 def _plain_path(raw: bytes, limits: Limits) -> MessagesBody:
-    from prefixgate.protocol.anthropic import check_messages_request
-
     body = decode_body(raw, limits)
     check_messages_request(body, limits)
     # Accepted there: the same request typed (what the typed path could not vouch for
