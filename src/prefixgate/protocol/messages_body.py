@@ -236,28 +236,28 @@ def _plain_path(raw: bytes, limits: Limits) -> MessagesBody:
     check_messages_request(body, limits)
     # Accepted there: the same request typed (what the typed path could not vouch for
     # was a limit, which the plain check has now applied).
-    typed = typed_request(body)
-    try:
-        _walk(typed, None)
-    except _Plain:
-        raise InvalidRequest("request body does not have the shape of a Messages request") from None
-    return MessagesBody(typed, raw)
+    return MessagesBody(_typed(raw), raw)
 
 
 def typed_request(body: dict) -> Request:
     """A plain Messages request dict as the typed structs (the converter's input)."""
+    return _typed(msgspec.json.encode(body))
+
+
+def _typed(raw: bytes) -> Request:
+    """The typed structs of a request, without the limits (``InvalidRequest`` if it does
+    not have the shape the converter reads)."""
     try:
-        typed = _LENIENT.decode(msgspec.json.encode(body))
+        typed = _LENIENT.decode(raw)
+        _walk(typed, None)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(
             f"request body does not have the shape of a Messages request: {exc}"
         ) from None
-    except RecursionError:
-        raise InvalidRequest("request JSON is nested too deeply") from None
-    try:
-        _walk(typed, None)
     except _Plain:
         raise InvalidRequest("request body does not have the shape of a Messages request") from None
+    except RecursionError:
+        raise InvalidRequest("request JSON is nested too deeply") from None
     return typed
 
 
