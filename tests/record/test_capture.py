@@ -42,6 +42,34 @@ def test_messages_to_an_openai_upstream_bytes_and_objects_agree(name, order):
     assert by_bytes.segments_out == by_objects.segments_out and by_bytes.segments_out
 
 
+_ESCAPED = (
+    b'{"model":"m","max_tokens":9,"system":[{"type":"text","text":"caf\\u00e9 \\/ \\n"}],'
+    b'"tools":[{"name":"t","description":"\\u00e9","input_schema":{"type":"object"}}],'
+    b'"messages":[{"role":"user","content":[{"type":"text","text":"a\\tb"},'
+    b'{"type":"text","text":"\\ud83d\\ude00"}]}]}'
+)
+
+
+@pytest.mark.parametrize("raw_in", [*(json.dumps(_body(n)).encode() for n in NAMES), _ESCAPED])
+@pytest.mark.parametrize("order", ["tools_first", "system_first"])
+def test_messages_as_the_gateway_converts_them_agree_with_the_objects(raw_in, order):
+    """The gateway's typed request and its chat request with raw texts (their pieces
+    encoded one by one) give the segments the plain objects give."""
+    from prefixgate.convert.request import convert
+    from prefixgate.protocol.messages_body import decode_messages_body
+
+    config = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]})
+    body = decode_messages_body(raw_in, config.limits)
+    out = convert(body.typed, ConvertOptions(upstream_model="m"))
+    raw_out = msgspec.json.encode(out)
+    fast = _capture("messages", body, out, raw_in, raw_out, render_order=order)
+    plain_in = json.loads(raw_in)
+    plain_out = anthropic_to_openai(plain_in, ConvertOptions(upstream_model="m"))
+    slow = _capture("messages", plain_in, plain_out, None, None, render_order=order)
+    assert fast.segments_in == slow.segments_in and fast.segments_in
+    assert fast.segments_out == slow.segments_out and fast.segments_out
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_chat_passed_through_bytes_and_objects_agree(name):
     config = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]})

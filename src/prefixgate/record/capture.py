@@ -11,7 +11,12 @@ from prefixgate.convert.request import plain
 from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.record.model import Record
-from prefixgate.record.segments import segments_anthropic, segments_from_bytes, segments_openai
+from prefixgate.record.segments import (
+    segments_anthropic,
+    segments_from_bytes,
+    segments_of_chat,
+    segments_openai,
+)
 
 
 class _SeenHashes:
@@ -87,7 +92,10 @@ class Capturer:
             api_out = "openai" if channel.kind == "openai" else "anthropic"
             first = tools_first if api_out == "openai" else False
             segs = None
-            if texts is None and raw_out is not None:
+            if texts is None and isinstance(body_in, MessagesBody) and api_out == "openai":
+                # built here from the typed request: its pieces are encoded alone
+                segs = segments_of_chat(body_out, tools_first=first)
+            elif texts is None and raw_out is not None:
                 segs = segments_from_bytes(raw_out, api_out, tools_first=first)
             if segs is None:
                 if api_out == "openai":

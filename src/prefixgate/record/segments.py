@@ -89,34 +89,65 @@ def _sink(texts: dict[str, str] | None, known: Container[str]) -> _Texts | None:
     return None if texts is None else _Texts(texts, known)
 
 
-class _Digests:
-    """Digest and size of canonical segment bytes seen recently. An agent sends the same
-    tools, system prompt and history again every turn: looking the bytes up (one pass of
-    Python's own hash, and a compare on a hit) costs a fraction of blake2b and the
-    character count. Least recently used first out, within a byte budget; only for
-    segments long enough to be worth it."""
+class _BytesMemo:
+    """Values by the bytes they were computed from, least recently used first out, within
+    a byte budget (an entry costs its bytes and ``ENTRY``). The dict is keyed by a
+    fingerprint of the bytes (a tag, the length, and 64 bytes each of the head, middle and
+    tail: cheap to hash at any size, where hashing all the bytes costs as much as a pass
+    over them), and a hit is confirmed by comparing the bytes in full (a memcmp). Bytes
+    with the same fingerprint as an entry's but other contents replace it: look-alikes,
+    crafted or not, cost a miss, never a probe chain."""
 
-    MIN = 2048
-    ENTRY = 160  # bytes an entry costs beyond its key's: the dict slot, the tuple, the str
+    ENTRY = 240  # bytes an entry costs beyond its data: the dict slot, the tuples, the str
+    _WHOLE = 192  # up to this size, the bytes themselves are the fingerprint
 
-    def __init__(self, budget: int = 2 * 1024 * 1024) -> None:
-        self._d: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
+    def __init__(self, budget: int) -> None:
+        self._d: OrderedDict[tuple, tuple[bytes, Any]] = OrderedDict()
         self._bytes = 0
         self.budget = budget
 
+    def get(self, tag: str, data: bytes, make):
+        n = len(data)
+        if n <= self._WHOLE:
+            key: tuple = (tag, data)
+        else:
+            mid = n // 2
+            key = (tag, n, data[:64], data[mid - 32 : mid + 32], data[-64:])
+        hit = self._d.get(key)
+        if hit is not None:
+            if hit[0] is data or hit[0] == data:
+                self._d.move_to_end(key)
+                return hit[1]
+            del self._d[key]  # a look-alike: replaced
+            self._bytes -= len(hit[0]) + self.ENTRY
+        value = make()
+        self._d[key] = (data, value)
+        self._bytes += n + self.ENTRY
+        while self._bytes > self.budget and self._d:
+            _, (old, _) = self._d.popitem(last=False)
+            self._bytes -= len(old) + self.ENTRY
+        return value
+
+
+class _Digests(_BytesMemo):
+    """Digest and size of canonical segment bytes seen recently. An agent sends the same
+    tools, system prompt and history again every turn: looking the bytes up costs a
+    fraction of blake2b and the character count. Only for segments long enough to be
+    worth it."""
+
+    MIN = 2048
+
+    def __init__(self, budget: int = 2 * 1024 * 1024) -> None:
+        super().__init__(budget)
+
     def of(self, data: bytes) -> tuple[str, int]:
         if len(data) < self.MIN:
-            return hashlib.blake2b(data, digest_size=16).hexdigest(), _chars(data)
-        hit = self._d.get(data)
-        if hit is not None:
-            self._d.move_to_end(data)
-            return hit
-        hit = self._d[data] = (hashlib.blake2b(data, digest_size=16).hexdigest(), _chars(data))
-        self._bytes += len(data) + self.ENTRY
-        while self._bytes > self.budget and self._d:
-            old, _ = self._d.popitem(last=False)
-            self._bytes -= len(old) + self.ENTRY
-        return hit
+            return _digest(data)
+        return self.get("", data, lambda: _digest(data))
+
+
+def _digest(data: bytes) -> tuple[str, int]:
+    return hashlib.blake2b(data, digest_size=16).hexdigest(), _chars(data)
 
 
 _DIGESTS = _Digests()
@@ -274,30 +305,12 @@ _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _decode_any = msgspec.json.Decoder().decode
 
 
-class _Pieces:
-    """(digest, chars, label) by key: a tool, block or message by its bytes as sent (the
-    label: a tool's name or a message's role), or the tool list by its tools' digests;
-    least recently used first out, within a byte budget."""
-
-    ENTRY = 240  # bytes an entry costs beyond its key's: the dict slot, the tuples, the str
+class _Pieces(_BytesMemo):
+    """(digest, chars, label) of a tool, block or message by its bytes as sent (the
+    label: a tool's name or a message's role), or of the tool list by its tools' digests."""
 
     def __init__(self, budget: int = 8 * 1024 * 1024) -> None:
-        self._d: OrderedDict[tuple, tuple[str, int, str | None]] = OrderedDict()
-        self._bytes = 0
-        self.budget = budget
-
-    def get(self, key: tuple, size: int, make) -> tuple[str, int, str | None]:
-        hit = self._d.get(key)
-        if hit is not None:
-            self._d.move_to_end(key)
-            return hit
-        hit = self._d[key] = make()
-        self._bytes += size + self.ENTRY
-        while self._bytes > self.budget and self._d:
-            old, _ = self._d.popitem(last=False)
-            size = len(old[1]) if isinstance(old[1], bytes) else 64 * len(old[1])
-            self._bytes -= size + self.ENTRY
-        return hit
+        super().__init__(budget)
 
 
 _PIECES = _Pieces()
@@ -309,7 +322,7 @@ def _piece(tag: str, raw: bytes, label_of) -> tuple[str, int, str | None]:
         digest, chars = _DIGESTS.of(canonical_json(_strip(obj)))
         return digest, chars, label_of(obj)
 
-    return _PIECES.get((tag, raw), len(raw), make)
+    return _PIECES.get(tag, raw, make)
 
 
 def _tools_from_raw(raws: list[msgspec.Raw] | None, api: str) -> list[Segment]:
@@ -326,8 +339,8 @@ def _tools_from_raw(raws: list[msgspec.Raw] | None, api: str) -> list[Segment]:
         return digest, chars, None
 
     # The list is known by its tools' digests (their canonical bytes, so its own).
-    key = ("tools", tuple(p[0] for p in pieces))
-    digest, chars, _ = _PIECES.get(key, 64 * len(pieces), whole)
+    key = " ".join(p[0] for p in pieces).encode()
+    digest, chars, _ = _PIECES.get("tools", key, whole)
     out = [Segment("tools", "tools", digest, chars, (chars + 3) // 4)]
     for i, (digest, chars, name) in enumerate(pieces):
         name = f"tools[{i}]" if name is None else name  # a tool without a name: its position
@@ -351,15 +364,37 @@ def segments_from_bytes(
         shape = _SHAPE.decode(raw)
     except (msgspec.DecodeError, RecursionError):  # ValidationError: another shape
         return None
-    tools = _tools_from_raw(shape.tools, api)
-    msgs = [_piece("message", bytes(m), _role) for m in shape.messages or ()]
+    return _segments_of_pieces(api, shape.tools, shape.messages, shape.system, tools_first)
+
+
+def segments_of_chat(body: dict[str, Any], *, tools_first: bool = True) -> list[Segment]:
+    """:func:`segments_from_bytes` of the chat request the gateway built (its texts may be
+    ``msgspec.Raw``), without encoding it whole and cutting it up again: each tool and
+    message is encoded alone, which gives the very bytes it has in the whole."""
+    return _segments_of_pieces(
+        "openai",
+        [_encode(t) for t in body.get("tools") or ()],
+        [_encode(m) for m in body["messages"]],
+        None,
+        tools_first,
+    )
+
+
+_encode = msgspec.json.encode
+
+
+def _segments_of_pieces(
+    api: str, tools_raw, messages_raw, system_raw, tools_first: bool
+) -> list[Segment] | None:
+    tools = _tools_from_raw(tools_raw, api)
+    msgs = [_piece("message", bytes(m), _role) for m in messages_raw or ()]
 
     def seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
         return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
 
     if api == "anthropic":
         head: list[Segment] = []
-        system = bytes(shape.system)
+        system = bytes(system_raw)
         if system[:1] == b'"':
             head.append(seg("system", "system", _piece("system", system, _no_label)))
         elif system[:1] == b"[":
