@@ -396,6 +396,8 @@ class Gateway:
         body = b""
         buf: bytearray | None = None
         async for chunk in request.stream():
+            if not chunk:  # Starlette ends the stream with an empty chunk
+                continue
             if not body:
                 body = chunk  # a body that comes in one piece is not copied
             else:

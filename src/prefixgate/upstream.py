@@ -248,7 +248,7 @@ class Upstream:
             except OSError as exc:
                 raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}") from exc
             try:
-                conn.send(data)
+                conn.send(*data)
                 await conn.headers_of_response(deadline - loop.time())
             except TimeoutError:
                 pool.discard(conn)
@@ -291,7 +291,7 @@ class Upstream:
             async with asyncio.timeout(timeouts.first_byte):
                 conn = await pool.acquire(origin, timeouts.connect, fresh=True)
                 try:
-                    conn.send(data)
+                    conn.send(*data)
                     await conn.headers_of_response(timeouts.first_byte)
                     body = await _read_limited(conn, timeouts.idle, limit=8 * 1024 * 1024)
                     status = conn.status
@@ -312,9 +312,12 @@ class Upstream:
             self._pool = None
 
 
-def _request_bytes(method: str, path: str, origin, headers: dict, body: bytes) -> bytes:
+def _request_bytes(
+    method: str, path: str, origin, headers: dict, body: bytes
+) -> tuple[bytes, bytes]:
+    """The request's head and body."""
     try:
-        return http1.request_head(method, path, origin, headers, len(body)) + body
+        return http1.request_head(method, path, origin, headers, len(body)), body
     except (ValueError, UnicodeEncodeError) as exc:  # a header that could inject a line
         raise UpstreamError(f"cannot send the request upstream: {exc}", retryable=False) from None
 
