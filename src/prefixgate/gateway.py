@@ -393,21 +393,15 @@ class Gateway:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise RequestTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
-        body = b""
-        buf: bytearray | None = None
+        parts: list[bytes] = []
+        size = 0
         async for chunk in request.stream():
-            if not chunk:  # Starlette ends the stream with an empty chunk
-                continue
-            if not body:
-                body = chunk  # a body that comes in one piece is not copied
-            else:
-                if buf is None:
-                    buf = bytearray(body)
-                buf += chunk
-                body = buf
-            if len(body) > limit:
+            size += len(chunk)
+            if size > limit:
                 raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
-        return bytes(body) if buf is not None else body
+            if chunk:  # (Starlette ends the stream with an empty one)
+                parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)  # one piece: not copied
 
     def _open_record(self, request: Request, endpoint: str) -> Record:
         client, version = client_of(request.headers.get("user-agent"))
