@@ -11,13 +11,26 @@ import pytest
 
 from tests.fakes import Reply
 
+_OPEN: list = []  # the clients a test made, closed when it ends
+
+
+@pytest.fixture(autouse=True)
+def _close_clients():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
 
 def a_client(gw, **kw) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gw.url, api_key="test-key", max_retries=0, **kw)
+    client = anthropic.Anthropic(base_url=gw.url, api_key="test-key", max_retries=0, **kw)
+    _OPEN.append(client)
+    return client
 
 
 def o_client(gw, **kw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key="test-key", max_retries=0, **kw)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="test-key", max_retries=0, **kw)
+    _OPEN.append(client)
+    return client
 
 
 def test_messages_non_streaming_text_and_usage(gateway, upstream):
