@@ -1,6 +1,6 @@
 """Instructions the gateway executes per request, counted by valgrind (callgrind).
 
-    python benchmarks/instructions.py [-n 100] [--ref GIT_REF] [--json]
+    python benchmarks/instructions.py [-n 100] [--ref GIT_REF] [--only NAME] [--keep DIR] [--json]
 
 On a shared, noisy machine, times move by tens of percent from one run to the next;
 instruction counts do not (two runs agree to 0.1 %). So this is how to tell whether a
@@ -48,7 +48,9 @@ CASES = [  # (endpoint, stream, store)
 ]
 
 
-def count(case: tuple[str, bool, bool], n: int, src: Path | None, anth, chat) -> float:
+def count(
+    case: tuple[str, bool, bool], n: int, src: Path | None, anth, chat, keep: Path | None = None
+) -> float:
     """Instructions per request of one case (``src``: the package sources to run)."""
     endpoint, stream, store = case
     work = Path(tempfile.mkdtemp(prefix="prefixgate-instr-"))
@@ -113,6 +115,12 @@ def count(case: tuple[str, bool, bool], n: int, src: Path | None, anth, chat) ->
         upstream.wait()
         log.close()
     text = (work / "valgrind.log").read_text()
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        tag = f"{endpoint}-{'stream' if stream else 'json'}-{'store' if store else 'nostore'}"
+        shutil.copy(
+            work / "callgrind.out", keep / f"callgrind.{tag}{'' if src is None else '.ref'}"
+        )
     shutil.rmtree(work, ignore_errors=True)
     m = re.search(r"Collected : (\d+)", text)
     if m is None:
@@ -133,6 +141,12 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=100, help="requests counted per case")
     ap.add_argument("--ref", help="also count the gateway at this git ref")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        help="keep each case's callgrind.out in this folder (read with callgrind_annotate)",
+    )
+    ap.add_argument("--only", help="count only the cases whose name contains this")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -144,10 +158,14 @@ def main() -> None:
             name = (
                 f"{case[0]}/{'stream' if case[1] else 'json'}/{'store' if case[2] else 'nostore'}"
             )
+            if args.only and args.only not in name:
+                continue
             print(f"counting {name} …", file=sys.stderr, flush=True)
-            row = {"case": name, "instructions": count(case, args.n, None, anth, chat)}
+            row = {"case": name, "instructions": count(case, args.n, None, anth, chat, args.keep)}
             if ref_tree is not None:
-                row["ref_instructions"] = count(case, args.n, ref_tree / "src", anth, chat)
+                row["ref_instructions"] = count(
+                    case, args.n, ref_tree / "src", anth, chat, args.keep
+                )
             rows.append(row)
     finally:
         if ref_tree is not None:

@@ -1,11 +1,13 @@
 """The gateway's own cost, side by side with the LiteLLM proxy, in one run.
 
     python benchmarks/overhead.py [--repeats 3] [--seconds 3] [--json] [--no-litellm]
-                                  [--workers N] [--servers]
+                                  [--workers N] [--servers] [--floor]
 
 Starts a fast fake OpenAI upstream (`overhead_upstream.py`) and measures, against it:
 ``direct`` (the upstream itself), ``prefixgate`` (`prefixgate serve --config …`, SQLite
 store with segment capture, so recording is included), ``prefixgate-nostore`` (no store)
+with ``--floor`` a do-nothing proxy with and without busy polling (``floor``,
+``floor-nopoll``: what the hop alone adds, ``overhead_floor.py``),
 and ``litellm`` (the LiteLLM proxy, installed by this script into
 ``~/.cache/prefixgate/litellm-<version>``), for ``/v1/chat/completions`` and
 ``/v1/messages`` (the real Claude Code request in ``shared/fixtures/claude-code`` as the
@@ -48,6 +50,7 @@ FIXTURE_NAMES = ("01_v2.1.332_print_turn1.json",)
 GATEWAY_CPU, LOAD_CPU = 0, 1
 KEY = "sk-bench-0123456789abcdef0123456789abcdef"  # LiteLLM refuses to start without one
 LONG_CHUNKS = 256
+BUSY_POLL_US = 200  # the gateway's default (server.busy_poll_us), for the floor proxy
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -170,6 +173,11 @@ class Gateway:
             exe = litellm_bin(self.args.litellm_version)
             cmd = [str(exe), "--config", str(cfg), "--port", str(self.port), "--num_workers", "1"]
             return cmd, env, "/health/liveliness"
+        if self.name.startswith("floor"):
+            poll = "0" if self.name == "floor-nopoll" else str(BUSY_POLL_US)
+            cmd = [sys.executable, str(HERE / "overhead_floor.py"), "--port", str(self.port)]
+            cmd += ["--upstream-port", self.upstream.rsplit(":", 1)[1], "--busy-poll-us", poll]
+            return cmd, dict(os.environ), "/health"
         store = None
         if self.name == "prefixgate":
             store = {
@@ -302,6 +310,8 @@ def run_all(args) -> dict:
     targets = ["direct", "prefixgate", "prefixgate-nostore"]
     if args.servers:
         targets.append("prefixgate-uvicorn")
+    if args.floor:
+        targets += ["floor", "floor-nopoll"]
     if not args.no_litellm:
         litellm_bin(args.litellm_version)
         targets.append("litellm")
@@ -438,6 +448,12 @@ def main() -> None:
         "--servers",
         action="store_true",
         help="also prefixgate (no store) on uvicorn (`serve --http uvicorn`), to compare servers",
+    )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also a do-nothing proxy (overhead_floor.py), with and without busy polling: "
+        "what the hop alone adds",
     )
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args()

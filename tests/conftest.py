@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,16 @@ from tests.fakes import ScriptedUpstream
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = SHARED / "fixtures" / "claude-code"
+
+
+def settled(gateway, limit: float = 10.0) -> None:
+    """Until every request the gateway has taken is recorded: an answer's record is
+    submitted just after its last byte went out, so a client may be a moment ahead."""
+    deadline = time.monotonic() + limit
+    while gateway.open_records:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{gateway.open_records} requests never recorded")
+        time.sleep(0.001)
 
 
 class ListRecorder:
@@ -48,9 +59,10 @@ def gateway(upstream):
             raw["channels"] = top["channels"]
         config = parse_config(raw)
         rec = ListRecorder()
-        srv = ServerThread(create_app(config, recorder=rec)).start()
+        app = create_app(config, recorder=rec)
+        srv = ServerThread(app).start()
         started.append(srv)
-        return GatewayHandle(srv.url, rec, upstream)
+        return GatewayHandle(srv.url, rec, upstream, app.state.gateway)
 
     yield start
     for s in started:
@@ -58,13 +70,17 @@ def gateway(upstream):
 
 
 class GatewayHandle:
-    def __init__(self, url: str, recorder: ListRecorder, upstream: ScriptedUpstream) -> None:
+    def __init__(
+        self, url: str, recorder: ListRecorder, upstream: ScriptedUpstream, gateway
+    ) -> None:
         self.url = url
         self.recorder = recorder
         self.upstream = upstream
+        self.gateway = gateway
 
     @property
     def records(self):
+        settled(self.gateway)
         return self.recorder.records
 
 

@@ -144,6 +144,8 @@ async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
             graceful=30,
             max_body=limits.max_body_bytes,
             max_header_bytes=max(1024 * 1024, 2 * limits.max_header_bytes),
+            busy_poll_us=config.server.busy_poll_us,
+            busy_poll_share=config.server.busy_poll_share,
         )
     log.info("prefixgate listening on http://%s:%s", config.server.host, sock.getsockname()[1])
     try:

@@ -151,6 +151,11 @@ class Limits(_Model):
 class ServerConfig(_Model):
     host: str = "127.0.0.1"
     port: int = 8787
+    # After each socket event, keep polling for this long instead of sleeping (busypoll.py):
+    # the next packet is read when it lands, not after the idle core wakes up. 0: off.
+    busy_poll_us: float = Field(default=200.0, ge=0, le=100_000)
+    # At most this share of each second is spent polling.
+    busy_poll_share: float = Field(default=0.5, gt=0, le=1)
 
 
 class Config(_Model):

@@ -80,6 +80,9 @@ class Gateway:
         self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
         self._model_lists: dict[str, tuple[float, list[str]]] = {}  # channel -> (until, ids)
         self._background: set[asyncio.Task] = set()
+        # Requests taken and not yet recorded: an answer's record is closed just after
+        # its last byte went out (relay.Answer), so a client can be a moment ahead.
+        self.open_records = 0
 
     # -- entry points ------------------------------------------------------------------
     async def messages(self, request: Request) -> Response:
@@ -405,6 +408,7 @@ class Gateway:
 
     def _open_record(self, request: Request, endpoint: str) -> Record:
         client, version = client_of(request.headers.get("user-agent"))
+        self.open_records += 1
         return Record(
             request_id=os.urandom(16).hex(),  # 128 random bits, as a uuid4's
             received_at=time.time(),
@@ -457,6 +461,7 @@ class Gateway:
     def finish(self, rec: Record, usage: Usage | None = None) -> None:
         if rec.done_at is not None:
             return
+        self.open_records -= 1
         if self._captures:
             self._capture_now(rec.request_id)
         self.router.release(rec.request_id)

@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from prefixgate import busypoll
+
 _PAUSE_AT = 1 << 20  # stop reading from the socket past this many unread body bytes
 _RESUME_AT = 1 << 18
 
@@ -105,6 +107,7 @@ class Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        busypoll.touch(self.loop)
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
@@ -209,6 +212,7 @@ class Connection(asyncio.Protocol):
         """Send a request: its head and body as separate buffers (one vectored write on
         uvloop, no copy of the body into one with the head)."""
         self._reset()
+        busypoll.touch(self.loop)
         if len(parts) == 1:
             self.transport.write(parts[0])
         else:

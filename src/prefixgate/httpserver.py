@@ -43,6 +43,8 @@ from urllib.parse import unquote
 
 import httptools
 
+from prefixgate import busypoll
+
 log = logging.getLogger("prefixgate.http")
 
 _MAX_TARGET = 64 * 1024
@@ -286,10 +288,12 @@ class HTTPProtocol(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if not self.closed:
+            busypoll.touch(self.loop)
             self.transport.write(data)
 
     def writelines(self, parts) -> None:
         if not self.closed:
+            busypoll.touch(self.loop)
             self.transport.writelines(parts)
 
     def close(self) -> None:
@@ -322,6 +326,7 @@ class HTTPProtocol(asyncio.Protocol):
 
     # -- reading -----------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        busypoll.touch(self.loop)
         self._disarm_idle()
         try:
             self.parser.feed_data(data)
@@ -517,8 +522,12 @@ class Server:
         max_header_bytes: int = 1024 * 1024,
         lifespan: bool = True,
         on_started: Callable[[], None] | None = None,
+        busy_poll_us: float = 0.0,
+        busy_poll_share: float = 0.5,
     ) -> None:
         self.app = app
+        self.busy_poll_us = busy_poll_us  # busypoll.py; 0: off
+        self.busy_poll_share = busy_poll_share
         self.graceful = graceful
         self.keepalive = keepalive
         self.max_body = max_body
@@ -534,6 +543,7 @@ class Server:
 
     async def serve(self, sockets) -> None:
         self.loop = asyncio.get_running_loop()
+        busypoll.install(self.loop, self.busy_poll_us, self.busy_poll_share)
         with self._signals():
             life = _Lifespan(self.app, self.state) if self.lifespan else None
             if life is not None and not await life.startup():
@@ -554,6 +564,7 @@ class Server:
             finally:
                 if life is not None:
                     await life.shutdown()
+                busypoll.uninstall(self.loop)
 
     async def _drain(self) -> None:
         for s in self._servers:

@@ -137,8 +137,7 @@ def messages_once(gw: Gateway, obj: dict, rec: Record, body: dict, ch: ChannelCo
         return gw._fail(rec, e, anthropic_proto.error_bytes)
     rec.status = 200
     _reported(rec, msg["usage"])
-    gw.finish(rec, usage)
-    return Response(_encode(msg), media_type="application/json")
+    return Answer(_encode(msg), gw, rec, usage)
 
 
 def messages_stream(
@@ -170,7 +169,7 @@ def messages_stream(
             pending.append(conv.finish())
             rec.status = 200
             _reported(rec, conv.usage.to_anthropic(ch.anthropic_messages_exclude_cache))
-            await _close(gw, resp, rec, conv.usage)  # recorded before the client sees the end
+            reply.end(conv.usage)
             yield b"".join(pending)
         except GatewayError as e:
             rec.status, rec.error_type = e.status, e.kind
@@ -184,7 +183,8 @@ def messages_stream(
         finally:
             await _close(gw, resp, rec, conv.usage)
 
-    return _GuardedStream(gen(), gw, resp, rec)
+    reply = _GuardedStream(gen(), gw, resp, rec)
+    return reply
 
 
 def _reported(rec: Record, usage: dict) -> None:
@@ -220,8 +220,7 @@ def anthropic_passthrough(
         if swap:
             obj["model"] = public
         rec.status = 200
-        gw.finish(rec, usage)
-        return Response(_encode(obj), media_type="application/json")
+        return Answer(_encode(obj), gw, rec, usage)
 
     async def gen() -> AsyncIterator[bytes]:
         dec = SSEDecoder()
@@ -247,7 +246,7 @@ def anthropic_passthrough(
                 chunk = await resp.next(idle)
                 if chunk is None:
                     rec.status = 200
-                    await _close(gw, resp, rec, usage)
+                    reply.end(usage)
                 yield out
         except GatewayError as e:
             rec.status, rec.error_type = e.status, e.kind
@@ -260,7 +259,8 @@ def anthropic_passthrough(
         finally:
             await _close(gw, resp, rec, usage)
 
-    return _GuardedStream(gen(), gw, resp, rec)
+    reply = _GuardedStream(gen(), gw, resp, rec)
+    return reply
 
 
 # -- OpenAI out (chat completions passthrough) -------------------------------------------
@@ -271,8 +271,7 @@ def chat_once(gw: Gateway, obj: dict, rec: Record, public: str) -> Response:
     if "model" in obj:
         obj["model"] = public
     rec.status = 200
-    gw.finish(rec, Usage.from_openai(obj.get("usage")))
-    return Response(_encode(obj), media_type="application/json")
+    return Answer(_encode(obj), gw, rec, Usage.from_openai(obj.get("usage")))
 
 
 def chat_stream(
@@ -305,7 +304,7 @@ def chat_stream(
             if not events.done:
                 raise UpstreamError("upstream stream ended before it finished")
             rec.status = 200
-            await _close(gw, resp, rec, usage)
+            reply.end(usage)
             pending.append(b"data: [DONE]\n\n")
             yield b"".join(pending)
         except GatewayError as e:
@@ -320,16 +319,37 @@ def chat_stream(
         finally:
             await _close(gw, resp, rec, usage)
 
-    return _GuardedStream(gen(), gw, resp, rec)
+    reply = _GuardedStream(gen(), gw, resp, rec)
+    return reply
 
 
 class _GuardedStream(StreamingResponse):
-    """A streaming response that closes the upstream and the record even when the client
-    leaves before the body started (the generator then never runs its own cleanup)."""
+    """A relay's SSE response.
+
+    The relay calls ``end(usage)`` before it yields its last chunk: that chunk goes out
+    with the end of the body in one write, and the relay's cleanup (closing the upstream,
+    closing and submitting the record) runs after it, once the client has the whole
+    answer, not on its clock. The upstream and the record are also closed when the client
+    leaves before the body started (the generator then never runs its own cleanup) or
+    during the last write."""
 
     def __init__(self, content, gw: Gateway, resp: UpstreamResponse, rec: Record) -> None:
         super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
         self._guard = (gw, resp, rec)
+        self.last = False
+        self.usage: Usage | None = None
+
+    def end(self, usage: Usage) -> None:
+        self.last, self.usage = True, usage
+
+    async def stream_response(self, send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": not self.last})
+        if not self.last:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -338,7 +358,24 @@ class _GuardedStream(StreamingResponse):
             gw, resp, rec = self._guard
             if rec.done_at is None:
                 rec.status, rec.error_type = 499, "client_disconnected"
-                await _close(gw, resp, rec, Usage())
+                await _close(gw, resp, rec, self.usage or Usage())
+
+
+class Answer(Response):
+    """A whole JSON answer. Its record is closed and submitted after the body went out,
+    off the client's clock (also when the client left meanwhile: the upstream's work and
+    usage are recorded all the same)."""
+
+    def __init__(self, body: bytes, gw: Gateway, rec: Record, usage: Usage) -> None:
+        super().__init__(body, media_type="application/json")
+        self._after = (gw, rec, usage)
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            gw, rec, usage = self._after
+            gw.finish(rec, usage)
 
 
 async def _close(gw: Gateway, resp: UpstreamResponse, rec: Record, usage: Usage) -> None:

@@ -160,6 +160,8 @@ def http_server(
     graceful: float = 5,
     max_body: int = 64 * 1024 * 1024,
     max_header_bytes: int = 1024 * 1024,
+    busy_poll_us: float = 0.0,
+    busy_poll_share: float = 0.5,
 ) -> httpserver.Server:
     """The gateway's own HTTP server (``httpserver``) for ``app``."""
     return httpserver.Server(
@@ -168,6 +170,8 @@ def http_server(
         max_body=max_body,
         max_header_bytes=max_header_bytes,
         on_started=_freeze_gc,
+        busy_poll_us=busy_poll_us,
+        busy_poll_share=busy_poll_share,
     )
 
 

@@ -1,0 +1,122 @@
+"""Busy polling (busypoll.py): the loop polls after activity, stops when the window closes
+or the budget is spent, and a gateway that busy-polls serves exactly as one that sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anthropic
+import openai
+import pytest
+
+from prefixgate import busypoll
+from prefixgate.config import ConfigError, parse_config
+from prefixgate.server import create_app
+from prefixgate.serving import ServerThread
+from tests.conftest import ListRecorder, settled
+from tests.fakes import Reply
+
+
+async def _until(cond, limit: float = 5.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.001)
+
+
+def test_polls_for_the_window_after_activity_then_sleeps():
+    async def main():
+        loop = asyncio.get_running_loop()
+        busypoll.install(loop, window_us=20_000, share=1.0)
+        p = busypoll.poller(loop)
+        try:
+            assert p is not None and not p.spinning
+            busypoll.touch(loop)
+            assert p.spinning
+            turns = []
+            # While the window is open the loop never blocks: a zero-timeout poll a turn.
+            loop.call_soon(lambda: turns.append(time.perf_counter()))
+            await _until(lambda: not p.spinning)
+            assert p.spent > 0
+            assert p.spent <= 0.020 + 0.005  # idle turns inside the window only
+            spent = p.spent
+            await asyncio.sleep(0.03)  # no activity: nothing more is spent
+            assert p.spent == spent and not p.spinning
+        finally:
+            busypoll.uninstall(loop)
+        assert busypoll.poller(loop) is None
+        busypoll.touch(loop)  # harmless once uninstalled
+
+    asyncio.run(main())
+
+
+def test_the_budget_caps_polling_within_a_second():
+    async def main():
+        loop = asyncio.get_running_loop()
+        # A 10 s window, but at most 2 % of a second polled.
+        busypoll.install(loop, window_us=10_000_000, share=0.02)
+        p = busypoll.poller(loop)
+        try:
+            busypoll.touch(loop)
+            await _until(lambda: not p.spinning)  # only the budget can have stopped it
+            assert p.spent >= 0.02
+            if time.perf_counter() - p.second < 0.9:  # same second: no new polling
+                busypoll.touch(loop)
+                assert not p.spinning
+        finally:
+            busypoll.uninstall(loop)
+
+    asyncio.run(main())
+
+
+def test_zero_turns_it_off():
+    async def main():
+        loop = asyncio.get_running_loop()
+        busypoll.install(loop, window_us=0)
+        assert busypoll.poller(loop) is None
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("value", [-1, 200_000])
+def test_config_refuses_out_of_range_windows(value):
+    with pytest.raises(ConfigError):
+        parse_config(
+            {
+                "channels": [{"name": "a", "base_url": "http://127.0.0.1:1/v1"}],
+                "server": {"busy_poll_us": value},
+                "store": None,
+            }
+        )
+
+
+def test_config_default_busy_polls():
+    cfg = parse_config({"channels": [{"name": "a", "base_url": "http://127.0.0.1:1/v1"}]})
+    assert cfg.server.busy_poll_us > 0 and 0 < cfg.server.busy_poll_share <= 1
+
+
+def test_a_busy_polling_gateway_serves_both_apis_and_records(upstream):
+    cfg = parse_config({"channels": [{"name": "main", "base_url": upstream.url}], "store": None})
+    rec = ListRecorder()
+    app = create_app(cfg, recorder=rec)
+    upstream.script = lambda body: Reply(text="polled", prompt_tokens=50, cached_tokens=32)
+    with ServerThread(app, busy_poll_us=500) as srv:
+        loop = srv.server.loop
+        assert busypoll.poller(loop) is not None
+        with anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0) as a:
+            msg = a.messages.create(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+            )
+            assert msg.content[0].text == "polled"
+            with a.messages.stream(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+            ) as s:
+                assert s.get_final_message().usage.cache_read_input_tokens == 32
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0) as o:
+            r = o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            assert r.choices[0].message.content == "polled"
+        assert busypoll.poller(loop).last > 0  # the sockets' events reached it
+        settled(app.state.gateway)
+        assert [r.status for r in rec.records] == [200, 200, 200]
+    assert busypoll.poller(loop) is None  # the server's loop is done with it
