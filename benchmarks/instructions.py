@@ -68,6 +68,9 @@ def count(
         if store
         else None,
     }
+    if ((src or ROOT / "src") / "prefixgate" / "busypoll.py").exists():
+        # No busy polling: its idle turns would be counted as the request's work.
+        config["server"]["busy_poll_us"] = 0
     (work / "config.json").write_text(json.dumps(config))
     log = open(work / "valgrind.log", "w")  # noqa: SIM115
     gateway = subprocess.Popen(

@@ -461,3 +461,24 @@ def test_segments_from_bytes_match_on_generated_bodies():
         assert by_bytes is None or by_bytes == by_object
 
     check()
+
+
+def test_a_tools_list_seen_before_is_looked_up_whole_and_a_changed_tool_shows():
+    from prefixgate.record.segments import segments_from_bytes
+
+    tools = [
+        {"name": f"t{i}", "description": "d" * 300 + str(i), "input_schema": {"type": "object"}}
+        for i in range(6)
+    ]
+    body = {"tools": tools, "messages": [{"role": "user", "content": "hi"}]}
+    raw = json.dumps(body).encode()
+    first = segments_from_bytes(raw, "anthropic")
+    first.append("poison")  # the caller's list is its own: the memo keeps a copy
+    again = segments_from_bytes(raw, "anthropic")
+    assert again == segments_anthropic(body) and "poison" not in again
+    changed = copy.deepcopy(body)
+    changed["tools"][3]["description"] += " (edited)"
+    after = segments_from_bytes(json.dumps(changed).encode(), "anthropic")
+    assert after == segments_anthropic(changed)
+    differ = [a.name for a, b in zip(again, after, strict=True) if a.hash != b.hash]
+    assert differ == ["tools", "t3"]

@@ -295,7 +295,7 @@ def segments_openai(
 class _Shape(msgspec.Struct):
     """What the segments are cut from, in one pass over the bytes."""
 
-    tools: list[msgspec.Raw] | None = None
+    tools: msgspec.Raw = msgspec.Raw(b"null")  # the whole list: looked up as one piece
     messages: list[msgspec.Raw] | None = None
     system: msgspec.Raw = msgspec.Raw(b"null")
 
@@ -323,6 +323,23 @@ def _piece(tag: str, raw: bytes, label_of) -> tuple[str, int, str | None]:
         return digest, chars, label_of(obj)
 
     return _PIECES.get(tag, raw, make)
+
+
+def _tools_of_list(data: bytes, api: str) -> list[Segment] | None:
+    """The tool segments of a tools list's JSON (``None`` if it is not a list). An agent
+    sends the same list every turn: it is looked up whole (one fingerprint and one compare
+    for the dozen tools), and cut into tools only when not seen recently."""
+    if data[:1] != b"[":
+        return [] if data == b"null" else None
+    try:
+        segs = _PIECES.get(f"tool-list:{api}", data, lambda: tuple(_tools_of_items(data, api)))
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return list(segs)
+
+
+def _tools_of_items(data: bytes, api: str) -> list[Segment]:
+    return _tools_from_raw(_ITEMS.decode(data), api)
 
 
 def _tools_from_raw(raws: list[msgspec.Raw] | None, api: str) -> list[Segment]:
@@ -364,16 +381,17 @@ def segments_from_bytes(
         shape = _SHAPE.decode(raw)
     except (msgspec.DecodeError, RecursionError):  # ValidationError: another shape
         return None
-    return _segments_of_pieces(api, shape.tools, shape.messages, shape.system, tools_first)
+    return _segments_of_pieces(api, bytes(shape.tools), shape.messages, shape.system, tools_first)
 
 
 def segments_of_chat(body: dict[str, Any], *, tools_first: bool = True) -> list[Segment]:
     """:func:`segments_from_bytes` of the chat request the gateway built (its texts may be
     ``msgspec.Raw``), without encoding it whole and cutting it up again: each tool and
     message is encoded alone, which gives the very bytes it has in the whole."""
+    tools = body.get("tools")
     return _segments_of_pieces(
         "openai",
-        [_encode(t) for t in body.get("tools") or ()],
+        _encode(tools) if tools else b"null",
         [_encode(m) for m in body["messages"]],
         None,
         tools_first,
@@ -384,9 +402,11 @@ _encode = msgspec.json.encode
 
 
 def _segments_of_pieces(
-    api: str, tools_raw, messages_raw, system_raw, tools_first: bool
+    api: str, tools_list: bytes, messages_raw, system_raw, tools_first: bool
 ) -> list[Segment] | None:
-    tools = _tools_from_raw(tools_raw, api)
+    tools = _tools_of_list(tools_list, api)
+    if tools is None:
+        return None
     msgs = [_piece("message", bytes(m), _role) for m in messages_raw or ()]
 
     def seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
