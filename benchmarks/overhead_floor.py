@@ -41,8 +41,7 @@ class Upstream(asyncio.Protocol):
         self.owner: Client | None = None
         self.need: int | None = None  # bytes left of a content-length body
         self.chunked = False
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self.busy = False  # an answer is being relayed
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -73,7 +72,7 @@ class Upstream(asyncio.Protocol):
 
     def _done(self) -> None:
         self.need, self.chunked, self.buf = None, False, bytearray()
-        self.idle.set()
+        self.busy = False
         self.owner.data_received(b"")  # a request that came meanwhile
 
 
@@ -97,7 +96,7 @@ class Client(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         busypoll.touch(self.loop)
         self.buf += data
-        if self.up is None or not self.up.idle.is_set():
+        if self.up is None or self.up.busy:
             return
         end = _head_end(self.buf)
         if end < 0:
@@ -111,7 +110,7 @@ class Client(asyncio.Protocol):
             line = b"POST /v1/chat/completions HTTP/1.1"
         request = line + b"\r\n" + rest + self.buf[end:total]
         del self.buf[:total]
-        self.up.idle.clear()
+        self.up.busy = True
         self.up.transport.write(request)
 
 
