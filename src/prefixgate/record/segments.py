@@ -332,14 +332,12 @@ def _tools_of_list(data: bytes, api: str) -> list[Segment] | None:
     if data[:1] != b"[":
         return [] if data == b"null" else None
     try:
-        segs = _PIECES.get(f"tool-list:{api}", data, lambda: tuple(_tools_of_items(data, api)))
+        segs = _PIECES.get(
+            f"tool-list:{api}", data, lambda: tuple(_tools_from_raw(_ITEMS.decode(data), api))
+        )
     except (msgspec.DecodeError, RecursionError):
         return None
     return list(segs)
-
-
-def _tools_of_items(data: bytes, api: str) -> list[Segment]:
-    return _tools_from_raw(_ITEMS.decode(data), api)
 
 
 def _tools_from_raw(raws: list[msgspec.Raw] | None, api: str) -> list[Segment]:
