@@ -4,14 +4,17 @@ store outages (spool and replay), restarts (spool left on disk) and shutdown."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
+import time
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from prefixgate.record.model import Record, Segment
-from prefixgate.record.writer import RecordWriter
+from prefixgate.record.writer import BACKGROUND_NICE, RecordWriter
 from prefixgate.store import Store, StoreError, open_store
 from prefixgate.store.postgres import PostgresStore
 from prefixgate.store.sqlite import SqliteStore
@@ -323,3 +326,60 @@ def test_close_timeout_with_a_hung_store_keeps_records_on_disk(
 
     asyncio.run(restart())
     assert ids(sqlite_store) == expected(35)
+
+
+class NiceProbe(FlakyStore):
+    """Notes the CPU priority (nice) of the thread each batch is written from."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.nices: list[tuple[int, int]] = []  # (nice, batch size)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def write_batch(self, records):
+        self.gate.wait(30)
+        tid = threading.get_native_id()
+        self.nices.append((os.getpriority(os.PRIO_PROCESS, tid), len(records)))
+        super().write_batch(records)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_batches_are_written_at_lowered_priority_unless_far_behind(
+    sqlite_store: SqliteStore, tmp_path: Path
+) -> None:
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    probe = NiceProbe(sqlite_store)
+
+    async def main() -> None:
+        writer = RecordWriter(probe, batch_size=10, spool_path=tmp_path / "spool", **FAST)
+        await writer.start()
+        for i in range(5):
+            writer.submit(make(i))
+        await _until(lambda: writer.written == 5)
+        assert probe.nices and all(n == own + BACKGROUND_NICE for n, _ in probe.nices)
+        # The store stalls while 200 records (20 batches) pile up: the batches that find
+        # the queue more than 4 batches deep go at the process's own priority.
+        probe.gate.clear()
+        writer.submit(make(5))
+        await _until(lambda: writer.stats().queue_depth == 0)  # its batch is in the store
+        for i in range(6, 206):
+            writer.submit(make(i))
+        probe.gate.set()
+        await writer.close(timeout=60)
+        assert writer.written == 206
+        assert sorted(r for r in ids(sqlite_store)) == sorted(
+            make(i).request_id for i in range(206)
+        )
+        later = probe.nices[len(probe.nices) - 20 :]
+        assert any(n == own for n, _ in later), probe.nices
+        assert probe.nices[-1] == (own + BACKGROUND_NICE, probe.nices[-1][1])  # caught up
+
+    asyncio.run(main())
+
+
+async def _until(cond, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
