@@ -7,9 +7,11 @@ Request figures use the body of ``shared/fixtures/claude-code/01_v2.1.332_print_
 (a real Claude Code request, 50 KB of JSON). ``request path`` is what the gateway does to
 it before sending: the typed decode with its checks (``decode_messages_body``), the
 billing-header hygiene, the conversion (texts stay raw JSON) and the encoding; ``decode``
-and ``convert`` are its first and third steps. ``plain path`` is the same on plain
-objects (decode with the depth check, the dict checks, ``anthropic_to_openai``, encode):
-the way the gateway went before, and still goes for a request the typed decode refuses.
+and ``convert`` are its first and third steps. ``plain path`` is the way a request goes
+that the typed decode refuses (``messages_body._plain_path``: the dict decode with the depth
+check, the dict checks, then the lenient typed decode), followed by the same hygiene,
+conversion and encoding. ``dict API`` is ``anthropic_to_openai`` on a decoded dict (what the
+token counter and the cache model call): it encodes the dict and takes the typed way.
 The stream figures feed a 256-chunk OpenAI stream (decoded chunks, as the relay gives
 them) through ``AnthropicStream``. Goal: ≤ 0.5 ms for the request path.
 """
@@ -30,9 +32,7 @@ from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, conv
 from prefixgate.convert.stream import AnthropicStream
 from prefixgate.hygiene import strip_billing_header
 from prefixgate.hygiene.billing import strip_billing_header_typed
-from prefixgate.protocol.anthropic import check_messages_request
-from prefixgate.protocol.common import decode_body
-from prefixgate.protocol.messages_body import decode_messages_body
+from prefixgate.protocol.messages_body import _plain_path, decode_messages_body
 from prefixgate.sse import SSEDecoder
 
 HERE = Path(__file__).resolve().parent
@@ -102,12 +102,16 @@ def main() -> None:
         return encode(convert(clean, opts))
 
     def plain_path() -> bytes:
-        b = decode_body(raw, limits)
-        check_messages_request(b, limits)
-        clean, _ = strip_billing_header(b)
+        clean, _ = strip_billing_header_typed(_plain_path(raw, limits).typed)
+        return encode(convert(clean, opts))
+
+    plain = decode(raw)
+
+    def dict_api() -> bytes:
+        clean, _ = strip_billing_header(plain)
         return encode(anthropic_to_openai(clean, opts))
 
-    assert decode(request_path()) == decode(plain_path())
+    assert decode(request_path()) == decode(plain_path()) == decode(dict_api())
 
     chunks = stream_chunks(args.chunks)
 
@@ -127,6 +131,7 @@ def main() -> None:
         "convert": timed(lambda: convert(typed, opts), args.n),
         "request_path": timed(request_path, args.n),
         "plain_path": timed(plain_path, args.n),
+        "dict_api": timed(dict_api, args.n),
         f"stream_{args.chunks}_chunks": timed(stream, max(50, args.n // 10)),
     }
     s = results[f"stream_{args.chunks}_chunks"]
