@@ -61,13 +61,7 @@ def count(
     upstream = subprocess.Popen(
         [sys.executable, str(HERE / "overhead_upstream.py"), "--port", str(up_port)]
     )
-    config = {
-        "server": {"host": "127.0.0.1", "port": port},
-        "channels": [{"name": "fake", "base_url": f"http://127.0.0.1:{up_port}/v1"}],
-        "store": {"dsn": f"sqlite:///{work}/r.db", "spool_path": str(work / "spool.jsonl")}
-        if store
-        else None,
-    }
+    config = ov.gateway_config(port, f"http://127.0.0.1:{up_port}", work if store else None)
     if ((src or ROOT / "src") / "prefixgate" / "busypoll.py").exists():
         # No busy polling: its idle turns would be counted as the request's work.
         config["server"]["busy_poll_us"] = 0

@@ -143,6 +143,22 @@ def litellm_bin(version: str) -> Path:
     return exe
 
 
+def gateway_config(port: int, upstream: str, store_dir: Path | None, name: str = "pg") -> dict:
+    """The config of a prefixgate under test: loopback, one channel to the fake upstream,
+    and the SQLite store (segment capture on, its default) in ``store_dir``, or none."""
+    store = None
+    if store_dir is not None:
+        store = {
+            "dsn": f"sqlite:///{store_dir}/{name}.db",
+            "spool_path": str(store_dir / f"{name}.spool.jsonl"),
+        }
+    return {
+        "server": {"host": "127.0.0.1", "port": port},
+        "channels": [{"name": "fake", "base_url": f"{upstream}/v1"}],
+        "store": store,
+    }
+
+
 class Gateway:
     """One gateway under test: how to start it and where it listens."""
 
@@ -178,19 +194,9 @@ class Gateway:
             cmd = [sys.executable, str(HERE / "overhead_floor.py"), "--port", str(self.port)]
             cmd += ["--upstream-port", self.upstream.rsplit(":", 1)[1], "--busy-poll-us", poll]
             return cmd, dict(os.environ), "/health"
-        store = None
-        if self.name == "prefixgate":
-            store = {
-                "dsn": f"sqlite:///{self.work}/pg.db",
-                "spool_path": str(self.work / "spool.jsonl"),
-            }
+        store = self.work if self.name == "prefixgate" else None
         cfg = self.work / f"{self.name}.json"
-        config = {
-            "server": {"host": "127.0.0.1", "port": self.port},
-            "channels": [{"name": "fake", "base_url": f"{self.upstream}/v1"}],
-            "store": store,
-        }
-        cfg.write_text(json.dumps(config))
+        cfg.write_text(json.dumps(gateway_config(self.port, self.upstream, store, self.name)))
         exe = Path(sys.executable).parent / "prefixgate"
         cmd = [str(exe), "serve", "--config", str(cfg), "--log-level", "warning"]
         if self.name == "prefixgate-uvicorn":

@@ -77,16 +77,8 @@ class Side:
         self.proc: subprocess.Popen | None = None
 
     def start(self, upstream: str) -> None:
-        config: dict = {
-            "server": {"host": "127.0.0.1", "port": self.port},
-            "channels": [{"name": "fake", "base_url": f"{upstream}/v1"}],
-            "store": {
-                "dsn": f"sqlite:///{self.work}/{self.name}.db",
-                "spool_path": str(self.work / f"{self.name}.spool"),
-            }
-            if self.store
-            else None,
-        }
+        store = self.work if self.store else None
+        config = ov.gateway_config(self.port, upstream, store, self.name)
         for assignment in self.sets:
             apply_set(config, assignment)
         path = self.work / f"{self.name}.json"
