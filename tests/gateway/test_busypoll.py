@@ -25,7 +25,15 @@ async def _until(cond, limit: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_polls_for_the_window_after_activity_then_sleeps():
+@pytest.fixture
+def every_turn_counts(monkeypatch):
+    """Count every polling turn against the budget, however long: a slow or loaded machine
+    (a profiler, a busy CI) makes idle turns longer than ``_IDLE_TURN``, and the window and
+    budget are what these tests check (the idle-turn rule has its own test)."""
+    monkeypatch.setattr(busypoll, "_IDLE_TURN", 1.0)
+
+
+def test_polls_for_the_window_after_activity_then_sleeps(every_turn_counts):
     async def main():
         loop = asyncio.get_running_loop()
         busypoll.install(loop, window_us=20_000, share=1.0)
@@ -51,7 +59,7 @@ def test_polls_for_the_window_after_activity_then_sleeps():
     asyncio.run(main())
 
 
-def test_the_budget_caps_polling_within_a_second():
+def test_the_budget_caps_polling_within_a_second(every_turn_counts):
     async def main():
         loop = asyncio.get_running_loop()
         # A 10 s window, but at most 2 % of a second polled.
@@ -68,6 +76,53 @@ def test_the_budget_caps_polling_within_a_second():
             busypoll.uninstall(loop)
 
     asyncio.run(main())
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Loop:
+    """Holds what the poller schedules, to run it turn by turn."""
+
+    def __init__(self) -> None:
+        self.ready: list = []
+
+    def call_soon(self, fn) -> None:
+        self.ready.append(fn)
+
+    def turn(self) -> bool:
+        ready, self.ready = self.ready, []
+        for fn in ready:
+            fn()
+        return bool(self.ready)
+
+
+def test_only_idle_turns_count_against_the_budget(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(busypoll, "perf_counter", clock)
+    loop = _Loop()
+    p = busypoll.BusyPoll(loop, window=0.001, share=0.5)
+    p.touch()
+    assert p.spinning and len(loop.ready) == 1
+    clock.now += 10e-6  # an idle turn: counted
+    assert loop.turn()
+    assert p.spent == pytest.approx(10e-6)
+    clock.now += 300e-6  # the loop was working: not counted
+    assert loop.turn()
+    assert p.spent == pytest.approx(10e-6)
+    clock.now += 20e-6
+    assert loop.turn()
+    assert p.spent == pytest.approx(30e-6)
+    clock.now += 0.001  # the window closed since the last activity: polling stops
+    assert not loop.turn()
+    assert not p.spinning
+    p.touch()  # new activity, same second, budget left: polling again
+    assert p.spinning
 
 
 def test_zero_turns_it_off():
