@@ -279,6 +279,17 @@ def request_of(target: str, url: str, case, anth: dict, chat: dict):
     return url + path, json.dumps(body).encode(), headers
 
 
+def latency_ms(res) -> tuple[float | None, float | None, float | None]:
+    """p50 and p99 latency and p50 time to first token of a load run, in ms (None if no
+    request completed)."""
+    lat, ttft = sorted(res.latencies), sorted(res.ttfts)
+    n = len(lat)
+    if not n:
+        return None, None, None
+    first = 1000 * ttft[len(ttft) // 2] if ttft else None
+    return 1000 * lat[n // 2], 1000 * lat[min(n - 1, int(n * 0.99))], first
+
+
 async def measure(target: str, url: str, anth: dict, chat: dict, args, pid: int | None) -> dict:
     out = {}
     for case in cases():
@@ -287,13 +298,13 @@ async def measure(target: str, url: str, anth: dict, chat: dict, args, pid: int 
         cpu0 = cpu_seconds(pid) if pid else 0.0
         res = await load.run(u, body, headers, concurrency=case[2], seconds=seconds)
         cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
-        lat, ttft = sorted(res.latencies), sorted(res.ttfts)
-        n = len(lat)
+        n = len(res.latencies)
+        p50, p99, ttft = latency_ms(res)
         out[case_name(case)] = {
             "rps": res.rps,
-            "p50_ms": 1000 * lat[n // 2] if n else None,
-            "p99_ms": 1000 * lat[min(n - 1, int(n * 0.99))] if n else None,
-            "ttft_p50_ms": 1000 * ttft[n // 2] if n else None,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "ttft_p50_ms": ttft,
             "errors": res.errors,
             "n": n,
             "cpu_ms_per_req": 1000 * cpu / n if (pid and n) else None,

@@ -47,10 +47,6 @@ def parse_case(text: str) -> tuple[str, bool, int, str]:
     return parts[0], parts[1] == "stream", conc, "fake"
 
 
-def case_label(case) -> str:
-    return f"{case[0]}/{'stream' if case[1] else 'json'}/c{case[2]}"
-
-
 def apply_set(config: dict, assignment: str) -> None:
     """``a.b.c=<json>`` into ``config`` (a value that is not JSON is taken as a string)."""
     path, sep, value = assignment.partition("=")
@@ -118,14 +114,13 @@ class Side:
 async def measure(url: str, target: str, case, anth: dict, chat: dict, seconds: float) -> dict:
     u, body, headers = ov.request_of(target, url, case, anth, chat)
     res = await load.run(u, body, headers, concurrency=case[2], seconds=seconds)
-    lat, ttft = sorted(res.latencies), sorted(res.ttfts)
-    n = len(lat)
-    if not n:
-        raise SystemExit(f"{target} answered no request in {case_label(case)}")
+    p50, p99, ttft = ov.latency_ms(res)
+    if p50 is None:
+        raise SystemExit(f"{target} answered no request in {ov.case_name(case)}")
     return {
-        "p50": 1000 * lat[n // 2],
-        "p99": 1000 * lat[min(n - 1, int(n * 0.99))],
-        "ttft": 1000 * ttft[n // 2] if ttft else None,
+        "p50": p50,
+        "p99": p99,
+        "ttft": ttft,
         "rps": res.rps,
         "errors": res.errors,
     }
@@ -171,7 +166,7 @@ def run(args) -> dict:
                         "rps": got["rps"],
                         "errors": got["errors"],
                     }
-                    added.setdefault((case_label(case), side.name), []).append(row)
+                    added.setdefault((ov.case_name(case), side.name), []).append(row)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
     finally:
         for side in sides:
@@ -192,7 +187,7 @@ def summarize(added: dict, args) -> dict:
 
     cases = {}
     for case in args.cases:
-        label = case_label(case)
+        label = ov.case_name(case)
         cases[label] = {
             side: {
                 "added_p50_ms": med(added[(label, side)], "p50"),

@@ -15,9 +15,9 @@ written either (``lost``).
 The store and spool calls run in the writer's own worker thread, at a lowered CPU priority
 (nice +10, on Linux): on a busy core, the event loop's thread then gets the CPU first
 when a packet lands, instead of waiting out the writer's time slice (p99 at c32 with a
-store: 57 -> 46 ms, docs/performance.md). Should the queue grow past a few batches, batches go through
-a second thread at the process's own priority until it is caught up: an unprivileged
-process cannot take a lowered priority back.
+store: 57 -> 46 ms, docs/performance.md). Should the queue grow past a few batches,
+batches go through a second thread at the process's own priority until it is caught up:
+an unprivileged process cannot take a lowered priority back.
 """
 
 from __future__ import annotations
