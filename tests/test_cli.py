@@ -1,17 +1,10 @@
-"""The command line: key digests, config errors, the loopback rule, the example config,
-the end of `serve` on a signal."""
+"""The command line: key digests, config errors, the loopback rule, the example config."""
 
 from __future__ import annotations
 
 import hashlib
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 from click.testing import CliRunner
 
 from prefixgate.cli import main
@@ -140,45 +133,3 @@ def test_demo_and_doctor_commands(tmp_path):
     assert r.exit_code == 1 and "no store at" in r.output
     r = runner.invoke(main, ["doctor", "--store", f"sqlite:///{store}", "--since", "yesterday-ish"])
     assert r.exit_code == 2 and "Traceback" not in r.output
-
-
-_SERVE_THEN_REPORT = """
-import signal, sys
-from prefixgate.cli import main
-main(sys.argv[1:], standalone_mode=False)
-print("after serve:", signal.getsignal(signal.SIGTERM) == signal.SIG_IGN,
-      signal.getsignal(signal.SIGINT) == signal.SIG_IGN, flush=True)
-"""
-
-
-def test_serve_stopped_by_a_signal_ignores_further_ones_while_it_exits():
-    """Once `serve` has stopped, the process only exits: the interpreter's shutdown would
-    reset Python's handlers to the default action, and a repeated SIGTERM landing there
-    would report a clean stop as a kill. So the stop signals are ignored from then on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = ["serve", "--upstream", "http://127.0.0.1:9/v1", "--port", str(port)]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE_THEN_REPORT, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline and proc.poll() is None, "serve did not start"
-                time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0
-        assert "after serve: True True" in out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

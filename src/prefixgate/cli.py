@@ -105,7 +105,6 @@ def serve(
 
     if workers == 1:
         serving.run(_serve(config, http_impl=http_impl))
-        serving.ignore_stop_signals()
         return
     log.info("prefixgate: %d worker processes", workers)
 
@@ -118,9 +117,7 @@ def serve(
             )
         serving.run(_serve(cfg, sock, http_impl=http_impl))
 
-    status = serving.run_workers(workers, config.server.host, config.server.port, worker)
-    serving.ignore_stop_signals()
-    sys.exit(status)
+    sys.exit(serving.run_workers(workers, config.server.host, config.server.port, worker))
 
 
 async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:

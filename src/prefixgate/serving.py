@@ -40,16 +40,6 @@ def run(main: Coroutine):
     return uvloop.run(main)
 
 
-def ignore_stop_signals() -> None:
-    """For a process whose server has stopped and which is about to exit: SIGTERM and
-    SIGINT have nothing left to stop, and are ignored. The interpreter's shutdown resets
-    Python-level handlers to the default action, so a supervisor's repeated signal landing
-    there would otherwise kill a process that stopped cleanly, and report it as killed."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
-
-
 def bind(
     host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False, listen: bool = True
 ) -> socket.socket:
