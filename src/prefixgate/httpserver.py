@@ -601,13 +601,21 @@ class Server:
         try:
             yield
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)  # (restores the default action)
-                if self._signalled:
-                    # The stop a signal asked for is done (drained, shut down): a further
-                    # one (a second Ctrl-C, a supervisor's repeat) ends the process now,
-                    # with the status of a clean stop, instead of killing it.
-                    signal.signal(sig, _exit_cleanly)
+            # The stop a signal asked for is done (drained, shut down): a further one (a
+            # second Ctrl-C, a supervisor's repeat) ends the process now, with the status
+            # of a clean stop, not killed by the default action that removing the loop's
+            # handler restores (held back meanwhile, so none falls between the two).
+            swap = self._signalled and bool(installed)
+            if swap:
+                signal.pthread_sigmask(signal.SIG_BLOCK, installed)
+            try:
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
+                    if swap:
+                        signal.signal(sig, _exit_cleanly)
+            finally:
+                if swap:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, installed)
 
     def _on_signal(self) -> None:
         self._signalled = True
