@@ -11,10 +11,7 @@ import asyncio
 import contextlib
 import email.utils
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -929,46 +926,3 @@ def test_background_task_failing_does_not_cut_the_next_request(probe):
         time.sleep(0.05)  # the background task has failed
         probe.release.set()
         assert c.read_response().body == b"done"
-
-
-_SERVE_THEN_LINGER = """
-import asyncio, time
-from prefixgate.httpserver import Server
-from prefixgate.serving import bind
-
-async def app(scope, receive, send):
-    assert scope["type"] == "lifespan"
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        else:
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-server = Server(app, on_started=lambda: print("started", flush=True))
-asyncio.run(server.serve([bind()]))
-print("stopped", flush=True)
-time.sleep(30)  # what a process may still do after its server stopped
-print("lingered", flush=True)
-"""
-
-
-def test_a_signal_after_the_stop_is_done_exits_cleanly_at_once():
-    """SIGTERM stops the server; a second one, once the stop is done, ends the process
-    with status 0 at once (not killed by the signal, as the restored default would)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE_THEN_LINGER], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout.readline().strip() == "started"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.stdout.readline().strip() == "stopped"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
-        assert "lingered" not in proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()

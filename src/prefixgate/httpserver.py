@@ -18,8 +18,7 @@ What it does:
 - the ASGI lifespan (startup before listening, shutdown after the drain);
 - graceful stop: ``should_exit`` (or SIGTERM/SIGINT, from the main thread) stops
   accepting, closes idle connections, lets requests in flight finish for up to
-  ``graceful`` seconds, then cancels what is left; a second signal cuts the wait short,
-  and one that comes after the stop is done ends the process with status 0.
+  ``graceful`` seconds, then cancels what is left.
 
 Header lines past ``max_header_bytes`` in all get 431 here (the app may set a lower,
 route-shaped limit of its own); a request target past 64 KiB gets 414; a malformed request
@@ -539,7 +538,6 @@ class Server:
         self.connections: set[HTTPProtocol] = set()
         self.started = False
         self.should_exit = False
-        self._signalled = False  # stopping because of SIGTERM/SIGINT
         self.loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.AbstractServer] = []
 
@@ -601,31 +599,13 @@ class Server:
         try:
             yield
         finally:
-            # The stop a signal asked for is done (drained, shut down): a further one (a
-            # second Ctrl-C, a supervisor's repeat) ends the process now, with the status
-            # of a clean stop, not killed by the default action that removing the loop's
-            # handler restores (held back meanwhile, so none falls between the two).
-            swap = self._signalled and bool(installed)
-            if swap:
-                signal.pthread_sigmask(signal.SIG_BLOCK, installed)
-            try:
-                for sig in installed:
-                    loop.remove_signal_handler(sig)
-                    if swap:
-                        signal.signal(sig, _exit_cleanly)
-            finally:
-                if swap:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, installed)
+            for sig in installed:
+                loop.remove_signal_handler(sig)
 
     def _on_signal(self) -> None:
-        self._signalled = True
         if self.should_exit:  # a second signal: stop waiting for the drain
             self.graceful = 0
         self.should_exit = True
-
-
-def _exit_cleanly(signum, frame) -> None:
-    raise SystemExit(0)
 
 
 class _Lifespan:
