@@ -39,10 +39,10 @@ import httpx
 from prefixgate.config import parse_config
 from prefixgate.routing import BlockLRU, imbalanced, prompt_blocks
 from prefixgate.routing.policies import Balance
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
-from prefixgate.sim.agents import AGENT_CLAUDE_CODE, AGENT_STABLE_OPENAI, TrafficSpec, generate
-from prefixgate.sim.upstream import SimSettings, start_upstreams_in_thread
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
+from prefixgate.traffic import AGENT_CLAUDE_CODE, AGENT_STABLE_OPENAI, TrafficSpec, generate
+from prefixgate.upstream_sim import SimSettings, start_upstreams_in_thread
 
 
 class _Records:

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from prefixgate.config import parse_config
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
 from tests.fakes import ScriptedUpstream
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -55,8 +55,8 @@ def test_keys_create_list_revoke_and_the_gateway_accepts_them(tmp_path, upstream
     import httpx
 
     from prefixgate.config import parse_config
-    from prefixgate.server import create_app
-    from prefixgate.serving import ServerThread
+    from prefixgate.serve.app import create_app
+    from prefixgate.serve.process import ServerThread
 
     dsn = f"sqlite:///{tmp_path / 'k.db'}"
     runner = CliRunner()

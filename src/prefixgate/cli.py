@@ -101,7 +101,7 @@ def serve(
     log = logging.getLogger("prefixgate")
     if config.open_access:
         log.warning("no API keys configured: accepting any key (loopback only)")
-    from prefixgate import serving
+    from prefixgate.serve import process as serving
 
     if workers == 1:
         serving.run(_serve(config, http_impl=http_impl))
@@ -121,13 +121,13 @@ def serve(
 
 
 async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
-    from prefixgate.server import build_app
-    from prefixgate.serving import bind, http_server, uvicorn_server
+    from prefixgate.serve.app import build_app
+    from prefixgate.serve.process import bind, http_server, uvicorn_server
 
     log = logging.getLogger("prefixgate")
     sims = []
     if config.embedded_upstream:
-        from prefixgate.sim.upstream import SimSettings, start_embedded
+        from prefixgate.upstream_sim import SimSettings, start_embedded
 
         sim_url, sims = await start_embedded(SimSettings(block_size=64))
         channels = (config.channels[0].model_copy(update={"base_url": sim_url}),)
@@ -208,7 +208,7 @@ async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
 def upstream_sim(host, port, replicas, log_level, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
     chained block hashes, last-token rule and LRU, with vLLM's usage fields and /metrics."""
-    from prefixgate.sim.upstream import serve_upstreams, settings_from_options
+    from prefixgate.upstream_sim import serve_upstreams, settings_from_options
 
     _setup_logging(log_level)
     settings = settings_from_options(**opts)

@@ -1,6 +1,6 @@
 """A simulated vLLM with known rates, and the gateway in front of it, on loopback.
 
-Sockets get TCP_NODELAY here: ``prefixgate.serving.bind`` creates its listening socket
+Sockets get TCP_NODELAY here: ``prefixgate.serve.process.bind`` creates its listening socket
 with ``proto=0``, so asyncio does not set TCP_NODELAY on accepted connections and the
 first small write after the response headers waits for the client's delayed ACK (~40 ms
 on Linux). Once ``bind`` sets it, ``_nodelay`` is a no-op.
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import pytest
 
 from prefixgate.config import parse_config
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
-from prefixgate.sim.upstream import SimSettings, create_upstream_app
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
+from prefixgate.upstream_sim import SimSettings, create_upstream_app
 
 PREFILL_RATE = 20_000.0  # tokens/s
 DECODE_RATE = 200.0  # tokens/s

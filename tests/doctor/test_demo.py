@@ -4,8 +4,8 @@ import contextlib
 
 import pytest
 
-from prefixgate.demo import run_demo
 from prefixgate.doctor import diagnose, exit_code, render_text
+from prefixgate.incident import run_demo
 
 
 @contextlib.contextmanager

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
 from tests.fakes import Reply
 
 GOOD_MSG = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}

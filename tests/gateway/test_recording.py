@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from prefixgate.config import parse_config
-from prefixgate.server import build_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import build_app
+from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.conftest import load_fixture, pg_schema_dsn
 from tests.fakes import Reply

@@ -10,8 +10,8 @@ from prefixgate.bench.model import Target
 from prefixgate.bench.runner import run_bench
 from prefixgate.bench.scenarios import ScenarioParams
 from prefixgate.config import parse_config
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
 
 
 def test_bench_runs_against_real_vllm_and_the_gateway(vllm):

@@ -1,6 +1,6 @@
 """The real Claude Code CLI (npm ``@anthropic-ai/claude-code``, pinned) through the gateway.
 
-The upstream is the simulated vLLM (``prefixgate.sim``, block size 32): deterministic and
+The upstream is the simulated vLLM (``prefixgate.upstream_sim``, block size 32): deterministic and
 fast, with a recording wrapper that keeps every body the gateway sent upstream. The CLI
 runs offline with a throw-away HOME, so it talks to nothing but the gateway.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 
 from prefixgate.config import parse_config
-from prefixgate.server import build_app
-from prefixgate.serving import ServerThread
-from prefixgate.sim.upstream import SimSettings, create_upstream_app
+from prefixgate.serve.app import build_app
+from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
+from prefixgate.upstream_sim import SimSettings, create_upstream_app
 
 BLOCK = 32
 MODEL = "sim-model"

@@ -26,8 +26,8 @@ from prefixgate.cache import HFTokenizer, JinjaChatTemplate, PrefixCache
 from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.doctor import diagnose, render_text
-from prefixgate.server import build_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import build_app
+from prefixgate.serve.process import ServerThread
 from tests.real import harness
 
 BLOCK = harness.BLOCK_SIZE

@@ -6,7 +6,7 @@ import asyncio
 
 from prefixgate.config import parse_config
 from prefixgate.routing import ChannelRouter, health_url
-from prefixgate.sim.upstream import SimSettings, SimUpstream
+from prefixgate.upstream_sim import SimSettings, SimUpstream
 
 
 def test_health_url_is_the_root_plus_the_path():

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from prefixgate.record.model import Record, Segment
-from prefixgate.sim.agents import AGENT_STABLE_OPENAI, TrafficSpec
 from prefixgate.simulate import run_simulation
 from prefixgate.simulate.traces import load_mooncake, load_synthetic, record_tokens
 from prefixgate.store import open_store
+from prefixgate.traffic import AGENT_STABLE_OPENAI, TrafficSpec
 
 TINY = [
     {"timestamp": 0, "input_length": 1124, "output_length": 10, "hash_ids": [1, 2, 3]},

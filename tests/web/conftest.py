@@ -13,10 +13,10 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from prefixgate import demo
+from prefixgate import incident
 from prefixgate.config import parse_config
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from prefixgate.web import dashboard_routes
 
@@ -56,7 +56,7 @@ class DemoStores:
 @pytest.fixture(scope="session")
 def demo_stores(tmp_path_factory) -> DemoStores:
     path = tmp_path_factory.mktemp("web") / "prefixgate-demo.db"
-    kept, stripped = demo.run_demo(
+    kept, stripped = incident.run_demo(
         sessions=4, turns=8, store_path=str(path), progress_factory=_no_progress
     )
     with open_store(kept.dsn) as store:
@@ -74,8 +74,8 @@ def dashboard_app(
         "kind": "openai",
         "base_url": replica,
         "replicas": [SPARE_REPLICA],
-        "models": [demo.MODEL],
-        "model_map": {demo.MODEL: demo.UPSTREAM_MODEL},
+        "models": [incident.MODEL],
+        "model_map": {incident.MODEL: incident.UPSTREAM_MODEL},
     }
     if metrics_url:
         channel["metrics_url"] = metrics_url

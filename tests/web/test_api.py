@@ -69,7 +69,7 @@ def test_distribution_marks_the_pinned_constant(dashboard, demo_stores):
 
 
 def test_the_fix_has_no_pinned_constant(demo_stores, tmp_path):
-    from prefixgate.serving import ServerThread
+    from prefixgate.serve.process import ServerThread
     from tests.web.conftest import dashboard_app
 
     with ServerThread(dashboard_app(demo_stores.fixed, demo_stores.replica)) as srv:

@@ -8,8 +8,8 @@ import hashlib
 import httpx
 
 from prefixgate.config import parse_config
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
 from prefixgate.web import dashboard_routes
 from tests.web.conftest import ADMIN_KEY
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from prefixgate.serving import ServerThread
+from prefixgate.serve.process import ServerThread
 from tests.web.conftest import ADMIN_KEY, dashboard_app
 
 CHROMIUM = os.environ.get("PREFIXGATE_CHROMIUM", "/usr/bin/chromium")

@@ -38,7 +38,7 @@ def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from prefixgate import demo as demo_mod
+    from prefixgate import incident
 
     console = Console(stderr=as_json, width=max(100, shutil.get_terminal_size().columns))
 
@@ -56,7 +56,7 @@ def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
             yield lambda: progress.advance(task)
 
     t0 = time.monotonic()
-    results = demo_mod.run_demo(
+    results = incident.run_demo(
         sessions=sessions,
         turns=turns,
         seed=seed,
@@ -68,12 +68,12 @@ def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
 
     diagnosis = diagnose(results[0].dsn)
     if as_json:
-        click.echo(json.dumps(demo_mod.as_json(results, diagnosis), indent=2))
+        click.echo(json.dumps(incident.as_json(results, diagnosis), indent=2))
         return
-    _print_demo(console, results, demo_mod.BLOCK)
+    _print_demo(console, results, incident.BLOCK)
     console.rule("prefixgate doctor on the incident's store")
     click.echo(render_text(diagnosis))
-    predicted = demo_mod.predicted_rate(diagnosis)
+    predicted = incident.predicted_rate(diagnosis)
     if predicted is not None:
         measured = results[1].entries["messages"].hit_rate
         console.print(
@@ -82,7 +82,7 @@ def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
         )
     console.print(
         f"\nRecords: [bold]{store_path}[/] (the incident), "
-        f"[bold]{demo_mod.fixed_store_path(store_path)}[/] (the fix); {time.monotonic() - t0:.1f} s. "
+        f"[bold]{incident.fixed_store_path(store_path)}[/] (the fix); {time.monotonic() - t0:.1f} s. "
         f"Again: prefixgate doctor --store sqlite:///{store_path}"
     )
 

@@ -105,7 +105,7 @@ def load_source(
         source = str(source)
     if isinstance(source, str):
         if source == "synthetic" or source.startswith("synthetic:"):
-            from prefixgate.sim.agents import TrafficSpec
+            from prefixgate.traffic import TrafficSpec
 
             spec = TrafficSpec()
             if ":" in source:
@@ -119,7 +119,7 @@ def load_source(
         raise ValueError(
             f"unknown input {source!r} (want a .jsonl trace, a store DSN or 'synthetic')"
         )
-    from prefixgate.sim.agents import TrafficSpec
+    from prefixgate.traffic import TrafficSpec
 
     if isinstance(source, TrafficSpec):
         return load_synthetic(source, block_size or _DEFAULT_BLOCK_SIZE, progress=cb)

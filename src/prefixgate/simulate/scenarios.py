@@ -36,7 +36,7 @@ class Scenario:
 
 
 def _seed_l2_traffic(block_size: int) -> Trace:
-    from prefixgate.sim.agents import AGENT_STABLE_OPENAI, TrafficSpec
+    from prefixgate.traffic import AGENT_STABLE_OPENAI, TrafficSpec
 
     spec = TrafficSpec(
         sessions=48,

@@ -9,7 +9,7 @@
   ``segments_out`` become pseudo-token sequences of their estimated length, with ids drawn
   deterministically from the segment hash, scaled so the total is the record's
   ``prompt_tokens`` (see :func:`record_tokens`), then hashed into chained blocks.
-- **Synthetic agent traffic** (:mod:`prefixgate.sim.agents`), rendered with
+- **Synthetic agent traffic** (:mod:`prefixgate.traffic`), rendered with
   :class:`~prefixgate.cache.render.ChatRenderer` and tokenized with
   :class:`~prefixgate.cache.tokenizer.ApproxTokenizer`.
 """
@@ -242,11 +242,11 @@ def load_synthetic(
     interarrival: float = 1.0,
     progress: Progress | None = None,
 ) -> Trace:
-    """Synthetic sessions of ``spec`` (a :class:`~prefixgate.sim.agents.TrafficSpec`,
+    """Synthetic sessions of ``spec`` (a :class:`~prefixgate.traffic.TrafficSpec`,
     default: the generator's defaults), interleaved as the generator does, rendered with
     ``ChatRenderer`` and ``ApproxTokenizer``. Arrivals are ``interarrival`` seconds apart;
     every request is given ``output_tokens`` of output."""
-    from prefixgate.sim.agents import TrafficSpec, traffic
+    from prefixgate.traffic import TrafficSpec, traffic
 
     spec = TrafficSpec() if spec is None else spec
     renderer = ChatRenderer()

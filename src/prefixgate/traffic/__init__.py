@@ -25,7 +25,7 @@ messages) between requests to keep generation fast. Do not mutate them in place;
 :meth:`SimRequest.fresh_body` for a private deep copy or :meth:`SimRequest.content` for
 the bytes to send.
 
-Example (``from prefixgate.sim.agents import ...``)::
+Example::
 
     spec = TrafficSpec(sessions=50, turns=20, seed=7, cch=True,
                        mix={"claude-code": 0.5, "stable-openai": 0.5})
@@ -44,5 +44,62 @@ Layout, one module per concept:
 - :mod:`.claude_code` and :mod:`.stable` - the two session kinds;
 - :mod:`.generate` - sessions by ``mix``, :func:`generate`, :func:`interleave`, :func:`traffic`.
 
-The public names are re-exported by :mod:`prefixgate.sim.agents`, the import to use.
+The public names are re-exported here: ``from prefixgate.traffic import ...``.
 """
+
+from __future__ import annotations
+
+# Outside ``__all__`` as before, but importable from here: the ``X as X`` re-exports.
+from prefixgate.traffic.claude_code import BILLING_PREFIX as BILLING_PREFIX
+from prefixgate.traffic.claude_code import ClaudeCodeSession, billing_header
+from prefixgate.traffic.generate import generate, interleave, make_sessions, traffic
+from prefixgate.traffic.prompts import COMPACT_PROMPT as COMPACT_PROMPT
+from prefixgate.traffic.prompts import IDENTITY_LINE as IDENTITY_LINE
+from prefixgate.traffic.prompts import TITLE_PROMPT as TITLE_PROMPT
+from prefixgate.traffic.prompts import claude_code_system_prompt, stable_system_prompt
+from prefixgate.traffic.spec import (
+    AGENT_CLAUDE_CODE,
+    AGENT_STABLE_ANTHROPIC,
+    AGENT_STABLE_OPENAI,
+    AGENTS,
+    CHAT_ENDPOINT,
+    KIND_COMPACT,
+    KIND_TITLE,
+    KIND_TURN,
+    MESSAGES_ENDPOINT,
+    STABLE_MESSAGES_ENDPOINT,
+    SimRequest,
+    TrafficSpec,
+    without_cache_control,
+)
+from prefixgate.traffic.stable import StableAgentSession
+from prefixgate.traffic.text import dumps
+from prefixgate.traffic.tools import claude_code_tools, stable_tools
+
+__all__ = [
+    "AGENTS",
+    "AGENT_CLAUDE_CODE",
+    "AGENT_STABLE_ANTHROPIC",
+    "AGENT_STABLE_OPENAI",
+    "CHAT_ENDPOINT",
+    "KIND_COMPACT",
+    "KIND_TITLE",
+    "KIND_TURN",
+    "MESSAGES_ENDPOINT",
+    "STABLE_MESSAGES_ENDPOINT",
+    "ClaudeCodeSession",
+    "SimRequest",
+    "StableAgentSession",
+    "TrafficSpec",
+    "billing_header",
+    "claude_code_system_prompt",
+    "claude_code_tools",
+    "dumps",
+    "generate",
+    "interleave",
+    "make_sessions",
+    "stable_system_prompt",
+    "stable_tools",
+    "traffic",
+    "without_cache_control",
+]

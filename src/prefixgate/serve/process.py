@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 
 import uvicorn
 
-from prefixgate import httpserver
+from prefixgate.serve import httpserver
 
 # The collector's first-generation threshold for a serving process (Python's default is
 # 700). A decoded 50 KB agent request is thousands of dicts and lists: with the default the

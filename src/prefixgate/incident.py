@@ -1,4 +1,5 @@
-"""``prefixgate demo``: the seed incident, reproduced and fixed, in under a minute.
+"""The seed incident, reproduced and fixed, in under a minute (what `prefixgate demo` runs;
+the command itself, its progress and its table are in `commands/demo.py`).
 
 A simulated vLLM upstream (block size 64, tools rendered before the system prompt, a cache
 large enough for every session) sits behind the gateway. The same synthetic traffic —
@@ -20,11 +21,11 @@ import httpx
 
 from prefixgate.config import parse_config
 from prefixgate.record import Record
-from prefixgate.server import build_app
-from prefixgate.serving import ServerThread
-from prefixgate.sim.agents import TrafficSpec, generate
-from prefixgate.sim.upstream import SimSettings, create_upstream_app
+from prefixgate.serve.app import build_app
+from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
+from prefixgate.traffic import TrafficSpec, generate
+from prefixgate.upstream_sim import SimSettings, create_upstream_app
 
 BLOCK = 64
 MODEL = "llm-prime"

@@ -16,8 +16,7 @@ from prefixgate.cache import (
     JinjaChatTemplate,
     render_tokens,
 )
-from prefixgate.sim.textgen import cut_at_stop, schema_value, tool_arguments
-from prefixgate.sim.upstream import (
+from prefixgate.upstream_sim import (
     SimSettings,
     running_upstreams,
     serve_upstreams,
@@ -25,6 +24,7 @@ from prefixgate.sim.upstream import (
     start_embedded,
     start_upstreams_in_thread,
 )
+from prefixgate.upstream_sim.textgen import cut_at_stop, schema_value, tool_arguments
 
 B = 16
 SYSTEM = "You are a careful assistant. Answer briefly and cite the files you read. " * 6

@@ -50,7 +50,7 @@ from typing import Any
 import uvicorn
 
 from prefixgate.cache import PrefixCache
-from prefixgate.serving import ServerThread, bind, uvicorn_server
+from prefixgate.serve.process import ServerThread, bind, uvicorn_server
 
 from .app import UpstreamSim, create_upstream_app
 from .replies import CALL_TRIGGER, SimError

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from prefixgate import http1
 from prefixgate.config import Timeouts
 from prefixgate.errors import (
     GatewayError,
@@ -25,6 +24,7 @@ from prefixgate.errors import (
     UpstreamRateLimited,
     UpstreamTimeout,
 )
+from prefixgate.upstream import http1
 
 _MAX_ERROR_BODY = 64 * 1024
 

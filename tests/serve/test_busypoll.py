@@ -12,8 +12,8 @@ import pytest
 
 from prefixgate import busypoll
 from prefixgate.config import ConfigError, parse_config
-from prefixgate.server import create_app
-from prefixgate.serving import ServerThread
+from prefixgate.serve.app import create_app
+from prefixgate.serve.process import ServerThread
 from tests.conftest import ListRecorder, settled
 from tests.fakes import Reply
 

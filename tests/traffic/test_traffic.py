@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from prefixgate.sim.agents import (
+from prefixgate.traffic import (
     AGENT_CLAUDE_CODE,
     AGENT_STABLE_ANTHROPIC,
     AGENT_STABLE_OPENAI,
@@ -73,7 +73,7 @@ def is_prefix(a: list, b: list) -> bool:
 
 DIGEST_SRC = """
 import hashlib
-from prefixgate.sim.agents import TrafficSpec, dumps, traffic
+from prefixgate.traffic import TrafficSpec, dumps, traffic
 
 def digest(spec):
     h = hashlib.sha256()

@@ -57,7 +57,7 @@ from .settings import SimSettings
 
 __all__ = ["UpstreamSim", "create_upstream_app"]
 
-log = logging.getLogger("prefixgate.sim.upstream")
+log = logging.getLogger("prefixgate.upstream_sim")
 
 
 def _sse(body: dict[str, Any]) -> bytes:

@@ -1,4 +1,4 @@
-"""The upstream hop's own HTTP/1.1 client (``prefixgate.http1`` behind ``Upstream``), tested
+"""The upstream hop's own HTTP/1.1 client (``prefixgate.upstream.http1`` behind ``Upstream``), tested
 on loopback against raw asyncio servers that write exact bytes, so that every behaviour
 (keep-alive, stale connections, chunking, interim answers, failures, flow control, the
 connection cap) is under the test's control."""
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from prefixgate import http1
 from prefixgate.config import Timeouts
 from prefixgate.errors import (
     GatewayError,
@@ -30,7 +29,7 @@ from prefixgate.errors import (
     UpstreamRateLimited,
     UpstreamTimeout,
 )
-from prefixgate.upstream import Upstream, UpstreamRejected, UpstreamResponse
+from prefixgate.upstream import Upstream, UpstreamRejected, UpstreamResponse, http1
 
 PATH = "/v1/chat/completions"
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'

@@ -1,4 +1,4 @@
-"""The gateway's own HTTP/1.1 server (``prefixgate.httpserver``), over loopback TCP.
+"""The gateway's own HTTP/1.1 server (``prefixgate.serve.httpserver``), over loopback TCP.
 
 Raw sockets write exact bytes (framing, pipelining, limits, malformed input) and the
 answers are parsed by hand (``Conn``); httpx is used where any client's framing will do.
@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from prefixgate import httpserver
-from prefixgate.serving import ServerThread, bind
+from prefixgate.serve import httpserver
+from prefixgate.serve.process import ServerThread, bind
 
 TIMEOUT = 5.0  # for anything that should happen at once: a hang fails, it does not block
 

@@ -1,0 +1,21 @@
+"""The upstream hop: one small interface (:class:`Upstream`) over the project's own
+HTTP/1.1 client (:mod:`.http1`), every foreign error mapped once into the error tree
+(:mod:`.client`)."""
+
+from prefixgate.upstream.client import (
+    ContextOverflow,
+    Upstream,
+    UpstreamRejected,
+    UpstreamResponse,
+    map_status,
+    parse_context_error,
+)
+
+__all__ = [
+    "ContextOverflow",
+    "Upstream",
+    "UpstreamRejected",
+    "UpstreamResponse",
+    "map_status",
+    "parse_context_error",
+]
