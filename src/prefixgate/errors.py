@@ -14,6 +14,7 @@ class GatewayError(Exception):
 
     status = 500
     kind = "api_error"
+    code: str | None = None  # OpenAI's ``error.code``, when more precise than the kind's
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -31,8 +32,15 @@ class RequestTooLarge(GatewayError):
     kind = "request_too_large"
 
 
+class HeadersTooLarge(InvalidRequest):
+    status = 431
+    code = "headers_too_large"
+
+
 class PromptTooLong(InvalidRequest):
     """The upstream refused the prompt for its context window (N tokens > M maximum)."""
+
+    code = "context_length_exceeded"
 
     def __init__(self, prompt_tokens: int, max_tokens: int, raw: str = "") -> None:
         super().__init__(f"prompt is too long: {prompt_tokens} tokens > {max_tokens} maximum")

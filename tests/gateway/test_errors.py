@@ -168,9 +168,9 @@ def test_the_body_is_read_whole_from_any_number_of_messages(pieces):
 
     from starlette.requests import Request
 
-    from prefixgate.config import Config
+    from prefixgate.config import Limits
     from prefixgate.errors import RequestTooLarge
-    from prefixgate.gateway import Gateway
+    from prefixgate.pipeline.steps import read_body
 
     def request_of(parts):
         messages = [
@@ -184,13 +184,11 @@ def test_the_body_is_read_whole_from_any_number_of_messages(pieces):
         scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
         return Request(scope, receive)
 
-    config = Config.model_validate({"channels": [{"name": "c", "base_url": "http://x/v1"}]})
-    gw = Gateway(config)
-    body = asyncio.run(gw._read(request_of(pieces)))
+    limit = Limits().max_body_bytes
+    body = asyncio.run(read_body(request_of(pieces), limit))
     assert body == b"".join(pieces) and type(body) is bytes
-    small = Config.model_validate({**config.model_dump(), "limits": {"max_body_bytes": 3}})
     with pytest.raises(RequestTooLarge):
-        asyncio.run(Gateway(small)._read(request_of([*pieces, b"y"])))
+        asyncio.run(read_body(request_of([*pieces, b"y"]), 3))
 
 
 def test_keys_auth_and_model_allowlist(gateway, upstream):

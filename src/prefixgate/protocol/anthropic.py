@@ -46,6 +46,20 @@ def error_bytes(err: GatewayError) -> bytes:
     return msgspec.json.encode(error_body(err))
 
 
+def model_list(names: list[str]) -> dict:
+    """``GET /v1/models`` in Anthropic's shape."""
+    data = [
+        {"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
+        for m in names
+    ]
+    return {
+        "data": data,
+        "has_more": False,
+        "first_id": names[0] if names else None,
+        "last_id": names[-1] if names else None,
+    }
+
+
 def error_event(err: GatewayError) -> bytes:
     """An SSE ``error`` event, for failures after the stream has started."""
     return b"event: error\ndata: " + error_bytes(err) + b"\n\n"

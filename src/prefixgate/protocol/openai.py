@@ -25,13 +25,22 @@ _ERROR_TYPES = {
 
 def error_body(err: GatewayError) -> dict:
     etype, code = _ERROR_TYPES.get(err.kind, ("server_error", None))
-    if err.__class__.__name__ == "PromptTooLong":
-        code = "context_length_exceeded"
+    code = err.code or code
     return {"error": {"message": err.message, "type": etype, "param": err.param, "code": code}}
 
 
 def error_bytes(err: GatewayError) -> bytes:
     return msgspec.json.encode(error_body(err))
+
+
+def model_list(names: list[str]) -> dict:
+    """``GET /v1/models`` in OpenAI's shape."""
+    return {
+        "object": "list",
+        "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "prefixgate"} for m in names
+        ],
+    }
 
 
 def error_chunk(err: GatewayError) -> bytes:

@@ -14,8 +14,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixgate.config import Config
-from prefixgate.errors import GatewayError
+from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound
 from prefixgate.gateway import Gateway
+from prefixgate.pipeline import error_response
+from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 
 log = logging.getLogger("prefixgate")
@@ -35,7 +37,7 @@ def create_app(
         try:
             gateway.auth.check_admin(request.headers)
         except GatewayError as err:
-            return JSONResponse(openai_proto.error_body(err), status_code=err.status)
+            return error_response(err, openai_proto.error_bytes)
         return Response(
             gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
@@ -54,25 +56,8 @@ def create_app(
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         # Anthropic clients send anthropic-version; everyone else gets the OpenAI shape.
-        if "anthropic-version" in request.headers or request.url.path.startswith("/v1/messages"):
-            etype = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-            body = {
-                "type": "error",
-                "error": {
-                    "type": etype,
-                    "message": f"{request.method} {request.url.path}: {exc.detail}",
-                },
-            }
-        else:
-            body = {
-                "error": {
-                    "message": f"{request.method} {request.url.path}: {exc.detail}",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": None,
-                }
-            }
-        return JSONResponse(body, status_code=exc.status_code)
+        err = _http_error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        return error_response(err, _shape_of(request.headers, request.url.path))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -188,24 +173,28 @@ class HeaderLimit:
         if scope["type"] == "http":
             size = sum(len(k) + len(v) for k, v in scope["headers"])
             if size > self.limit:
-                message = f"request headers are {size} bytes; the limit is {self.limit} bytes"
-                if scope["path"].startswith("/v1/messages"):
-                    body = {
-                        "type": "error",
-                        "error": {"type": "invalid_request_error", "message": message},
-                    }
-                else:
-                    body = {
-                        "error": {
-                            "message": message,
-                            "type": "invalid_request_error",
-                            "param": None,
-                            "code": "headers_too_large",
-                        }
-                    }
-                await JSONResponse(body, status_code=431)(scope, receive, send)
+                err = HeadersTooLarge(
+                    f"request headers are {size} bytes; the limit is {self.limit} bytes"
+                )
+                shape = _shape_of(Headers(scope=scope), scope["path"])
+                await error_response(err, shape)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _shape_of(headers, path: str):
+    """The error shape of a route: Anthropic's for ``/v1/messages`` and for a client that
+    sends ``anthropic-version``, OpenAI's for everyone else."""
+    if "anthropic-version" in headers or path.startswith("/v1/messages"):
+        return anthropic_proto.error_bytes
+    return openai_proto.error_bytes
+
+
+def _http_error(status: int, message: str) -> GatewayError:
+    """Starlette's routing errors (404, 405) in the error tree."""
+    err = NotFound(message) if status == 404 else InvalidRequest(message)
+    err.status = status
+    return err
 
 
 async def _prune_forever(dsn: str, days: float, every: float = 3600.0) -> None:

@@ -8,6 +8,7 @@ costs 4-14x less than httpx's."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import re
 import ssl
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from prefixgate.config import Timeouts
 from prefixgate.errors import (
     GatewayError,
     InvalidRequest,
+    NotFound,
     Overloaded,
     PromptTooLong,
     UpstreamError,
@@ -40,6 +42,10 @@ _PROMPT = re.compile(
 # vLLM 0.32: "max_tokens=32000 cannot be greater than max_model_len=16384" (prompt unknown).
 _MAX_TOKENS_OVER = re.compile(r"max_tokens=(\d+) cannot be greater than max_model_len=(\d+)")
 _REQUESTED = re.compile(r"you requested (\d+) tokens|requested a total of (\d+) tokens")
+
+
+# vLLM: "The model `x` does not exist."; SGLang and others: "model ... not found".
+_NO_SUCH_MODEL = re.compile(r"\bmodel\b.*\b(does not exist|not found|unknown)", re.I | re.S)
 
 
 def _first_int(m: re.Match | None) -> int | None:
@@ -97,6 +103,15 @@ def error_message(body: bytes) -> str:
     return "upstream error"
 
 
+def os_error(exc: BaseException) -> str:
+    """An OS error named by its errno (``EMFILE: Too many open files``), so an operator can
+    tell a full file table from a refused connection."""
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, OSError) and code is not None:
+        return f"{errno.errorcode.get(code, code)}: {exc.strerror or exc}"
+    return type(exc).__name__
+
+
 def _retry_after(resp) -> float | None:
     v = resp.headers.get("retry-after")
     try:
@@ -132,7 +147,11 @@ def map_status(status: int, body: bytes, resp=None) -> GatewayError:
         return UpstreamError(
             f"upstream refused the gateway's credentials ({status})", upstream_status=status
         )
-    if status == 404:
+    if status == 404 and _NO_SUCH_MODEL.search(msg):
+        # The request named a model the upstream does not serve: the client's error (as
+        # Anthropic answers it), never retried elsewhere nor held against the replica.
+        return NotFound(f"upstream has no such model: {msg}")
+    if status == 404:  # a route the upstream lacks: the channel's URL is wrong
         return UpstreamError(
             f"upstream has no such route or model ({status}): {msg}", upstream_status=status
         )
@@ -246,7 +265,7 @@ class Upstream:
                     f"upstream connect timed out after {timeouts.connect:g} s"
                 ) from None
             except OSError as exc:
-                raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}") from exc
+                raise UpstreamError(f"cannot reach upstream: {os_error(exc)}") from exc
             try:
                 conn.send(*data)
                 await conn.headers_of_response(deadline - loop.time())
@@ -298,7 +317,7 @@ class Upstream:
                 finally:
                     pool.release(conn)
         except (TimeoutError, OSError, http1.HTTPError) as exc:
-            raise UpstreamError(f"cannot reach upstream: {type(exc).__name__}") from None
+            raise UpstreamError(f"cannot reach upstream: {os_error(exc)}") from None
         if status >= 300:
             raise map_status(status, _scrub(body, headers), conn)
         try:

@@ -1,0 +1,99 @@
+"""The request path, in one place: each inference endpoint is one ordered tuple of steps.
+
+An :class:`~.exchange.Exchange` (and with it the request's record) is opened when the
+request arrives; the steps below run in this order on it; the relay's answer goes out;
+then :meth:`~.exchange.Exchange.finish` closes the record, once. Any step may refuse the
+request by raising an error, answered in the client's protocol. ``docs/architecture.md``
+lists these tuples as :func:`describe` prints them (a test keeps the two equal).
+
+The steps live in :mod:`.steps` and :mod:`.relays`; the hygiene steps are
+:data:`prefixgate.hygiene.STEPS`.
+"""
+
+from __future__ import annotations
+
+from prefixgate import hygiene as _hygiene
+from prefixgate.convert.request import plain
+from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, run
+from prefixgate.pipeline.relays import relay_chat, relay_messages
+from prefixgate.pipeline.steps import (
+    Failover,
+    admit,
+    authenticate,
+    capture,
+    convert_chat,
+    convert_messages,
+    decode_chat,
+    decode_messages,
+    hygiene,
+    plan,
+    read,
+    send,
+    upstream_chat_request,
+)
+from prefixgate.protocol import anthropic as anthropic_proto
+from prefixgate.protocol import openai as openai_proto
+
+MESSAGES_STEPS = (
+    authenticate,
+    read,
+    decode_messages,
+    admit,
+    plan,
+    Failover(hygiene, convert_messages, capture, send),
+    relay_messages,
+)
+
+CHAT_STEPS = (
+    authenticate,
+    read,
+    decode_chat,
+    admit,
+    plan,
+    Failover(convert_chat, capture, send),
+    relay_chat,
+)
+
+
+def _messages_prompt(x: Exchange, ch) -> dict:
+    return plain(upstream_chat_request(x, ch))
+
+
+def _chat_prompt(x: Exchange, ch) -> dict:
+    return openai_proto.materialize(x.body)[0]
+
+
+MESSAGES = Endpoint(
+    name="messages",
+    error_bytes=anthropic_proto.error_bytes,
+    request_id_header="request-id",  # Anthropic's name
+    kinds=("openai", "anthropic"),
+    prompt=_messages_prompt,
+    steps=MESSAGES_STEPS,
+)
+
+CHAT = Endpoint(
+    name="chat",
+    error_bytes=openai_proto.error_bytes,
+    request_id_header="x-request-id",  # OpenAI's name
+    kinds=("openai",),
+    prompt=_chat_prompt,
+    steps=CHAT_STEPS,
+)
+
+
+def describe(steps: tuple) -> str:
+    """The steps as one line: ``authenticate → read → … → relay_messages → finish``; a
+    failover loop's own steps in brackets, hygiene with its transforms."""
+    names = []
+    for step in steps:
+        if isinstance(step, Failover):
+            names.append("failover[" + describe(step.steps).removesuffix(" → finish") + "]")
+        elif step is hygiene:
+            names.append("hygiene(" + ", ".join(s.name for s in _hygiene.STEPS) + ")")
+        else:
+            names.append(step.__name__)
+    return " → ".join([*names, "finish"])
+
+
+__all__ = ["CHAT", "MESSAGES", "Endpoint", "Exchange", "describe", "error_response", "run"]

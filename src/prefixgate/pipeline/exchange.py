@@ -1,0 +1,189 @@
+"""The exchange: one request's state on its way through the gateway, and the one place
+that finishes its record.
+
+An :class:`Exchange` is made when a request arrives (its record opens then) and is handed
+to every step of its endpoint's pipeline; the steps fill it in (who is calling, the decoded
+body, the failover order, the request sent upstream, the open upstream response), and the
+relay answers from it. :meth:`Exchange.finish` closes the record exactly once, whatever
+ended the request: an answer sent in full, an error answered, or the client going away
+(then the record says ``499 client_disconnected``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import Response
+
+from prefixgate.errors import GatewayError
+from prefixgate.identify import client_of
+from prefixgate.record import Record
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from prefixgate.auth import Principal
+    from prefixgate.config import ChannelConfig
+    from prefixgate.gateway import Gateway
+    from prefixgate.routing.channels import Target
+    from prefixgate.upstream import UpstreamResponse
+    from prefixgate.usage import Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What differs between the entry points: the protocol the client speaks (its error
+    shape and request-id header), the channel kinds that can serve it, the prompt a
+    channel would receive (for the ``prefix`` routing policy), and the ordered steps."""
+
+    name: str  # the record's endpoint: "messages" | "chat"
+    error_bytes: Callable[[GatewayError], bytes]
+    request_id_header: str
+    kinds: tuple[str, ...]
+    prompt: Callable[[Exchange, ChannelConfig], list]
+    steps: tuple
+
+
+class Exchange:
+    """One request's state. Steps read and write its attributes; see the module doc."""
+
+    __slots__ = (
+        "gateway",
+        "request",
+        "endpoint",
+        "record",
+        "principal",
+        "admitted",
+        "raw",
+        "body",
+        "targets",
+        "target",
+        "prepared",
+        "out",
+        "url",
+        "headers",
+        "data",
+        "upstream",
+        "first",
+    )
+
+    def __init__(self, gateway: Gateway, request: Request, endpoint: Endpoint) -> None:
+        self.gateway = gateway
+        self.request = request
+        self.endpoint = endpoint
+        client, version = client_of(request.headers.get("user-agent"))
+        self.record = Record(
+            request_id=os.urandom(16).hex(),  # 128 random bits, as a uuid4's
+            received_at=time.time(),
+            endpoint=endpoint.name,
+            client=client,
+            client_version=version,
+        )
+        gateway.open_records += 1
+        self.principal: Principal | None = None
+        self.admitted = False  # holds a rate-limit slot, given back by finish()
+        self.raw = b""  # the body as received
+        self.body: Any = None  # decoded: a MessagesBody or a chat dict
+        self.targets: list[Target] = []  # the failover order
+        self.target: Target | None = None  # the one being tried
+        self.prepared: dict[str, dict] = {}  # channel -> its upstream request, made once
+        self.out: dict | None = None  # the upstream request for ``target``
+        self.url = ""
+        self.headers: dict[str, str] = {}
+        self.data = b""  # ``out`` encoded
+        self.upstream: UpstreamResponse | None = None  # open once ``send`` succeeded
+        self.first: Any = None  # the first body chunk (a stream) or the JSON object
+
+    @property
+    def channel(self) -> ChannelConfig:
+        assert self.target is not None
+        return self.target.channel
+
+    # -- answers ---------------------------------------------------------------------------
+    def id_headers(self) -> dict[str, str]:
+        """The header that names this request's record, on every answer."""
+        return {self.endpoint.request_id_header: self.record.request_id}
+
+    def fail(self, err: GatewayError) -> Response:
+        """Answer ``err`` in the client's protocol and finish the record with it."""
+        self.record.status, self.record.error_type = err.status, err.kind
+        self.finish()
+        return error_response(err, self.endpoint.error_bytes, self.id_headers())
+
+    def finish(self, usage: Usage | None = None) -> None:
+        """Close the record, once: timings, usage, the rate limiter's slot, the in-flight
+        count of the replica, metrics, and the writer. A record still without a status was
+        left by its client."""
+        rec = self.record
+        if rec.done_at is not None:
+            return
+        gw = self.gateway
+        gw.open_records -= 1
+        if rec.status == 0:
+            rec.status, rec.error_type = 499, "client_disconnected"
+        if gw.capture_pending:
+            gw.capture_now(rec.request_id)
+        gw.router.release(rec.request_id)
+        rec.done_at = time.time()
+        rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
+        if rec.first_byte_at is not None:
+            rec.ttft_ms = (rec.first_byte_at - rec.received_at) * 1000.0
+        if usage is not None:
+            rec.prompt_tokens = usage.prompt_tokens
+            rec.cached_tokens = usage.cached_tokens
+            rec.completion_tokens = usage.completion_tokens
+        try:
+            if self.admitted:
+                gw.limits_done(self.principal, rec)
+            gw.metrics.observe(rec)
+            gw.recorder.submit(rec)
+        except Exception:  # the record must never break the request path
+            gw.log.exception("recorder refused a record")
+
+    async def close(self, usage: Usage | None = None) -> None:
+        """Close the upstream response (cancelling the request upstream if unfinished)
+        and finish the record."""
+        if self.upstream is not None:
+            await self.upstream.aclose()
+        self.finish(usage)
+
+
+def error_response(
+    err: GatewayError, error_bytes: Callable[[GatewayError], bytes], headers: dict | None = None
+) -> Response:
+    """An error answer: the protocol's body, its status, ``retry-after`` when known."""
+    headers = dict(headers or ())
+    retry_after = getattr(err, "retry_after", None)
+    if retry_after is not None:
+        headers["retry-after"] = str(int(retry_after))
+    return Response(
+        error_bytes(err), status_code=err.status, media_type="application/json", headers=headers
+    )
+
+
+async def run(x: Exchange) -> Response:
+    """Run the endpoint's steps in order until one answers. Errors are answered in the
+    client's protocol; a client that leaves before the answer leaves a 499 record."""
+    try:
+        for step in x.endpoint.steps:
+            answer = await step(x)
+            if answer is not None:
+                return answer
+        raise GatewayError("the request's steps ended without an answer")
+    except GatewayError as err:
+        return x.fail(err)
+    except asyncio.CancelledError:
+        # The server cancels a request whose client left: the upstream request is closed
+        # on the way out (the failing step's own cleanup); the record says so.
+        x.finish()
+        raise
+    except Exception:
+        x.gateway.log.exception(
+            "internal error on %s (request %s)", x.request.url.path, x.record.request_id
+        )
+        return x.fail(GatewayError("internal error"))

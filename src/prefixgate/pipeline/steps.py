@@ -1,0 +1,201 @@
+"""The steps of the request path. Each takes the :class:`~.exchange.Exchange`, does one
+thing, and returns ``None`` to go on (or an answer, which ends the path). Their order per
+endpoint is written once, in :mod:`prefixgate.pipeline`.
+
+A step raises a :class:`~prefixgate.errors.GatewayError` to refuse the request; the
+pipeline answers it in the client's protocol. Inside :class:`Failover`, a retryable
+:class:`~prefixgate.errors.UpstreamError` moves on to the next target instead.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from prefixgate import hygiene as hygiene_steps
+from prefixgate.convert.request import ConvertOptions, convert
+from prefixgate.errors import NotFound, RequestTooLarge, UpstreamError
+from prefixgate.identify import session_of_chat, session_of_messages
+from prefixgate.pipeline.exchange import Exchange
+from prefixgate.protocol import openai as openai_proto
+from prefixgate.protocol.messages_body import decode_messages_body
+from prefixgate.upstream import UpstreamRejected
+from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer, check_answer
+
+_encode = msgspec.json.encode
+
+
+# -- before the upstream: who, what, may they, where -----------------------------------------
+async def authenticate(x: Exchange) -> None:
+    """The key (``x-api-key`` or ``Authorization: Bearer``), looked up by its digest."""
+    x.principal = x.gateway.auth.authenticate(x.request.headers)
+    x.record.key_name, x.record.key_owner = x.principal.name, x.principal.owner
+
+
+async def read(x: Exchange) -> None:
+    """The body, refused past ``limits.max_body_bytes`` (declared or streamed)."""
+    x.raw = await read_body(x.request, x.gateway.config.limits.max_body_bytes)
+
+
+async def read_body(request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
+        if chunk:  # (Starlette ends the stream with an empty one)
+            parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)  # one piece: not copied
+
+
+def _decoded(x: Exchange, body, session_of) -> None:
+    x.body = body
+    rec = x.record
+    rec.requested_model = body["model"]
+    rec.stream = bool(body.get("stream"))
+    rec.session_id, rec.session_kind = session_of(body, x.request.headers)
+
+
+async def decode_messages(x: Exchange) -> None:
+    """An Anthropic Messages request, decoded into typed structs and checked as it is."""
+    _decoded(x, decode_messages_body(x.raw, x.gateway.config.limits), session_of_messages)
+
+
+async def decode_chat(x: Exchange) -> None:
+    """An OpenAI chat request: decoded but for ``messages`` and ``tools``, then checked."""
+    limits = x.gateway.config.limits
+    body = openai_proto.decode_chat_body(x.raw, limits)
+    openai_proto.check_chat_request(body, limits)
+    _decoded(x, body, session_of_chat)
+
+
+async def admit(x: Exchange) -> None:
+    """The key may use the model, and is within its rate and concurrency limits (429 with
+    ``retry-after`` when over)."""
+    gw, principal = x.gateway, x.principal
+    gw.auth.authorize_model(principal, x.body["model"])
+    if principal.limits.any:
+        await gw.limiter.admit(principal.name, principal.limits)
+        x.admitted = True
+
+
+async def plan(x: Exchange) -> None:
+    """The failover order: channels serving the model by priority, a replica within each
+    by the channel's policy (the ``prefix`` policy asks for the prompt a channel would
+    receive: ``Endpoint.prompt``, prepared once per channel and reused by the send)."""
+    model = x.body["model"]
+    x.targets = await x.gateway.router.plan(
+        model,
+        x.record.session_id,
+        kinds=x.endpoint.kinds,
+        prompt=lambda ch: x.endpoint.prompt(x, ch),
+    )
+    if not x.targets:
+        raise NotFound(f"model {model!r} is not served here")
+
+
+# -- per target, inside the failover loop ------------------------------------------------------
+class Failover:
+    """Run ``steps`` for each target in the failover order until one gets an answer
+    started; a retryable failure before the first byte moves on to the next target (the
+    replica's health hears of it), any other error ends the request."""
+
+    def __init__(self, *steps) -> None:
+        self.steps = steps
+        self.__name__ = "failover"
+
+    async def __call__(self, x: Exchange) -> None:
+        last: UpstreamError | None = None
+        for target in x.targets:
+            x.target = target
+            try:
+                for step in self.steps:
+                    await step(x)
+                return None
+            except UpstreamError as err:
+                x.upstream = None  # closed by the step that failed
+                x.gateway.router.release(x.record.request_id)
+                if not err.retryable:
+                    raise
+                x.gateway.failed_attempt(target, err)
+                x.record.retries += 1
+                last = err
+        raise last or NotFound(f"no channel serves model {x.body['model']!r}")
+
+
+async def hygiene(x: Exchange) -> None:
+    """The channel's prefix-protecting transforms (:data:`prefixgate.hygiene.STEPS`), on
+    the typed request, before it is converted (see :func:`upstream_chat_request`)."""
+    if x.channel.kind == "openai":
+        upstream_chat_request(x, x.channel)
+
+
+def upstream_chat_request(x: Exchange, ch) -> dict:
+    """The OpenAI chat request a channel receives for an Anthropic request: hygiene, then
+    conversion, once per channel (the ``prefix`` policy and the send share it)."""
+    out = x.prepared.get(ch.name)
+    if out is None:
+        typed = hygiene_steps.apply_typed(x.body.typed, ch)
+        options = ConvertOptions(
+            ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
+        )
+        out = x.prepared[ch.name] = convert(typed, options)
+    return out
+
+
+async def convert_messages(x: Exchange) -> None:
+    """Anthropic in: converted to OpenAI Chat for an ``openai`` channel (deterministic; texts
+    stay raw JSON), passed through with the model mapped for an ``anthropic`` one."""
+    ch, target = x.channel, x.target
+    if ch.kind == "openai":
+        x.out = upstream_chat_request(x, ch)
+        x.url, x.headers = target.base_url + "/chat/completions", bearer(ch)
+    else:
+        x.out = {**x.body.whole(), "model": ch.upstream_model(x.body["model"])}
+        x.url = anthropic_url(target.base_url)
+        x.headers = anthropic_headers(ch, x.request.headers)
+    x.data = _encode(x.out)
+
+
+async def convert_chat(x: Exchange) -> None:
+    """OpenAI in: passed through with the model mapped; a stream always asks for usage
+    (hidden again from a client that did not ask for it)."""
+    ch, body = x.channel, x.body
+    out = {**body, "model": ch.upstream_model(body["model"])}
+    if x.record.stream:
+        out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    x.out = out
+    x.url, x.headers = x.target.base_url + "/chat/completions", bearer(ch)
+    x.data = _encode(out)
+
+
+async def capture(x: Exchange) -> None:
+    """Segment hashes of the request as received and as sent (when the store captures),
+    scheduled for the loop's next turn: they are computed while the upstream works."""
+    if x.gateway.capture is not None:
+        x.gateway.capture_soon(x.record, x.body, x.out, x.channel, x.principal, x.raw, x.data)
+
+
+async def send(x: Exchange) -> None:
+    """Send upstream and wait for the first body bytes (the whole body when not
+    streaming), so that an upstream that fails before any content can be failed over."""
+    gw, target, rec, ch = x.gateway, x.target, x.record, x.channel
+    rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, x.out["model"]
+    gw.router.acquire(target, rec.request_id)  # in flight until finish()
+    upstream = gw.upstream
+    try:
+        resp = await upstream.open(x.url, x.data, timeouts=ch.timeouts, extra_headers=x.headers)
+    except UpstreamRejected as err:
+        room = err.overflow.max_tokens_room if err.overflow is not None else 0
+        if not (0 < room < x.out.get("max_tokens", 0)):
+            raise
+        # The prompt fits; only max_tokens pushed it over the window: clamp and resend.
+        x.out = {**x.out, "max_tokens": room}
+        x.data = _encode(x.out)
+        resp = await upstream.open(x.url, x.data, timeouts=ch.timeouts, extra_headers=x.headers)
+    x.upstream = resp
+    x.first = await check_answer(resp, ch, stream=rec.stream)
+    gw.router.report_success(target)
