@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import ssl
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +36,36 @@ class Timeouts(_Model):
     idle: float = 300.0
 
 
+class TLSConfig(_Model):
+    """How a channel's ``https://`` upstream is verified and whom it sees: a CA bundle
+    (PEM) instead of the system's, a client certificate and key (mutual TLS), and, for a
+    test bench only, ``verify: false``."""
+
+    ca_bundle: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    verify: bool = True
+
+    @model_validator(mode="after")
+    def _files(self) -> TLSConfig:
+        if self.client_key and not self.client_cert:
+            raise ValueError("tls.client_key needs tls.client_cert")
+        for name in ("ca_bundle", "client_cert", "client_key"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"tls.{name}: no such file: {path}")
+        return self
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca_bundle)
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.client_cert:
+            ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
+
 class ChannelConfig(_Model):
     name: str
     kind: Literal["openai", "anthropic"] = "openai"
@@ -46,6 +77,7 @@ class ChannelConfig(_Model):
     priority: int = 0
     weight: int = Field(default=1, ge=1)
     timeouts: Timeouts = Timeouts()
+    tls: TLSConfig | None = None
     strip_anthropic_billing_header: bool | None = None
     anthropic_messages_exclude_cache: bool = True
     thinking: ThinkingMap = "chat_template_kwargs"

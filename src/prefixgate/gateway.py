@@ -52,8 +52,8 @@ class Gateway:
     ) -> None:
         self.config = config
         self.auth = Authenticator(config)
-        self.router = ChannelRouter(config.channels)
         self.upstream = upstream or Upstream()
+        self.router = ChannelRouter(config.channels, transport=self.upstream)
         self.recorder = recorder or _NullRecorder()
         self.metrics = GatewayMetrics(recorder)
         self.capture = capture
@@ -133,7 +133,9 @@ class Gateway:
             url = anthropic_url(urls[0]).removesuffix("/messages") + "/models"
             headers = anthropic_headers(ch, incoming)
         try:
-            doc = await self.upstream.get_json(url, timeouts=ch.timeouts, extra_headers=headers)
+            doc = await self.upstream.get_json(
+                url, timeouts=ch.timeouts, extra_headers=headers, tls=ch.tls
+            )
             data = doc.get("data") if isinstance(doc, dict) else None
             if isinstance(data, list):
                 ids = [

@@ -14,7 +14,7 @@ from prefixgate.config import parse_config
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.upstream_sim import SimSettings, start_upstreams_in_thread
-from tests.conftest import ListRecorder
+from tests.conftest import ListRecorder, settled
 
 SYSTEM = "You are a careful coding agent working in a large repository. " * 40
 
@@ -31,7 +31,7 @@ def _stack(policy: str, replicas: int = 3):
     rec = ListRecorder()
     app = create_app(parse_config({"channels": [channel], "store": None}), recorder=rec)
     gw = ServerThread(app).start()
-    return ups, gw, rec, app.state.gateway.router
+    return ups, gw, rec, app.state.gateway
 
 
 def _session(url: str, i: int, turns: int, policy: str, errors: list, pause: float = 0.0):
@@ -69,12 +69,13 @@ def _run(url: str, sessions: int, turns: int, policy: str, errors: list, pause: 
 
 @pytest.mark.parametrize("policy", ["prefix", "session"])
 def test_sessions_stick_and_hit(policy):
-    ups, gw, rec, _ = _stack(policy)
+    ups, gw, rec, gateway = _stack(policy)
     try:
         errors: list = []
         for th in _run(gw.url, 6, 4, policy, errors):
             th.join(60)
         assert errors == []
+        settled(gateway)  # each record closes just after its answer's last byte
         ok = [r for r in rec.records if r.status == 200]
         assert len(ok) == 24
         urls = {u.base_url for u in ups}
@@ -94,7 +95,8 @@ def test_sessions_stick_and_hit(policy):
 
 @pytest.mark.parametrize("policy", ["prefix", "session"])
 def test_a_replica_killed_mid_run_fails_nothing_over(policy):
-    ups, gw, rec, router = _stack(policy)
+    ups, gw, rec, gateway = _stack(policy)
+    router = gateway.router
     victim = None
     try:
         errors: list = []

@@ -23,10 +23,14 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prefixgate.config import ChannelConfig
 
 from .health import HealthChecker
+
+if TYPE_CHECKING:
+    from prefixgate.upstream.transport import Transport
 from .policies import (
     Balance,
     Replica,
@@ -72,6 +76,7 @@ class ChannelRouter:
         cooldown: float = 30.0,
         gateway_id: str | None = None,
         shared_namespace: str = "prefixgate:routing",
+        transport: Transport | None = None,
     ) -> None:
         self.channels = channels
         self.cooldown = cooldown
@@ -90,7 +95,7 @@ class ChannelRouter:
                     namespace=shared_namespace,
                     gateway_id=gateway_id,
                 )
-        self.health = HealthChecker(channels, self.mark_health)
+        self.health = HealthChecker(channels, self.mark_health, transport=transport)
 
     # -- what is served ----------------------------------------------------------------
     def models(self) -> list[str]:

@@ -14,9 +14,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-import httpx
-
 from prefixgate.config import ChannelConfig
+from prefixgate.upstream.transport import Transport
 
 log = logging.getLogger("prefixgate.routing")
 
@@ -38,29 +37,28 @@ class HealthChecker:
         channels: tuple[ChannelConfig, ...],
         on_result: Callable[[ChannelConfig, str, bool], None],
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.channels = tuple(c for c in channels if c.health_check_interval)
         self.on_result = on_result
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._transport = transport  # the gateway's upstream client; else one of its own
+        self._own: Transport | None = None
         self._tasks: list[asyncio.Task] = []
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                transport=self._transport, trust_env=False, follow_redirects=False
-            )
-        return self._client
+    def _http(self) -> Transport:
+        if self._transport is not None:
+            return self._transport
+        if self._own is None:
+            from prefixgate.upstream import Upstream
+
+            self._own = Upstream(max_connections=64)
+        return self._own
 
     async def probe(self, channel: ChannelConfig, url: str) -> bool:
-        try:
-            resp = await self._http().get(
-                health_url(url, channel.health_path), timeout=channel.health_timeout
-            )
-        except httpx.HTTPError:
-            return False
-        return 200 <= resp.status_code < 300
+        status = await self._http().probe(
+            health_url(url, channel.health_path), timeout=channel.health_timeout, tls=channel.tls
+        )
+        return 200 <= status < 300
 
     async def check_channel(self, channel: ChannelConfig) -> dict[str, bool]:
         urls = channel.urls()
@@ -100,6 +98,6 @@ class HealthChecker:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._own is not None:
+            await self._own.aclose()
+            self._own = None

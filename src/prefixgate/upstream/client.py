@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from prefixgate.config import Timeouts
+from prefixgate.config import Timeouts, TLSConfig
 from prefixgate.errors import (
     GatewayError,
     InvalidRequest,
@@ -212,7 +212,8 @@ class Upstream:
         self._max = max_connections
         self._ssl = ssl_context  # None: the system's trusted CAs, hostname checked
         self._pool: http1.Pool | None = None
-        self._targets: dict[str, tuple[http1.Origin, str]] = {}
+        self._targets: dict[tuple, tuple[http1.Origin, str]] = {}
+        self._contexts: dict[TLSConfig, ssl.SSLContext] = {}
 
     def _pool_of(self, loop: asyncio.AbstractEventLoop) -> http1.Pool:
         pool = self._pool
@@ -224,21 +225,37 @@ class Upstream:
             )
         return pool
 
-    def _target(self, url: str) -> tuple[http1.Origin, str]:
-        t = self._targets.get(url)
+    def _target(self, url: str, tls: TLSConfig | None = None) -> tuple[http1.Origin, str]:
+        key = (url, tls)
+        t = self._targets.get(key)
         if t is None:
             if len(self._targets) > 1024:
                 self._targets.clear()
             try:
-                t = self._targets[url] = http1.split_url(url)
-            except ValueError as exc:
+                t = self._targets[key] = http1.split_url(url, self._context_of(tls))
+            except (ValueError, OSError, ssl.SSLError) as exc:
                 raise UpstreamError(f"cannot reach upstream: {exc}", retryable=False) from None
         return t
 
+    def _context_of(self, tls: TLSConfig | None) -> ssl.SSLContext | None:
+        """One SSL context per distinct channel TLS setting, made once."""
+        if tls is None:
+            return None
+        ctx = self._contexts.get(tls)
+        if ctx is None:
+            ctx = self._contexts[tls] = tls.context()
+        return ctx
+
     async def open(
-        self, url: str, body: bytes, *, timeouts: Timeouts, extra_headers: dict | None = None
+        self,
+        url: str,
+        body: bytes,
+        *,
+        timeouts: Timeouts,
+        extra_headers: dict | None = None,
+        tls: TLSConfig | None = None,
     ) -> UpstreamResponse:
-        origin, path = self._target(url)
+        origin, path = self._target(url, tls)
         headers = {
             "Content-Type": "application/json",
             "Accept": "application/json, text/event-stream",
@@ -297,25 +314,21 @@ class Upstream:
         return UpstreamResponse(conn, pool)
 
     async def get_json(
-        self, url: str, *, timeouts: Timeouts, extra_headers: dict | None = None
+        self,
+        url: str,
+        *,
+        timeouts: Timeouts,
+        extra_headers: dict | None = None,
+        tls: TLSConfig | None = None,
     ) -> object:
         """``GET url`` and its JSON body (a listing such as ``/v1/models``); raises
         :class:`UpstreamError` on any failure, a status >= 300 or a body that is not JSON."""
-        origin, path = self._target(url)
         headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
         headers.update(extra_headers or {})
-        data = _request_bytes("GET", path, origin, headers, b"")
-        pool = self._pool_of(asyncio.get_running_loop())
         try:
-            async with asyncio.timeout(timeouts.first_byte):
-                conn = await pool.acquire(origin, timeouts.connect, fresh=True)
-                try:
-                    conn.send(*data)
-                    await conn.headers_of_response(timeouts.first_byte)
-                    body = await _read_limited(conn, timeouts.idle, limit=8 * 1024 * 1024)
-                    status = conn.status
-                finally:
-                    pool.release(conn)
+            status, body, conn = await self._get(
+                url, headers, timeouts.connect, timeouts.first_byte, timeouts.idle, tls
+            )
         except (TimeoutError, OSError, http1.HTTPError) as exc:
             raise UpstreamError(f"cannot reach upstream: {os_error(exc)}") from None
         if status >= 300:
@@ -324,6 +337,41 @@ class Upstream:
             return msgspec.json.decode(body)
         except msgspec.DecodeError:
             raise UpstreamError("upstream sent a body that is not valid JSON") from None
+
+    async def probe(self, url: str, *, timeout: float, tls: TLSConfig | None = None) -> int:
+        """``GET url`` (a health endpoint) within ``timeout``: its status, 0 when it could
+        not be reached, or not in time."""
+        try:
+            status, _, _ = await self._get(url, {}, timeout, timeout, timeout, tls, limit=4096)
+        except (TimeoutError, OSError, http1.HTTPError, UpstreamError):
+            return 0
+        return status
+
+    async def _get(
+        self,
+        url: str,
+        headers: dict,
+        connect: float,
+        total: float,
+        idle: float,
+        tls: TLSConfig | None,
+        limit: int = 8 * 1024 * 1024,
+    ) -> tuple[int, bytes, http1.Connection]:
+        """One ``GET`` on a new connection: (status, body up to ``limit``, connection)."""
+        origin, path = self._target(url, tls)
+        data = _request_bytes("GET", path, origin, headers, b"")
+        pool = self._pool_of(asyncio.get_running_loop())
+        async with asyncio.timeout(total):
+            conn = await pool.acquire(origin, connect, fresh=True)
+            try:
+                conn.send(*data)
+                await conn.headers_of_response(total)
+                body = await _read_limited(conn, idle, limit=limit)
+            except BaseException:
+                pool.discard(conn)
+                raise
+            pool.release(conn)
+            return conn.status, body, conn
 
     async def aclose(self) -> None:
         if self._pool is not None:

@@ -42,18 +42,25 @@ class ConnectionClosed(HTTPError):
 class Origin:
     """Where requests go: scheme, host and port, and the bytes of the ``Host`` header."""
 
-    __slots__ = ("key", "scheme", "host", "port", "host_header", "tls")
+    __slots__ = ("key", "scheme", "host", "port", "host_header", "tls", "ssl_context")
 
-    def __init__(self, scheme: str, host: str, port: int) -> None:
+    def __init__(
+        self, scheme: str, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.scheme, self.host, self.port = scheme, host, port
-        self.key = (scheme, host, port)
         self.tls = scheme == "https"
+        # A channel's own TLS settings (CA bundle, client certificate): its connections are
+        # kept apart from other channels' to the same host.
+        self.ssl_context = ssl_context if self.tls else None
+        self.key = (scheme, host, port)
+        if self.ssl_context is not None:
+            self.key += (id(self.ssl_context),)
         default = 443 if self.tls else 80
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if port == default else f"{name}:{port}"
 
 
-def split_url(url: str) -> tuple[Origin, str]:
+def split_url(url: str, ssl_context: ssl.SSLContext | None = None) -> tuple[Origin, str]:
     """(origin, path with query) of an ``http://`` or ``https://`` URL."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -62,7 +69,7 @@ def split_url(url: str) -> tuple[Origin, str]:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    return Origin(parts.scheme, parts.hostname, port), path
+    return Origin(parts.scheme, parts.hostname, port, ssl_context), path
 
 
 def _expire(waiter: asyncio.Future) -> None:
@@ -207,6 +214,13 @@ class Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
 
+    def abort(self) -> None:
+        """Close at once: a broken or unfinished connection (a TLS one does not wait out a
+        shutdown its peer may never answer, as after refusing our certificate)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
     # -- request / response ------------------------------------------------------------
     def send(self, *parts: bytes) -> None:
         """Send a request: its head and body as separate buffers (one vectored write on
@@ -328,7 +342,7 @@ class Pool:
                     lambda: conn,
                     origin.host,
                     origin.port,
-                    ssl=self._ssl_context() if origin.tls else None,
+                    ssl=(origin.ssl_context or self._ssl_context()) if origin.tls else None,
                     server_hostname=origin.host if origin.tls else None,
                 )
         except BaseException:
@@ -371,7 +385,7 @@ class Pool:
             self.discard(conn)
 
     def discard(self, conn: Connection) -> None:
-        conn.close()
+        conn.abort()
         self._uncount(conn)
 
     def _lost(self, conn: Connection) -> None:
@@ -394,9 +408,11 @@ class Pool:
                 return
 
     def close(self) -> None:
+        """Close the idle connections (nothing is in flight on them, so a TLS one is not
+        kept open for a shutdown exchange the loop may not live to finish)."""
         for conns in self._idle.values():
             for conn in conns:
-                conn.close()
+                conn.abort()
         self._idle.clear()
 
 
