@@ -12,7 +12,6 @@ import shutil
 import socket
 import ssl
 import struct
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from prefixgate.errors import (
     UpstreamTimeout,
 )
 from prefixgate.upstream import Upstream, UpstreamRejected, UpstreamResponse, http1
+from tests.certs import self_signed
 
 PATH = "/v1/chat/completions"
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
@@ -959,30 +959,7 @@ def certificate(tmp_path_factory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (openssl, as on every test machine)."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed(tmp_path_factory.mktemp("tls"), "cert", "127.0.0.1")
     return cert, key
 
 

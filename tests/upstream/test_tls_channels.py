@@ -6,10 +6,8 @@ from __future__ import annotations
 import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -19,37 +17,11 @@ import uvicorn
 from prefixgate.config import parse_config
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
+from tests.certs import self_signed
 from tests.conftest import ListRecorder
 from tests.fakes import Reply, ScriptedUpstream
 
 MSG = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-
-
-def _self_signed(d: Path, name: str, cn: str) -> tuple[Path, Path]:
-    cert, key = d / f"{name}.pem", d / f"{name}.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            f"/CN={cn}",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +30,8 @@ def pki(tmp_path_factory):
         pytest.skip("openssl is not installed")
     d = tmp_path_factory.mktemp("pki")
     return {
-        "server": _self_signed(d, "server", "127.0.0.1"),
-        "client": _self_signed(d, "client", "gw"),
+        "server": self_signed(d, "server", "127.0.0.1"),
+        "client": self_signed(d, "client", "gw"),
     }
 
 
