@@ -231,12 +231,7 @@ def _arun(coro):
 # -- cases -------------------------------------------------------------------------------
 def bodies() -> tuple[dict, dict]:
     """(anthropic, chat): the Claude Code request, and the same converted to Chat."""
-    for base in (ROOT.parent / "shared", ROOT / "shared"):
-        path = base / "fixtures" / "claude-code" / FIXTURE_NAMES[0]
-        if path.exists():
-            break
-    else:
-        raise SystemExit("the Claude Code fixture (shared/fixtures/claude-code) is missing")
+    path = ROOT / "tests" / "fixtures" / "claude-code" / FIXTURE_NAMES[0]
     body = json.loads(path.read_text())["body"]
     body = json.loads(body) if isinstance(body, str) else body
     body = {**body, "model": "fake"}
