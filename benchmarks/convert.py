@@ -3,7 +3,7 @@ streamed response through the stream state machine. No I/O.
 
     python benchmarks/convert.py [--json]
 
-Request figures use the body of ``shared/fixtures/claude-code/01_v2.1.332_print_turn1.json``
+Request figures use the body of ``tests/fixtures/claude-code/01_v2.1.332_print_turn1.json``
 (a real Claude Code request, 50 KB of JSON). ``request path`` is what the gateway does to
 it before sending: the typed decode with its checks (``decode_messages_body``), the
 billing-header hygiene, the conversion (texts stay raw JSON) and the encoding; ``decode``

@@ -10,7 +10,7 @@ with ``--floor`` a do-nothing proxy with and without busy polling (``floor``,
 ``floor-nopoll``: what the hop alone adds, ``overhead_floor.py``),
 and ``litellm`` (the LiteLLM proxy, installed by this script into
 ``~/.cache/prefixgate/litellm-<version>``), for ``/v1/chat/completions`` and
-``/v1/messages`` (the real Claude Code request in ``shared/fixtures/claude-code`` as the
+``/v1/messages`` (the real Claude Code request in ``tests/fixtures/claude-code`` as the
 body; the chat body is that request converted to Chat Completions), streaming and not,
 at concurrency 1 and 32, and a 256-chunk stream (the per-chunk relay cost).
 
