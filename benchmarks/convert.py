@@ -3,7 +3,7 @@ streamed response through the stream state machine. No I/O.
 
     python benchmarks/convert.py [--json]
 
-Request figures use the body of ``shared/fixtures/claude-code/01_v2.1.332_print_turn1.json``
+Request figures use the body of ``tests/fixtures/claude-code/01_v2.1.332_print_turn1.json``
 (a real Claude Code request, 50 KB of JSON). ``request path`` is what the gateway does to
 it before sending: the typed decode with its checks (``decode_messages_body``), the
 billing-header hygiene, the conversion (texts stay raw JSON) and the encoding; ``decode``
@@ -40,12 +40,9 @@ FIXTURE = "01_v2.1.332_print_turn1.json"
 
 
 def fixture_body() -> bytes:
-    for base in (HERE.parent.parent / "shared", HERE.parent / "shared"):
-        path = base / "fixtures" / "claude-code" / FIXTURE
-        if path.exists():
-            body = json.loads(path.read_text())["body"]
-            return (body if isinstance(body, str) else json.dumps(body)).encode()
-    raise SystemExit("the Claude Code fixture (shared/fixtures/claude-code) is missing")
+    path = HERE.parent / "tests" / "fixtures" / "claude-code" / FIXTURE
+    body = json.loads(path.read_text())["body"]
+    return (body if isinstance(body, str) else json.dumps(body)).encode()
 
 
 def timed(fn, n: int) -> dict:

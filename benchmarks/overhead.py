@@ -10,7 +10,7 @@ with ``--floor`` a do-nothing proxy with and without busy polling (``floor``,
 ``floor-nopoll``: what the hop alone adds, ``overhead_floor.py``),
 and ``litellm`` (the LiteLLM proxy, installed by this script into
 ``~/.cache/prefixgate/litellm-<version>``), for ``/v1/chat/completions`` and
-``/v1/messages`` (the real Claude Code request in ``shared/fixtures/claude-code`` as the
+``/v1/messages`` (the real Claude Code request in ``tests/fixtures/claude-code`` as the
 body; the chat body is that request converted to Chat Completions), streaming and not,
 at concurrency 1 and 32, and a 256-chunk stream (the per-chunk relay cost).
 
@@ -231,12 +231,7 @@ def _arun(coro):
 # -- cases -------------------------------------------------------------------------------
 def bodies() -> tuple[dict, dict]:
     """(anthropic, chat): the Claude Code request, and the same converted to Chat."""
-    for base in (ROOT.parent / "shared", ROOT / "shared"):
-        path = base / "fixtures" / "claude-code" / FIXTURE_NAMES[0]
-        if path.exists():
-            break
-    else:
-        raise SystemExit("the Claude Code fixture (shared/fixtures/claude-code) is missing")
+    path = ROOT / "tests" / "fixtures" / "claude-code" / FIXTURE_NAMES[0]
     body = json.loads(path.read_text())["body"]
     body = json.loads(body) if isinstance(body, str) else body
     body = {**body, "model": "fake"}

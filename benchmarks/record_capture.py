@@ -29,9 +29,8 @@ from prefixgate.record.model import Record
 from prefixgate.record.segments import segments_anthropic, texts_of
 from prefixgate.store.sqlite import SqliteStore
 
-# The project's shared data sit beside the repository (``../shared``).
 FIXTURE = (
-    Path(__file__).resolve().parents[2] / "shared/fixtures/claude-code/01_v2.1.332_print_turn1.json"
+    Path(__file__).resolve().parents[1] / "tests/fixtures/claude-code/01_v2.1.332_print_turn1.json"
 )
 WORDS = [
     "def",

@@ -6,20 +6,37 @@ for a 10-point GPU-capacity sweep with a host tier. Targets: conversation trace 
 requests) in at most 5 s unlimited, a 10-point sweep in at most 30 s.
 
     .venv/bin/python benchmarks/simulate_mooncake.py [--data DIR] [--json]
+
+DIR holds ``conversation_trace.jsonl`` and ``synthetic_trace.jsonl``, plain or ``.xz``; by
+default the copies kept under tests/fixtures/mooncake (unpacked before the clock starts).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import platform
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 from prefixgate.simulate import run_simulation
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "mooncake"
 SWEEP = ["1M", "2M", "4M", "8M", "16M", "32M", "64M", "128M", "256M", "unlimited"]
+
+
+def trace(data: Path, name: str, tmp: Path) -> Path:
+    """The plain JSONL of one trace: as it is in ``data``, or unpacked from its ``.xz``."""
+    plain = data / f"{name}_trace.jsonl"
+    if plain.is_file():
+        return plain
+    out = tmp / plain.name
+    with lzma.open(plain.with_name(plain.name + ".xz")) as src, out.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return out
 
 
 def bench(path: Path) -> dict[str, float | int | str | None]:
@@ -46,7 +63,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="directory of the traces")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
-    rows = [bench(args.data / f"{name}_trace.jsonl") for name in ("conversation", "synthetic")]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [bench(trace(args.data, name, Path(tmp))) for name in ("conversation", "synthetic")]
     if args.json:
         print(json.dumps({"python": platform.python_version(), "results": rows}, indent=2))
         return

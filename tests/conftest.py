@@ -16,8 +16,9 @@ from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from tests.fakes import ScriptedUpstream
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = SHARED / "fixtures" / "claude-code"
+# Test data kept in the repository (tests/fixtures/PROVENANCE.md says where each came from).
+FIXTURE_ROOT = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = FIXTURE_ROOT / "claude-code"
 
 
 def settled(gateway, limit: float = 10.0) -> None:

@@ -14,7 +14,6 @@ from tests.conftest import fixture_names, load_fixture
 from tests.fakes import Reply
 
 NAMES = fixture_names()
-pytestmark = pytest.mark.skipif(not NAMES, reason="no Claude Code fixtures in shared/")
 
 _SEND_HEADERS = {
     "anthropic-version",
