@@ -190,6 +190,19 @@ class ServerConfig(_Model):
     busy_poll_share: float = Field(default=0.5, gt=0, le=1)
 
 
+class DashboardConfig(_Model):
+    """The dashboard's admin sessions (web/login.py). A session ends after
+    ``session_idle_seconds`` without a request, and ``session_max_seconds`` after its login
+    whatever the activity; ``login_attempts_per_minute`` bounds the login form per client
+    address (429 beyond). ``secure_cookie``: None marks the cookie Secure when the request
+    came over TLS; true always (a TLS-terminating proxy in front), false never."""
+
+    session_idle_seconds: float = Field(default=3600.0, gt=0)
+    session_max_seconds: float = Field(default=12 * 3600.0, gt=0)
+    login_attempts_per_minute: int = Field(default=5, ge=1)
+    secure_cookie: bool | None = None
+
+
 class Config(_Model):
     server: ServerConfig = ServerConfig()
     channels: tuple[ChannelConfig, ...]
@@ -198,6 +211,7 @@ class Config(_Model):
     admin_key_env: str | None = None
     store: StoreConfig | None = StoreConfig()
     limits: Limits = Limits()
+    dashboard: DashboardConfig = DashboardConfig()
     embedded_upstream: bool = False  # start the simulated upstream in-process
     store_keys: bool = False  # also accept keys managed in the store (`prefixgate keys create`)
     rate_limits_shared: str | None = None  # redis://… : limits shared by several gateways

@@ -65,10 +65,16 @@ def demo_stores(tmp_path_factory) -> DemoStores:
 
 
 def dashboard_app(
-    dsn: str, replica: str, *, admin_key: str | None = None, metrics_url: str | None = None
+    dsn: str,
+    replica: str,
+    *,
+    admin_key: str | None = None,
+    metrics_url: str | None = None,
+    dashboard: dict | None = None,
 ) -> Starlette:
     """The gateway app configured like the demo's, with the dashboard mounted (by
-    ``create_app`` once server.py mounts it; here otherwise)."""
+    ``create_app`` once server.py mounts it; here otherwise); ``dashboard`` is the config's
+    ``dashboard:`` section."""
     channel = {
         "name": "h200-vllm",
         "kind": "openai",
@@ -82,6 +88,8 @@ def dashboard_app(
     raw = {"channels": [channel], "store": {"dsn": dsn}}
     if admin_key:
         raw["admin_key_sha256"] = hashlib.sha256(admin_key.encode()).hexdigest()
+    if dashboard:
+        raw["dashboard"] = dashboard
     app = create_app(parse_config(raw))
     if not any(getattr(r, "path", "") == "/dashboard" for r in app.routes):
         app.router.routes.extend(dashboard_routes(app.state.gateway, dsn))
@@ -109,3 +117,24 @@ def guarded_dashboard(demo_stores: DemoStores) -> Iterator[str]:
     app = dashboard_app(demo_stores.incident, demo_stores.replica, admin_key=ADMIN_KEY)
     with ServerThread(app) as srv:
         yield srv.url
+
+
+@pytest.fixture
+def login_gateway(tmp_path) -> Iterator:
+    """Start gateways with an admin key over a store of their own (a fresh SQLite file
+    unless ``dsn`` is given), so login attempts are counted per test:
+    ``login_gateway(dsn=None, admin_key=ADMIN_KEY, **dashboard_section)`` → base URL."""
+    started: list[ServerThread] = []
+    default_dsn = f"sqlite:///{tmp_path / 'sessions.db'}"
+
+    def start(dsn: str | None = None, admin_key: str = ADMIN_KEY, **dashboard) -> str:
+        app = dashboard_app(
+            dsn or default_dsn, SPARE_REPLICA, admin_key=admin_key, dashboard=dashboard
+        )
+        srv = ServerThread(app).start()
+        started.append(srv)
+        return srv.url
+
+    yield start
+    for srv in started:
+        srv.stop()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from prefixgate.serve.process import ServerThread
+from prefixgate.store import open_store
 from tests.web.conftest import ADMIN_KEY, dashboard_app
 
 CHROMIUM = os.environ.get("PREFIXGATE_CHROMIUM", "/usr/bin/chromium")
@@ -185,19 +186,40 @@ def test_upstream_page_shows_replicas_and_the_host_tier(page):
     page.shot("upstream")
 
 
-def test_login_with_the_key_once(browser, demo_stores):
-    app = dashboard_app(demo_stores.incident, demo_stores.replica, admin_key=ADMIN_KEY)
+def test_login_through_the_form_and_logout(browser, tmp_path, demo_stores):
+    # A copy of the incident's store: the login's session and attempt rows stay in it.
+    dsn = f"sqlite:///{tmp_path / 'incident.db'}"
+    with open_store(demo_stores.incident) as src, open_store(dsn) as dst:
+        dst.migrate()
+        dst.write_batch(list(src.iter_records(with_texts=True)))
+    app = dashboard_app(dsn, demo_stores.replica, admin_key=ADMIN_KEY)
     with ServerThread(app) as srv:
         p = Page(browser, srv.url)
         pg = p.page
         resp = pg.goto(f"{srv.url}/dashboard?since=all")
         assert resp.status == 401
+        p.shot("login")
         pg.fill("input[name=key]", ADMIN_KEY)
-        pg.click("button[type=submit]")
+        with pg.expect_request(lambda r: r.method == "POST") as sent:
+            pg.click("button[type=submit]")
+        assert sent.value.url == f"{srv.url}/dashboard/login"  # the key only in the body
+        assert ADMIN_KEY in (sent.value.post_data or "")
         pg.wait_for_selector("#chart-hit-rate path.series-line")
-        assert "key=" not in pg.url and "since=all" in pg.url
-        cookies = pg.context.cookies()
-        assert any(c["name"] == "prefixgate_admin" and c["httpOnly"] for c in cookies)
+        assert pg.url == f"{srv.url}/dashboard?since=all"
+        pg.screenshot(
+            path=str(SHOTS / "logged-in.png"), clip={"x": 0, "y": 0, "width": 1440, "height": 120}
+        )
+        [cookie] = [c for c in pg.context.cookies() if c["name"] == "prefixgate_session"]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["value"] != ADMIN_KEY and ADMIN_KEY not in pg.content()
+        # Another page of the same session, then the logout button.
+        pg.click("nav a[data-nav=doctor]")
+        pg.wait_for_selector("section.finding[data-kind=prefix_broken]")
+        pg.click("form.logout button")
+        pg.wait_for_selector("input[name=key]")
+        assert pg.url == f"{srv.url}/dashboard/login"
+        assert not [c for c in pg.context.cookies() if c["name"] == "prefixgate_session"]
+        assert pg.goto(f"{srv.url}/dashboard/doctor").status == 401
         p.errors = [e for e in p.errors if "401" not in e]  # the login page itself
         pg.close()
         assert p.errors == []

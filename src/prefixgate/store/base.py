@@ -31,6 +31,18 @@ class KeyRow:
         return self.revoked_at is None
 
 
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """A dashboard admin session: the digest of its token, never the token; ``admin`` is a
+    fingerprint of the admin key it was opened with (a rotated key ends the session)."""
+
+    digest: str
+    admin: str
+    created_at: float
+    last_seen: float
+    expires_at: float
+
+
 class StoreError(Exception):
     """The store failed (unreachable, full, corrupt). Never carries a DSN or a password."""
 
@@ -94,6 +106,31 @@ class Store(abc.ABC):
     def revoke_key(self, name: str) -> bool:
         """Revoke the named key; False when there is no active key of that name."""
         raise NotImplementedError(f"{type(self).__name__} has no revoke_key")
+
+    def create_session(self, row: SessionRow) -> None:
+        """Keep a new dashboard session."""
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    def get_session(self, digest: str) -> SessionRow | None:
+        """The session whose token has this digest, or None."""
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    def touch_session(self, digest: str, now: float) -> None:
+        """Note activity on a session (its idle lifetime starts again)."""
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    def delete_session(self, digest: str) -> bool:
+        """End a session; False when there was none."""
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    def prune_sessions(self, now: float, idle: float) -> int:
+        """Delete sessions past their absolute expiry or idle for ``idle`` seconds."""
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    def login_attempt(self, address: str, now: float, *, window: float, limit: int) -> bool:
+        """Count a login attempt from ``address``; False (and nothing counted) when it
+        already made ``limit`` attempts in the last ``window`` seconds."""
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
 
     @abc.abstractmethod
     def close(self) -> None:

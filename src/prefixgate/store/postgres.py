@@ -76,6 +76,9 @@ class PostgresStore(SqlStore):
     def _lock_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
 
+    def _lock_table(self, cur: Any, table: str) -> None:
+        cur.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

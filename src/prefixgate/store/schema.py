@@ -19,6 +19,15 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     ``received_at`` of a request that carried it, refreshed at most hourly; retention uses
     it instead of scanning every segment list), ``text`` (canonical JSON, redacted).
 
+``api_keys``
+    Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation.
+
+``dashboard_sessions``, ``dashboard_logins``
+    The dashboard's admin sessions: the SHA-256 digest of each session's random token (never
+    the token), a fingerprint of the admin key it was opened with, and its times; and recent
+    login attempts per client address (the login form's rate limit). In the store, so every
+    worker and every gateway replica accepts a session and counts attempts alike.
+
 ``schema_version``
     One row per applied migration.
 
@@ -127,8 +136,19 @@ def _migration_3(dialect: str) -> list[str]:
     ]
 
 
+def _migration_4(dialect: str) -> list[str]:
+    # Dashboard admin sessions and login attempts (store/sessions.py, web/login.py).
+    real = TYPES[dialect]["real_notnull"]
+    return [
+        "CREATE TABLE dashboard_sessions (digest TEXT PRIMARY KEY, admin TEXT NOT NULL,"
+        f" created_at {real}, last_seen {real}, expires_at {real})",
+        f"CREATE TABLE dashboard_logins (address TEXT NOT NULL, at {real})",
+        "CREATE INDEX dashboard_logins_address ON dashboard_logins (address, at)",
+    ]
+
+
 # Forward migrations; index i holds version i + 1. Migration 1 creates everything.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3]
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
 LATEST_VERSION = len(MIGRATIONS)
 
 SCHEMA_VERSION_DDL = (

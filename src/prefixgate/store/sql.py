@@ -14,13 +14,14 @@ from typing import Any
 from prefixgate.record.model import Record
 from prefixgate.store import schema
 from prefixgate.store.base import KeyRow, Store, StoreError
+from prefixgate.store.sessions import SessionQueries
 
 PAGE_SIZE = 1000
 # Texts this process knows are stored (hash -> last_seen written); bounded, cleared on prune.
 TEXT_CACHE_MAX = 200_000
 
 
-class SqlStore(Store):
+class SqlStore(SessionQueries, Store):
     dialect: str  # "sqlite" | "postgres"
     ph: str  # parameter placeholder: "?" or "%s"
 
@@ -51,6 +52,10 @@ class SqlStore(Store):
     @abc.abstractmethod
     def _lock_schema(self, cur: Any) -> None:
         """Serialise migrations between processes (inside the transaction)."""
+
+    def _lock_table(self, cur: Any, table: str) -> None:
+        """Hold ``table``'s write lock until the transaction ends (SQLite's exclusive
+        transaction already holds the whole database's)."""
 
     def _param(self, kind: str) -> str:
         return self.ph

@@ -6,6 +6,20 @@ from __future__ import annotations
 
 from html import escape
 
+from starlette.responses import HTMLResponse
+
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "x-content-type-options": "nosniff",
+    # Not no-referrer: under that policy a browser sends `Origin: null` with a form POST,
+    # and the login and logout forms are checked by their Origin (web/login.py).
+    "referrer-policy": "same-origin",
+    "x-frame-options": "DENY",
+}
+
 # page name -> (title, nav label, the page's script)
 PAGES = {
     "overview": ("Overview", "Overview", "overview.js"),
@@ -29,9 +43,24 @@ def _nav(prefix: str, active: str) -> str:
     return "".join(links)
 
 
-def render(prefix: str, name: str, *, request_id: str = "") -> str:
+def html_response(body: str, status: int = 200, headers: dict | None = None) -> HTMLResponse:
+    return HTMLResponse(
+        body,
+        status_code=status,
+        headers={"cache-control": "no-store", **SECURITY_HEADERS, **(headers or {})},
+    )
+
+
+def render(prefix: str, name: str, *, request_id: str = "", logout: bool = False) -> str:
+    """A page's shell; ``logout`` adds the button that ends the browser's session."""
     title, _, script = PAGES[name]
     p = escape(prefix)
+    out = (
+        f'<form method="post" action="{p}/logout" class="logout">'
+        '<button type="submit">Log out</button></form>'
+        if logout
+        else ""
+    )
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -46,6 +75,7 @@ def render(prefix: str, name: str, *, request_id: str = "") -> str:
   <a class="brand" href="{p}"><span class="brand-mark" aria-hidden="true"></span>prefixgate</a>
   <nav class="tabs">{_nav(p, name)}</nav>
   <span class="topbar-note" id="store-note"></span>
+  {out}
 </header>
 <div class="filters" id="filters" aria-label="filters"></div>
 <main id="main">
@@ -60,33 +90,32 @@ def render(prefix: str, name: str, *, request_id: str = "") -> str:
 """
 
 
-def login(prefix: str, status: int, message: str, keep: list[tuple[str, str]] = ()) -> str:
-    """The page shown without a valid admin key; its form sends the key once with the
-    query parameters in ``keep``."""
+def login(prefix: str, message: str, *, next_url: str = "", form: bool = True) -> str:
+    """The login page, also shown in place of a page asked for without a session: a form
+    that POSTs the admin key once to ``/login``, then returns to ``next_url``. Nothing the
+    visitor typed is ever written back into it."""
     p = escape(prefix)
-    hidden = "".join(
-        f'<input type="hidden" name="{escape(k)}" value="{escape(v)}">'
-        for k, v in keep
-        if k != "key"
-    )
     hint = (
-        "Enter the gateway's admin key. It is kept in an HttpOnly cookie for this browser session."
-        if status == 401
+        "Enter the gateway's admin key. It is sent once, in this form's body; the browser "
+        "keeps only a session cookie."
+        if form
         else "Configure an admin key (<code>admin_key_env</code> or "
         "<code>admin_key_sha256</code>) to use the dashboard."
     )
-    form = (
-        f'<form method="get" action="" class="login-form">{hidden}'
-        f'<input type="password" name="key" placeholder="admin key" autocomplete="off" required>'
-        f'<button type="submit">Open dashboard</button></form>'
-        if status == 401
+    body = (
+        f'<form method="post" action="{p}/login" class="login-form">'
+        f'<input type="hidden" name="next" value="{escape(next_url)}">'
+        '<input type="password" name="key" placeholder="admin key" autocomplete="off" '
+        'aria-label="admin key" required autofocus>'
+        '<button type="submit">Log in</button></form>'
+        if form
         else ""
     )
     return f"""<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<title>Admin key required · prefixgate</title>
+<title>Log in · prefixgate</title>
 <link rel="icon" href="{p}/static/favicon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="{p}/static/dashboard.css">
 </head>
@@ -95,7 +124,7 @@ def login(prefix: str, status: int, message: str, keep: list[tuple[str, str]] = 
   <div class="brand"><span class="brand-mark" aria-hidden="true"></span>prefixgate</div>
   <h1>{escape(message)}</h1>
   <p>{hint}</p>
-  {form}
+  {body}
 </main>
 </body>
 </html>

@@ -1,9 +1,8 @@
 """``/dashboard``: the pages, their JSON API and their static files, behind admin auth.
 
-Auth: the admin key in ``x-api-key`` / ``Authorization: Bearer`` (API clients), or, for a
-browser, once as ``?key=`` on any page — the key then moves into an HttpOnly, SameSite
-cookie and the browser is redirected to the same URL without it. ``check_admin`` decides
-(an open loopback gateway without an admin key is open to everyone, as ``/metrics``).
+Auth (web/login.py): an admin session opened by the login form (browsers), or the admin
+key in ``x-api-key`` / ``Authorization: Bearer`` (scripts); never the key in a URL. An
+open loopback gateway without an admin key is open to everyone, as ``/metrics``.
 Store reads run in a thread each, through a store opened for the call.
 """
 
@@ -17,17 +16,17 @@ from typing import Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from prefixgate.errors import GatewayError
 from prefixgate.store import StoreError, open_store
 from prefixgate.web import pages, queries
 from prefixgate.web import upstream as upstream_mod
+from prefixgate.web.login import AdminGate
+from prefixgate.web.pages import SECURITY_HEADERS
 from prefixgate.web.scope import BadParam, dimension_of, scope_of
 
 PREFIX = "/dashboard"
-COOKIE = "prefixgate_admin"
 DOCTOR_TTL = 30.0  # seconds a diagnosis is reused for the same window
 L2_TTL = 15.0
 STATIC_TYPES = {
@@ -35,16 +34,6 @@ STATIC_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".svg": "image/svg+xml",
 }
-SECURITY_HEADERS = {
-    "content-security-policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
-    ),
-    "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
-    "x-frame-options": "DENY",
-}
-
 _json = msgspec.json.Encoder()
 
 
@@ -92,63 +81,22 @@ class Dashboard:
         self.static = _static_files()
         self._doctor = _TTLCache(DOCTOR_TTL)
         self._l2 = _TTLCache(L2_TTL)
-
-    # -- auth --------------------------------------------------------------------------
-    def _denied(self, request: Request) -> GatewayError | None:
-        check = self.gateway.auth.check_admin
-        try:
-            if "x-api-key" in request.headers or "authorization" in request.headers:
-                check(request.headers)
-            elif request.cookies.get(COOKIE):
-                check({"x-api-key": request.cookies[COOKIE]})
-            else:
-                check({})
-        except GatewayError as err:
-            return err
-        return None
+        self.gate = AdminGate(gateway, store_dsn, PREFIX)
 
     def page(self, name: str) -> Callable:
         async def handler(request: Request) -> Response:
-            key = request.query_params.get("key")
-            if key:
-                return self._login(request, key)
-            err = self._denied(request)
+            err = await self.gate.denied(request)
             if err is not None:
-                keep = request.query_params.multi_items()
-                return self._html(pages.login(PREFIX, err.status, str(err), keep), err.status)
+                return self.gate.refusal(request, err)
             rid = request.path_params.get("request_id", "")
-            return self._html(pages.render(PREFIX, name, request_id=rid))
+            logout = self.gate.has_session(request)
+            return pages.html_response(pages.render(PREFIX, name, request_id=rid, logout=logout))
 
         return handler
 
-    def _login(self, request: Request, key: str) -> Response:
-        try:
-            self.gateway.auth.check_admin({"x-api-key": key})
-        except GatewayError as err:
-            keep = request.query_params.multi_items()
-            return self._html(pages.login(PREFIX, err.status, str(err), keep), err.status)
-        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "key"]
-        target = request.url.path + ("?" + _urlencode(rest) if rest else "")
-        resp = RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
-        resp.set_cookie(
-            COOKIE,
-            key,
-            path=PREFIX,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
-        return resp
-
-    @staticmethod
-    def _html(body: str, status: int = 200) -> HTMLResponse:
-        return HTMLResponse(
-            body, status_code=status, headers={"cache-control": "no-store", **SECURITY_HEADERS}
-        )
-
     def api(self, fn: Callable[[Request], Any]) -> Callable:
         async def handler(request: Request) -> Response:
-            err = self._denied(request)
+            err = await self.gate.denied(request)
             if err is not None:
                 return _json_response({"error": str(err)}, err.status)
             try:
@@ -260,12 +208,6 @@ class Dashboard:
         )
 
 
-def _urlencode(items: list[tuple[str, str]]) -> str:
-    from urllib.parse import urlencode
-
-    return urlencode(items)
-
-
 def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
     """The dashboard's routes, to add to the gateway app's routes."""
     d = Dashboard(gateway, store_dsn)
@@ -273,6 +215,9 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
     return [
         Route(p, d.page("overview"), methods=["GET"]),
         Route(p + "/", d.page("overview"), methods=["GET"]),
+        Route(p + "/login", d.gate.login_page, methods=["GET"]),
+        Route(p + "/login", d.gate.login, methods=["POST"]),
+        Route(p + "/logout", d.gate.logout, methods=["POST"]),
         Route(p + "/distribution", d.page("distribution"), methods=["GET"]),
         Route(p + "/doctor", d.page("doctor"), methods=["GET"]),
         Route(p + "/upstream", d.page("upstream"), methods=["GET"]),

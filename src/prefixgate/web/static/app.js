@@ -133,8 +133,11 @@ const PG = (() => {
 
   function showError(err) {
     const content = document.getElementById("content");
-    content.replaceChildren(h("div", { class: "error-box", role: "alert" },
-      err.status === 401 || err.status === 403 ? "Admin key required: reload this page with ?key=…" : String(err.message)));
+    // A session that ended while the page was open: back to the login form, then here.
+    const login = err.status === 401
+      ? [" ", h("a", { href: `${BASE}/login?next=${encodeURIComponent(location.pathname + location.search)}` }, "Log in")]
+      : [];
+    content.replaceChildren(h("div", { class: "error-box", role: "alert" }, String(err.message), login));
   }
 
   // -- filter bar -----------------------------------------------------------------------
