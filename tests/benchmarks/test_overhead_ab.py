@@ -63,8 +63,8 @@ def test_two_settings_side_by_side() -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        check=True,
     )
+    assert out.returncode == 0, out.stderr[-4000:]  # what went wrong, not just the status
     summary = json.loads(out.stdout)
     assert summary["b"]["set"] == ["server.busy_poll_us=0"]
     assert set(summary["cases"]) == {"chat/json/c1", "messages/stream/c1"}
