@@ -108,14 +108,8 @@ def serve(
         return
     log.info("prefixgate: %d worker processes", workers)
 
-    def worker(sock, i: int) -> None:
-        cfg = config
-        if cfg.store is not None:  # one spool file per worker: they append independently
-            spool = f"{cfg.store.spool_path or 'prefixgate-spool.jsonl'}.{i}"
-            cfg = cfg.model_copy(
-                update={"store": cfg.store.model_copy(update={"spool_path": spool})}
-            )
-        serving.run(_serve(cfg, sock, http_impl=http_impl))
+    def worker(sock, i: int) -> None:  # each claims its own slot in the record journal
+        serving.run(_serve(config, sock, http_impl=http_impl))
 
     sys.exit(serving.run_workers(workers, config.server.host, config.server.port, worker))
 

@@ -168,7 +168,29 @@ class StoreConfig(_Model):
     dsn: str = "sqlite:///prefixgate.db"
     retention_days: float | None = None
     capture_segments: bool = True
-    spool_path: str | None = None
+    # The record journal (record/journal.py): a directory where each record is appended as
+    # its answer completes, until the store has it; each process writes its own slot in
+    # it. null: no journal (records wait for the store in memory; a crash loses them).
+    journal_path: str | None = "prefixgate-journal"
+    # Past this size the journal takes no more records (logged) until the store catches up.
+    journal_max_mb: float = Field(default=1024.0, gt=0)
+    # A stalled store is a failed store: a statement fails after statement_timeout, a lock
+    # wait after lock_timeout (SQLite: its busy timeout); the writer retries later while
+    # records wait in the journal. Seconds.
+    statement_timeout: float = Field(default=5.0, gt=0)
+    lock_timeout: float = Field(default=2.0, gt=0)
+    # Shutdown gives the store at most this long to take what is pending; the rest stays
+    # in the journal for the next start. Seconds.
+    close_timeout: float = Field(default=5.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, raw: object) -> object:
+        if isinstance(raw, dict) and "spool_path" in raw:
+            raise ValueError(
+                "spool_path is gone: records go to a journal directory, store.journal_path"
+            )
+        return raw
 
 
 class Limits(_Model):

@@ -222,12 +222,9 @@ def build_app(config: Config, **kw) -> Starlette:
     if config.store is not None:
         from prefixgate.record.capture import Capturer
         from prefixgate.record.writer import RecordWriter
-        from prefixgate.store import open_store
 
-        dsn = config.store.dsn
         if recorder is None:
-            spool = config.store.spool_path or "prefixgate-spool.jsonl"
-            recorder = RecordWriter(lambda: open_store(dsn), spool_path=spool)
+            recorder = RecordWriter.from_config(config.store)
         if capture is None and config.store.capture_segments:
             capture = Capturer()
     return create_app(config, recorder=recorder, capture=capture, **kw)
