@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from prefixgate.record import backlog
 from prefixgate.record.model import Record, Segment
 from prefixgate.record.writer import BACKGROUND_NICE, RecordWriter
 from prefixgate.store import Store, StoreError, open_store
@@ -530,3 +531,38 @@ async def _until(cond, limit: float = 30.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.005)
+
+
+def test_a_tail_past_the_mirror_bytes_is_read_back_from_the_journal(
+    sqlite_store: SqliteStore, down: FlakyStore, tmp_path: Path, monkeypatch
+) -> None:
+    """The journal's tail is kept in memory only up to a size in bytes (records carrying
+    captured texts are large); past it, batches come from the files, decoded again."""
+    monkeypatch.setattr(backlog, "MIRROR_BYTES", 8 * len(msgspec.json.encode(make(0))))
+    reads = []
+    load = backlog.JournalBacklog.load
+    monkeypatch.setattr(
+        backlog.JournalBacklog, "load", lambda self, *a: reads.append(1) or load(self, *a)
+    )
+
+    async def main() -> None:
+        writer = RecordWriter(down, batch_size=5, journal=tmp_path / "journal", **FAST)
+        await writer.start()
+        for i in range(3):
+            writer.submit(make(i))
+        await wait_until(lambda: not writer.stats().store_ok)
+        assert not reads  # three records fit in memory
+        for i in range(3, 60):
+            writer.submit(make(i))
+        down.down.clear()
+        await wait_until(lambda: writer.stats().pending == 0)
+        assert reads  # the rest did not
+        for i in range(60, 63):  # caught up: the tail is in memory again
+            writer.submit(make(i))
+        n = len(reads)
+        await wait_until(lambda: writer.stats().pending == 0)
+        assert len(reads) == n
+        await writer.close(timeout=60)
+
+    asyncio.run(main())
+    assert ids(sqlite_store) == expected(63)

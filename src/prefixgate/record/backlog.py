@@ -3,7 +3,7 @@ bounded queue in memory.
 
 The writer asks a backlog for the next batch, stores it, and commits it. A batch comes
 from memory when it can: the journal keeps the records of its tail in memory as well (up
-to ``mirror_max``), so in the steady state nothing is read back from disk and decoded
+to ``mirror_max`` records and ``MIRROR_BYTES``), so in the steady state nothing is read back from disk and decoded
 again (a Claude Code record decodes in tens of microseconds). When the tail outgrows
 that bound (the store is down or slow), the copies in memory are dropped and batches are
 read from the journal's files until the reader has caught up with the end; then the tail
@@ -23,6 +23,10 @@ from typing import NamedTuple
 
 from prefixgate.record.journal import Journal, Position
 from prefixgate.record.model import Record
+
+# The mirrored tail's bound in encoded bytes, besides its count (records carrying captured
+# texts can be large).
+MIRROR_BYTES = 32 << 20
 
 
 class Batch(NamedTuple):
@@ -92,7 +96,8 @@ class JournalBacklog:
         self.where = str(journal.root)
         self.pending = 0  # records appended and not yet stored (estimated for a backlog)
         self._cursor = Position(0, 0)  # the first byte not yet stored
-        self._mirror: collections.deque[tuple[Record, Position]] = collections.deque()
+        self._mirror: collections.deque[tuple[Record, Position, int]] = collections.deque()
+        self._mirror_bytes = 0
         # The mirror holds exactly the records from the cursor to the journal's end.
         self._in_sync = False
 
@@ -115,11 +120,14 @@ class JournalBacklog:
             return False
         self.pending += 1
         if self._in_sync:
-            if len(self._mirror) < self.mirror_max:
-                self._mirror.append((record, end))
+            n = self.journal.last_bytes
+            if len(self._mirror) < self.mirror_max and self._mirror_bytes + n <= MIRROR_BYTES:
+                self._mirror.append((record, end, n))
+                self._mirror_bytes += n
             else:  # too far behind to keep in memory: read it back from the files later
                 self._in_sync = False
                 self._mirror.clear()
+                self._mirror_bytes = 0
         return True
 
     def take(self, n: int) -> Batch | None:
@@ -128,7 +136,7 @@ class JournalBacklog:
             return None
         head = list(itertools.islice(self._mirror, n))
         end = head[-1][1] if head else self._cursor
-        return Batch([r for r, _ in head], len(head), end, True)
+        return Batch([r for r, _, _ in head], len(head), end, True)
 
     def snapshot(self) -> dict[int, int]:
         return dict(self.journal.sizes)
@@ -141,7 +149,7 @@ class JournalBacklog:
         """The batch is stored: move past it; returns the segments now wholly stored."""
         if batch.memory and self._in_sync:
             for _ in range(batch.count):
-                self._mirror.popleft()
+                self._mirror_bytes -= self._mirror.popleft()[2]
         assert batch.end is not None
         self._cursor = batch.end
         self.pending = max(0, self.pending - batch.count)
@@ -157,6 +165,7 @@ class JournalBacklog:
         done = self._cursor == self.journal.end
         self.journal.close(everything_stored=done)
         self._mirror.clear()
+        self._mirror_bytes = 0
         return 0 if done else self.pending
 
 

@@ -65,6 +65,7 @@ class Journal:
         self.sizes: dict[int, int] = {}  # seq -> bytes of whole lines, every segment on disk
         self.bytes = 0  # their sum
         self.refused = 0  # records not taken since the journal last had room
+        self.last_bytes = 0  # the size of the line appended last
         self._refusing: str | None = None  # why records are refused, while they are
         self._seq = 0  # the segment being appended to
         self._fd = -1
@@ -177,6 +178,7 @@ class Journal:
         size += n
         self.sizes[self._seq] = size
         self.bytes += n
+        self.last_bytes = n
         if self._refusing is not None:
             log.warning(
                 "record journal %s takes records again; %d records were dropped meanwhile",
