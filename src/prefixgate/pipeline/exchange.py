@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from prefixgate.errors import GatewayError
@@ -177,6 +178,11 @@ async def run(x: Exchange) -> Response:
         raise GatewayError("the request's steps ended without an answer")
     except GatewayError as err:
         return x.fail(err)
+    except ClientDisconnect:
+        # The client left while its body was arriving (or the server timed the body out):
+        # nobody to answer; the record says 499.
+        x.finish()
+        return Response(status_code=499)
     except asyncio.CancelledError:
         # The server cancels a request whose client left: the upstream request is closed
         # on the way out (the failing step's own cleanup); the record says so.

@@ -68,9 +68,15 @@ def create_app(
         tasks = []
         store = config.store
         if store is not None and store.retention_days:
-            tasks.append(asyncio.create_task(_prune_forever(store.dsn, store.retention_days)))
+            tasks.append(asyncio.create_task(_prune_forever(store, store.retention_days)))
         if store is not None and config.store_keys:
-            tasks.append(asyncio.create_task(gateway.auth.refresh_from_store(store.dsn)))
+            tasks.append(
+                asyncio.create_task(
+                    gateway.auth.refresh_from_store(
+                        store.dsn, timeouts=(store.statement_timeout, store.lock_timeout)
+                    )
+                )
+            )
         try:
             yield
         finally:
@@ -197,12 +203,16 @@ def _http_error(status: int, message: str) -> GatewayError:
     return err
 
 
-async def _prune_forever(dsn: str, days: float, every: float = 3600.0) -> None:
-    """Retention: delete records older than ``days``, hourly, off the event loop."""
+async def _prune_forever(store_config, days: float, every: float = 3600.0) -> None:
+    """Retention: delete records older than ``days``, hourly, off the event loop. A lock
+    held elsewhere fails the round (``lock_timeout``) rather than hold a thread, which
+    the interpreter would wait for at exit; the delete itself may take minutes."""
     from prefixgate.store import open_store
 
     def prune() -> int:
-        with open_store(dsn) as store:
+        with open_store(
+            store_config.dsn, statement_timeout=600.0, lock_timeout=store_config.lock_timeout
+        ) as store:
             return store.prune(days * 86400.0)
 
     while True:
