@@ -203,7 +203,7 @@ def raise_open_files() -> tuple[int, int]:
 def connection_cap(configured: int, open_files: int) -> int:
     """The connection cap in force: the configured one, lowered to what ``open_files``
     descriptors can serve without running out (EMFILE) on the upstream side."""
-    return max(16, min(configured, int((open_files - _FD_RESERVE) / _FDS_PER_CONNECTION)))
+    return min(configured, max(16, int((open_files - _FD_RESERVE) / _FDS_PER_CONNECTION)))
 
 
 def _freeze_gc() -> None:
