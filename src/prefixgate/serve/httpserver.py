@@ -267,6 +267,10 @@ class HTTPProtocol(asyncio.Protocol):
         self.pipeline.clear()
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
+        # The parser and this protocol refer to each other: left to the cyclic collector
+        # (a high threshold here, process.GC_THRESHOLD), a refused endless header line's
+        # megabyte in the parser's buffer outlived its connection for many connections.
+        self.parser = None
 
     def eof_received(self) -> bool:
         return False  # a half-closed client is a gone client: close
