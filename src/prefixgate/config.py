@@ -192,6 +192,16 @@ class StoreConfig(_Model):
             )
         return raw
 
+    @field_validator("dsn")
+    @classmethod
+    def _known_store(cls, v: str) -> str:
+        # What store.open_store takes; said at start rather than at the first record.
+        if not v.startswith(("postgresql://", "postgres://", "sqlite:")) and not v.endswith(
+            (".db", ".sqlite", ".sqlite3")
+        ):
+            raise ValueError("want sqlite:///path.db, a .db path, or postgresql://…")
+        return v
+
 
 class Limits(_Model):
     max_body_bytes: int = 32 * 1024 * 1024
@@ -206,10 +216,22 @@ class ServerConfig(_Model):
     host: str = "127.0.0.1"
     port: int = 8787
     # After each socket event, keep polling for this long instead of sleeping (busypoll.py):
-    # the next packet is read when it lands, not after the idle core wakes up. 0: off.
-    busy_poll_us: float = Field(default=200.0, ge=0, le=100_000)
+    # the next packet is read when it lands, not after the idle core wakes up. 0: off (the
+    # default: it costs CPU while streams trickle; docs/performance.md has both figures).
+    busy_poll_us: float = Field(default=0.0, ge=0, le=100_000)
     # At most this share of each second is spent polling.
     busy_poll_share: float = Field(default=0.5, gt=0, le=1)
+    # The bounded edge (serve/edge.py), on both HTTP servers. A request head must arrive
+    # within head_timeout s of its first byte; a body must not pause for body_timeout s and,
+    # after its first body_timeout s, must average body_min_rate bytes/s (0: no floor).
+    head_timeout: float = Field(default=30.0, gt=0)
+    body_timeout: float = Field(default=30.0, gt=0)
+    body_min_rate: float = Field(default=1024.0, ge=0)
+    keepalive: float = Field(default=5.0, gt=0)  # s an idle connection is kept
+    # Open client connections per process; past it, 503 in the route's error shape. Lowered
+    # at start to what the open-file limit can serve.
+    max_connections: int = Field(default=10_000, ge=1)
+    access_log: bool = False  # one log line per request (prefixgate.access)
 
 
 class DashboardConfig(_Model):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -14,11 +15,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixgate.config import Config
-from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound
+from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.serve.edge import send_refusal
 
 log = logging.getLogger("prefixgate")
 
@@ -111,7 +113,8 @@ def create_app(
         "/v1/chat/completions": gateway.chat,
         "/chat/completions": gateway.chat,
     }
-    return HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+    outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+    return AccessLog(outer) if config.server.access_log else outer
 
 
 class HotRoutes:
@@ -201,6 +204,70 @@ def _http_error(status: int, message: str) -> GatewayError:
     err = NotFound(message) if status == 404 else InvalidRequest(message)
     err.status = status
     return err
+
+
+def refusal_app(limit: int):
+    """The answer past the connection cap (``serve/edge.py``): 503 in the route's error
+    shape, so that an SDK says what happened, and retries."""
+    err = Unavailable(f"the gateway is at its connection limit ({limit}); retry shortly")
+
+    async def refuse(scope, receive, send) -> None:
+        if scope["type"] == "http":
+            shape = _shape_of(Headers(scope=scope), scope["path"])
+            await send_refusal(send, shape(err), b"application/json")
+
+    return refuse
+
+
+class AccessLog:
+    """One line per request on ``prefixgate.access`` (``server.access_log``, ``serve
+    --access-log``): client, method, path (never the query string, which may carry a
+    secret), status, bytes sent, seconds until the last byte, the request id when the
+    answer has one; ``incomplete`` when the answer was cut."""
+
+    log = logging.getLogger("prefixgate.access")
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    def __getattr__(self, name: str):
+        return getattr(self.app, name)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        seen = {"status": 0, "bytes": 0, "id": "", "done": False}
+
+        async def logged(message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name in (b"request-id", b"x-request-id"):
+                        seen["id"] = " " + value.decode("latin-1")
+            elif message["type"] == "http.response.body":
+                seen["bytes"] += len(message.get("body", b""))
+                seen["done"] = not message.get("more_body", False)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, logged)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            self.log.info(
+                '%s:%s "%s %s HTTP/%s" %d %d %.3fs%s%s',
+                client[0],
+                client[1],
+                scope["method"],
+                scope["path"],
+                scope["http_version"],
+                seen["status"],
+                seen["bytes"],
+                time.perf_counter() - t0,
+                seen["id"],
+                "" if seen["done"] else " incomplete",
+            )
 
 
 async def _prune_forever(store_config, days: float, every: float = 3600.0) -> None:
