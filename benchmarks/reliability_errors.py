@@ -10,6 +10,9 @@ processes:
 - ``upstream_down_log``: an upstream that refuses connections under a burst of requests:
   the log's lines about it, against one line per failed request before.
 - ``request_id``: every answer, success or error, names its record.
+- ``start_report``: ``serve`` against an upstream URL without ``/v1`` and against a dead
+  one: what it says at start.
+- ``dashboard_login``: the admin key only in a POST form; the cookie a random token.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import socket
@@ -71,10 +75,12 @@ def _free_ports(n: int) -> int:
 
 
 @contextlib.contextmanager
-def gateway(work: Path, channels: list[dict]):
-    """``prefixgate serve`` with these channels and no store; its log in ``work``."""
+def gateway(work: Path, channels: list[dict], **top):
+    """``prefixgate serve`` with these channels (and no store unless given); its log in
+    ``work``."""
     port = ov.free_port()
     cfg = {"server": {"host": "127.0.0.1", "port": port}, "channels": channels, "store": None}
+    cfg.update(top)
     path = work / f"gw-{port}.json"
     path.write_text(json.dumps(cfg))
     log = work / f"gw-{port}.log"
@@ -270,11 +276,72 @@ def request_id(args) -> dict:
     )
 
 
+def start_report(args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp, upstream_sim() as urls:
+        dead = f"http://127.0.0.1:{ov.free_port()}/v1"
+        channels = [{"name": "novone", "base_url": urls[0]}, {"name": "dead", "base_url": dead}]
+        with gateway(Path(tmp), channels) as (url, log):
+            time.sleep(0.5)
+            out = Path(log).read_text(errors="replace")
+    said = {
+        "listening URL": url in out,
+        "a hint for the URL without /v1": f"use {urls[0]}/v1" in out,
+        "a warning for the dead upstream": f"{dead}: WARNING" in out,
+        "the open-file limit": "open files" in out,
+    }
+    return row(
+        "start_report",
+        "; ".join(f"{what}: {'said' if ok else 'MISSING'}" for what, ok in said.items()),
+        "each said at start, one line each, no traceback",
+        all(said.values()) and "Traceback" not in out,
+    )
+
+
+def dashboard_login(args) -> dict:
+    key = "pg-admin-" + "x" * 24
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    with tempfile.TemporaryDirectory() as tmp, upstream_sim() as urls:
+        store = {"dsn": f"sqlite:///{tmp}/records.db"}
+        channels = [{"name": "sim", "base_url": urls[0] + "/v1"}]
+        with (
+            gateway(Path(tmp), channels, store=store, admin_key_sha256=digest) as (url, log),
+            httpx.Client(timeout=30) as client,
+        ):
+            in_url = client.get(url + "/dashboard", params={"key": key}).status_code
+            login = client.post(
+                url + "/dashboard/login",
+                data={"key": key},
+                headers={"origin": url},
+                follow_redirects=False,
+            )
+            cookie = login.cookies.get("prefixgate_session", "")
+            page = client.get(url + "/dashboard", cookies={"prefixgate_session": cookie})
+            logged = Path(log).read_text(errors="replace")
+    ok = (
+        in_url == 400
+        and login.status_code == 303
+        and len(cookie) >= 32
+        and key not in cookie
+        and page.status_code == 200
+        and key not in logged
+    )
+    return row(
+        "dashboard_login",
+        f"?key= in the URL: {in_url}; POST form: {login.status_code} with a "
+        f"{len(cookie)}-character session token (not the key); the page with it: "
+        f"{page.status_code}; the key in the log: {'yes' if key in logged else 'no'}",
+        "the key only in a POST body, never in a URL or the cookie",
+        ok,
+    )
+
+
 CASES: dict[str, Callable[[argparse.Namespace], dict]] = {
     "unknown_model": unknown_model,
     "garbage_first_event": garbage_first_event,
     "upstream_down_log": upstream_down_log,
     "request_id": request_id,
+    "start_report": start_report,
+    "dashboard_login": dashboard_login,
 }
 
 

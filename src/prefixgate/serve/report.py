@@ -146,8 +146,12 @@ def start_block(
         else:
             access = "disabled: no admin key configured"
         lines.append(f"  dashboard  {url}/dashboard  ({access})")
-        spool = store.spool_path or "prefixgate-spool.jsonl"
-        lines.append(f"  records    {safe_url(store.dsn)}  (spool when it is down: {spool})")
+        journal = (
+            f"journaled first in {store.journal_path}/"
+            if store.journal_path
+            else "no journal: held in memory until stored"
+        )
+        lines.append(f"  records    {safe_url(store.dsn)}  ({journal})")
     else:
         lines.append("  records    none: no store configured")
     if embedded:
