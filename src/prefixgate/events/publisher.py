@@ -14,9 +14,8 @@ sends, with no vLLM. It follows the engines' conventions:
 - ``encoding`` picks the payload layout (``map``, ``array``, ``map-batch``: see
   :mod:`.wire`).
 
-:meth:`EventPublisher.publish` is thread-safe and never blocks (a PUB socket drops what a
-slow subscriber cannot take; the replay buffer still has it). The replay socket is served
-by a daemon thread of its own.
+:meth:`EventPublisher.publish` is thread-safe and never blocks (what a slow subscriber
+cannot take is dropped live; the replay buffer still has it).
 """
 
 from __future__ import annotations
@@ -80,57 +79,83 @@ def _port_plus(endpoint: str, n: int) -> str:
 
 
 class EventPublisher:
-    """Publishes event batches as an engine does (see the module docstring)."""
+    """Publishes event batches as an engine does (see the module docstring).
+
+    Every socket belongs to one thread: :meth:`publish` (any thread) numbers and encodes
+    the batch, keeps it for replay and hands it over an ``inproc`` pipe; the thread sends
+    it, answers replay requests and counts subscriptions (an XPUB socket: a subscriber
+    is known once its subscription arrived, so :meth:`wait_for_subscribers` tells when a
+    batch sent now reaches it).
+    """
 
     def __init__(self, settings: PublisherSettings) -> None:
         self.settings = settings
         self._ctx = zmq.Context()
         self._lock = threading.Lock()
+        self._subscribed = threading.Condition()
+        self._subscriptions = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=settings.buffer_steps)
         self._seq = 0
         self._topic = settings.topic.encode()
-        self._closed = threading.Event()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
+        self._closed = False
+        pipe = f"inproc://kv-events-{id(self)}"
+        self._pub = self._socket(zmq.XPUB)
         self._pub.setsockopt(zmq.SNDHWM, 100_000)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self._pull = self._socket(zmq.PULL)
+        self._push = self._socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 100_000)
         self._replay: zmq.Socket | None = None
-        self._thread: threading.Thread | None = None
         try:
+            self._pull.bind(pipe)
+            self._push.connect(pipe)
             if engine_binds(settings.endpoint):
                 self._pub.bind(settings.endpoint)
             else:
                 self._pub.connect(settings.endpoint)
             if settings.replay_endpoint is not None:
-                self._replay = self._ctx.socket(zmq.ROUTER)
-                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay = self._socket(zmq.ROUTER)
                 self._replay.bind(settings.replay_endpoint)
         except zmq.ZMQError:
-            self.close()
+            self._close_sockets()
             raise
-        if self._replay is not None:
-            self._thread = threading.Thread(
-                target=self._serve_replay, name="kv-events-replay", daemon=True
-            )
-            self._thread.start()
+        self._endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._replay_endpoint = (
+            None if self._replay is None else self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        )
+        self._thread = threading.Thread(target=self._serve, name="kv-events-pub", daemon=True)
+        self._thread.start()
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
 
     @property
     def endpoint(self) -> str:
-        """The PUB address (bound: the real port of a ``*`` port)."""
-        if engine_binds(self.settings.endpoint):
-            return self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        return self.settings.endpoint
+        """The PUB address (bound: with the real port of a ``*`` port)."""
+        return self._endpoint if engine_binds(self.settings.endpoint) else self.settings.endpoint
 
     @property
     def replay_endpoint(self) -> str | None:
-        return None if self._replay is None else self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self._replay_endpoint
 
     @property
     def next_seq(self) -> int:
         return self._seq
 
+    @property
+    def subscriptions(self) -> int:
+        """Subscriptions received and not withdrawn (one per subscriber and topic)."""
+        return self._subscriptions
+
+    def wait_for_subscribers(self, n: int = 1, timeout: float | None = None) -> bool:
+        with self._subscribed:
+            return self._subscribed.wait_for(lambda: self._subscriptions >= n, timeout)
+
     def publish(self, events: Sequence[Event], ts: float | None = None) -> int | None:
         """Send one batch; returns its sequence number (``None``: nothing to send)."""
-        if not events or self._closed.is_set():
+        if not events:
             return None
         s = self.settings
         payload = encode_batch(
@@ -141,45 +166,78 @@ class EventPublisher:
         )
         return self.publish_raw(payload)
 
-    def publish_raw(self, payload: bytes) -> int:
-        """Send a payload as it is (tests send malformed ones with it)."""
+    def publish_raw(self, payload: bytes, *, send: bool = True) -> int:
+        """Send a payload as it is (tests send malformed ones). ``send=False`` keeps it
+        for replay only, as if the network had lost it (tests make gaps with it)."""
         with self._lock:
             seq = self._seq
             self._seq += 1
             self._buffer.append((seq, payload))
-            if self._pub.closed:
-                return seq
-            # no subscriber, or a full queue: dropped; a replay still finds it
-            with contextlib.suppress(zmq.Again):
-                self._pub.send_multipart([self._topic, pack_seq(seq), payload], zmq.NOBLOCK)
+            if send and not self._closed:
+                # a full pipe drops the batch live; a replay still finds it
+                with contextlib.suppress(zmq.Again):
+                    self._push.send_multipart([pack_seq(seq), payload], zmq.NOBLOCK)
             return seq
 
     def close(self) -> None:
-        self._closed.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
         with self._lock:
-            self._pub.close(linger=0)
-            if self._replay is not None:
-                self._replay.close(linger=0)
+            if self._closed:
+                return
+            self._closed = True
+        self._thread.join(timeout=5)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._push, self._pull, self._pub, self._replay):
+            if sock is not None:
+                sock.close(linger=0)
         self._ctx.term()
 
-    def _serve_replay(self) -> None:
-        sock = self._replay
-        assert sock is not None
-        while not self._closed.is_set():
-            if not sock.poll(100, zmq.POLLIN):
-                continue
-            frames = sock.recv_multipart()
-            if len(frames) == 3 and not frames[1]:
-                ident, _, start_frame = frames
-            elif len(frames) == 2:
-                ident, start_frame = frames
-            else:
-                continue  # not a replay request
-            start = int.from_bytes(start_frame, "big") if len(start_frame) == 8 else 0
-            with self._lock:
-                kept = [(seq, p) for seq, p in self._buffer if seq >= start]
-            for seq, payload in kept:
-                sock.send_multipart([ident, b"", pack_seq(seq), payload])
-            sock.send_multipart([ident, b"", pack_seq(END_SEQ), b""])
+    # -- the thread ---------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._pub, zmq.POLLIN)
+        if self._replay is not None:
+            poller.register(self._replay, zmq.POLLIN)
+        while not self._closed:
+            ready = dict(poller.poll(100))
+            if self._pull in ready:
+                while True:
+                    try:
+                        seq, payload = self._pull.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    with contextlib.suppress(zmq.Again):
+                        self._pub.send_multipart([self._topic, seq, payload], zmq.NOBLOCK)
+            if self._pub in ready:
+                self._count_subscriptions()
+            if self._replay is not None and self._replay in ready:
+                self._answer_replay(self._replay)
+
+    def _count_subscriptions(self) -> None:
+        while True:
+            try:
+                msg = self._pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg[:1] in (b"\x00", b"\x01"):
+                with self._subscribed:
+                    self._subscriptions += 1 if msg[:1] == b"\x01" else -1
+                    self._subscribed.notify_all()
+
+    def _answer_replay(self, sock: zmq.Socket) -> None:
+        frames = sock.recv_multipart()
+        if len(frames) == 3 and not frames[1]:
+            ident, _, start_frame = frames
+        elif len(frames) == 2:
+            ident, start_frame = frames
+        else:
+            return  # not a replay request
+        start = int.from_bytes(start_frame, "big") if len(start_frame) == 8 else 0
+        with self._lock:
+            kept = [(seq, p) for seq, p in self._buffer if seq >= start]
+        for seq, payload in kept:
+            sock.send_multipart([ident, b"", pack_seq(seq), payload])
+        sock.send_multipart([ident, b"", pack_seq(END_SEQ), b""])

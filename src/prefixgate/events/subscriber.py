@@ -78,7 +78,9 @@ class Subscriber:
         self._sock: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task | None = None
-        self.ready = asyncio.Event()  # set once the socket is bound or connected
+        # set once the socket is open and the replay buffer read: batches published from
+        # then on reach the index (tests and wait_ready use it; nothing waits for it)
+        self.ready = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -118,7 +120,6 @@ class Subscriber:
                 self._forget()
             first = False
             self.status.error = None
-            self.ready.set()
             monitor = asyncio.create_task(self._watch())
             try:
                 await self._serve()
@@ -165,23 +166,27 @@ class Subscriber:
         self._recent.clear()
 
     async def _watch(self) -> None:
-        """Count the publishers connected, from the socket's monitor events."""
+        """Track the connections up (by file descriptor), from the socket's monitor."""
         assert self._monitor is not None
         st = self.status
+        up: set[int] = set()
         while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            msg = parse_monitor_message(await self._monitor.recv_multipart())
+            event, fd = msg["event"], msg["value"]
             if event in _UP:
-                st.peers += 1
-            elif event == zmq.EVENT_DISCONNECTED and st.peers > 0:
-                st.peers -= 1
-                if st.peers == 0:
+                up.add(fd)
+            elif event == zmq.EVENT_DISCONNECTED and fd in up:
+                up.discard(fd)
+                if not up:
                     st.disconnected_at = self.clock()
             elif event == zmq.EVENT_MONITOR_STOPPED:
                 return
+            st.peers = len(up)
 
     async def _serve(self) -> None:
         if self.endpoints.replay is not None:
             await self._replay(0)  # what the engine cached before we listened
+        self.ready.set()
         assert self._sock is not None
         while True:
             frames = await self._sock.recv_multipart()
