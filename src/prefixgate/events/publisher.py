@@ -10,7 +10,8 @@ sends, with no vLLM. It follows the engines' conventions:
 - each batch goes out as ``[topic, seq (8 bytes big-endian), payload]``, ``seq`` from 0;
 - the last ``buffer_steps`` batches are kept; a ``replay_endpoint`` ROUTER answers a
   request ``[identity, "", start]`` with ``[identity, "", seq, payload]`` for each kept batch
-  from ``start`` on, then ``[identity, "", -1, ""]``;
+  from ``start`` on, then ``[identity, "", -1, ""]`` (with the ``map`` layout, vLLM 0.32's,
+  the topic comes before ``seq``, and an empty frame before the final ``-1``, as 0.32 does);
 - ``encoding`` picks the payload layout (``map``, ``array``, ``map-batch``: see
   :mod:`.wire`).
 
@@ -238,6 +239,9 @@ class EventPublisher:
         start = int.from_bytes(start_frame, "big") if len(start_frame) == 8 else 0
         with self._lock:
             kept = [(seq, p) for seq, p in self._buffer if seq >= start]
+        # vLLM 0.32 (whose layout "map" is) puts the topic in front of each replayed batch
+        head = [ident, b"", self._topic] if self.settings.encoding == "map" else [ident, b""]
+        end_head = [ident, b"", b""] if self.settings.encoding == "map" else head
         for seq, payload in kept:
-            sock.send_multipart([ident, b"", pack_seq(seq), payload])
-        sock.send_multipart([ident, b"", pack_seq(END_SEQ), b""])
+            sock.send_multipart([*head, pack_seq(seq), payload])
+        sock.send_multipart([*end_head, pack_seq(END_SEQ), b""])

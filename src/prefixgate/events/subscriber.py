@@ -8,7 +8,8 @@ connections (a monitor socket) and applies each batch to the channel's
   a running engine learns what it already holds (as far as its replay buffer reaches);
 - **gap** (a sequence number skipped: the SUB socket's high-water mark, a slow joiner, a
   reconnect): replay from the first missing batch on the engine's ROUTER socket (a DEALER
-  sends the 8-byte start; ``(seq, payload)`` frames come back until ``seq = -1``); what
+  sends the 8-byte start; ``(seq, payload)`` frames come back until ``seq = -1``, with the
+  topic in front in vLLM 0.32: ``(topic, seq, payload)``); what
   the buffer no longer has is counted as lost and the stream marked incomplete;
 - **duplicate** (the live stream repeating what the replay brought): recognised by its
   payload and skipped;
@@ -292,6 +293,8 @@ class Subscriber:
                 frames = await dealer.recv_multipart()
                 if frames and not frames[0]:
                     frames = frames[1:]  # the empty delimiter
+                if len(frames) == 3:  # vLLM 0.32 sends the topic too
+                    frames = frames[1:]
                 if len(frames) != 2 or len(frames[0]) != 8:
                     st.malformed += 1
                     continue
