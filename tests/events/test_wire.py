@@ -201,3 +201,14 @@ def test_frames() -> None:
     for frames in ([b"kv", pack_seq(1)], [b"kv", b"\x00" * 7, b"x"], [b"a", b"b", b"c", b"d"]):
         with pytest.raises(WireError):
             split_frames(frames)
+
+
+def test_public_surface() -> None:
+    """Every name of the package resolves (they are imported on first use)."""
+    import prefixgate.events as events
+
+    assert sorted(events.__all__) == sorted(events._WHERE)
+    for name in events.__all__:
+        assert getattr(events, name) is not None, name
+    with pytest.raises(AttributeError):
+        events.NoSuchName  # noqa: B018

@@ -13,47 +13,78 @@ Modules, one concept each:
 - :mod:`.hub`: :class:`EngineEvents`, every channel's subscribers and index, for the app;
 - :mod:`.publisher`: the engines' side of the wire, for the simulated upstream.
 
-The ZeroMQ-bound names (``EngineEvents``, ``Subscriber``, ``EventPublisher``) are imported
-on first use, so that reading the config does not load pyzmq.
+- :mod:`.emitter`: a cache model's stores and evictions as the events an engine sends.
+
+Every name is imported on first use: the config reads :mod:`.endpoints` without loading
+pyzmq, numpy or the cache model.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .endpoints import Endpoints, engine_binds, subscriber_endpoints
-from .index import GPU, EventIndex, IndexCounters, PrefixHit, ReplicaIndex, content_keys
-from .status import ReplicaStatus
-from .wire import (
-    ENCODINGS,
-    AllBlocksCleared,
-    Batch,
-    BlockRemoved,
-    BlockStored,
-    Encoding,
-    WireDecoder,
-    WireError,
-    encode_batch,
-)
-
 if TYPE_CHECKING:
+    from .emitter import CacheEventEmitter
+    from .endpoints import Endpoints, engine_binds, subscriber_endpoints
     from .hub import ChannelEvents, EngineEvents
+    from .index import GPU, EventIndex, IndexCounters, PrefixHit, ReplicaIndex, content_keys
     from .publisher import EventPublisher, PublisherSettings
+    from .status import ReplicaStatus
     from .subscriber import Subscriber
+    from .wire import (
+        ENCODINGS,
+        AllBlocksCleared,
+        Batch,
+        BlockRemoved,
+        BlockStored,
+        Encoding,
+        WireDecoder,
+        WireError,
+        encode_batch,
+    )
 
+_WHERE = {
+    "CacheEventEmitter": "emitter",
+    "Endpoints": "endpoints",
+    "engine_binds": "endpoints",
+    "subscriber_endpoints": "endpoints",
+    "ChannelEvents": "hub",
+    "EngineEvents": "hub",
+    "GPU": "index",
+    "EventIndex": "index",
+    "IndexCounters": "index",
+    "PrefixHit": "index",
+    "ReplicaIndex": "index",
+    "content_keys": "index",
+    "EventPublisher": "publisher",
+    "PublisherSettings": "publisher",
+    "ReplicaStatus": "status",
+    "Subscriber": "subscriber",
+    "ENCODINGS": "wire",
+    "AllBlocksCleared": "wire",
+    "Batch": "wire",
+    "BlockRemoved": "wire",
+    "BlockStored": "wire",
+    "Encoding": "wire",
+    "WireDecoder": "wire",
+    "WireError": "wire",
+    "encode_batch": "wire",
+}
 __all__ = [
-    "ENCODINGS",
-    "GPU",
     "AllBlocksCleared",
     "Batch",
     "BlockRemoved",
     "BlockStored",
+    "CacheEventEmitter",
     "ChannelEvents",
+    "ENCODINGS",
     "Encoding",
     "Endpoints",
     "EngineEvents",
     "EventIndex",
     "EventPublisher",
+    "GPU",
     "IndexCounters",
     "PrefixHit",
     "PublisherSettings",
@@ -68,19 +99,9 @@ __all__ = [
     "subscriber_endpoints",
 ]
 
-_LAZY = {
-    "ChannelEvents": "hub",
-    "EngineEvents": "hub",
-    "EventPublisher": "publisher",
-    "PublisherSettings": "publisher",
-    "Subscriber": "subscriber",
-}
-
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
     return getattr(import_module(f".{module}", __name__), name)

@@ -36,11 +36,11 @@ import msgspec
 
 from prefixgate.cache.blocks import DIGEST_SIZE, Tokens, hash_blocks
 
-from .wire import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from .wire import GPU_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 __all__ = ["GPU", "EventIndex", "IndexCounters", "PrefixHit", "ReplicaIndex", "content_keys"]
 
-GPU = "GPU"  # vLLM's medium name for device memory; events without a medium are GPU's
+GPU = GPU_MEDIUM
 ContentKey = bytes
 _EXTRA = msgspec.msgpack.Encoder()
 

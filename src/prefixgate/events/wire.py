@@ -49,6 +49,7 @@ EngineHash = int | bytes
 Encoding = Literal["map", "array", "map-batch"]
 ENCODINGS: tuple[Encoding, ...] = ("map", "array", "map-batch")
 END_SEQ = -1  # the replay socket's "no more batches" marker
+GPU_MEDIUM = "GPU"  # vLLM's name for device memory; events without a medium are the GPU's
 
 
 class WireError(ValueError):
