@@ -197,6 +197,7 @@ class Subscriber:
                 log.exception("kv events %s: a batch failed", self.replica)
                 self.status.malformed += 1
                 self.status.last_problem = f"a batch failed: {exc!r}"
+            await asyncio.sleep(0)  # a flood of batches must not hold the gateway's loop
 
     # -- the stream -----------------------------------------------------------------------
 
