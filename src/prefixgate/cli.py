@@ -198,6 +198,12 @@ async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
     default=None,
     help="Output length when the request sets no ignore_eos (default 32).",
 )
+@click.option(
+    "--kv-events-config",
+    default=None,
+    help="Publish KV events as vLLM does: vLLM's JSON (endpoint, replay_endpoint, topic, "
+    'buffer_steps), plus "encoding": map|array|map-batch. Replica i: ports + i.',
+)
 @click.option("--log-level", default="info", show_default=True)
 def upstream_sim(host, port, replicas, log_level, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's

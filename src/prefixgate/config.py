@@ -67,6 +67,7 @@ class TLSConfig(_Model):
             ctx.load_cert_chain(self.client_cert, self.client_key)
         return ctx
 
+
 class KvEventsEndpoint(_Model):
     """One replica's event addresses, as given to its engine's ``--kv-events-config``."""
 

@@ -22,6 +22,7 @@ cannot take is dropped live; the replay buffer still has it).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections import deque
@@ -56,6 +57,26 @@ class PublisherSettings:
             raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}")
         if self.buffer_steps < 1:
             raise ValueError("buffer_steps must be >= 1")
+
+    @classmethod
+    def from_engine_config(cls, raw: str | dict) -> PublisherSettings:
+        """From vLLM's ``--kv-events-config`` JSON (its fields that shape the wire; the
+        queue sizes and the publisher kind are the engine's business), plus
+        ``encoding``. ``ValueError`` on what is not such a config."""
+        try:
+            data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        except ValueError as exc:
+            raise ValueError(f"kv events config is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("kv events config must be a JSON object")
+        if data.get("publisher", "zmq") != "zmq":
+            raise ValueError("only the zmq publisher is simulated")
+        known = {"endpoint", "replay_endpoint", "topic", "encoding", "buffer_steps"}
+        ignored = {"enable_kv_cache_events", "publisher", "hwm", "max_queue_size"}
+        unknown = set(data) - known - ignored
+        if unknown:
+            raise ValueError(f"unknown kv events settings: {', '.join(sorted(unknown))}")
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def offset(self, replica: int) -> PublisherSettings:
         """The settings of the ``replica``-th of several engines: tcp ports + ``replica``
