@@ -277,6 +277,12 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     help="Output length when the request sets no ignore_eos (default 32).",
 )
 @click.option(
+    "--kv-events-config",
+    default=None,
+    help="Publish KV events as vLLM does: vLLM's JSON (endpoint, replay_endpoint, topic, "
+    'buffer_steps), plus "encoding": map|array|map-batch. Replica i: ports + i.',
+)
+@click.option(
     "--strict-models/--any-model",
     "strict_models",
     default=None,

@@ -16,6 +16,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prefixgate.events.endpoints import Endpoints, check_endpoint, subscriber_endpoints
+
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
 RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix"]
 RenderOrder = Literal["tools_first", "system_first"]
@@ -66,6 +68,68 @@ class TLSConfig(_Model):
         return ctx
 
 
+class KvEventsEndpoint(_Model):
+    """One replica's event addresses, as given to its engine's ``--kv-events-config``."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str | None = None  # None: the section's
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, v: str | None) -> str | None:
+        return v if v is None else check_endpoint(v)
+
+
+class KvEventsConfig(_Model):
+    """The engines' KV-cache events (``events/``): where each replica publishes them.
+
+    ``endpoint``/``replay_endpoint``/``topic`` are the engine's own settings; the gateway
+    takes the other side (``events/endpoints.py``). A channel with several replicas gives
+    ``replicas`` (one entry per URL, in the order base_url, replicas...), or an endpoint
+    with ``*`` that each engine binds on its own host.
+    """
+
+    endpoint: str | None = None
+    replay_endpoint: str | None = None
+    topic: str = ""
+    replicas: tuple[KvEventsEndpoint, ...] = ()
+    block_size: int | None = Field(default=None, ge=1)  # None: the engines' own
+    max_blocks: int = Field(default=200_000, ge=1)  # per replica and medium
+    stale_after: float = Field(default=30.0, gt=0)  # seconds
+    replay_timeout: float = Field(default=2.0, gt=0)  # seconds
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, v: str | None) -> str | None:
+        return v if v is None else check_endpoint(v)
+
+    def endpoints_for(self, urls: tuple[str, ...]) -> dict[str, Endpoints]:
+        """The subscriber's side for each replica URL; ``ValueError`` if ambiguous."""
+        if self.replicas:
+            if len(self.replicas) != len(urls):
+                raise ValueError(
+                    f"kv_events.replicas has {len(self.replicas)} entries for {len(urls)} "
+                    "replicas (base_url, then replicas, in order)"
+                )
+            items = [
+                (url, r.endpoint, r.replay_endpoint, self.topic if r.topic is None else r.topic)
+                for url, r in zip(urls, self.replicas, strict=True)
+            ]
+        elif self.endpoint is None:
+            raise ValueError("kv_events needs an endpoint (or one per replica in replicas)")
+        else:
+            items = [(url, self.endpoint, self.replay_endpoint, self.topic) for url in urls]
+        out = {url: subscriber_endpoints(ep, rep, topic, url) for url, ep, rep, topic in items}
+        seen = [e.events for e in out.values()]
+        if len(set(seen)) != len(seen):
+            raise ValueError(
+                "kv_events: two replicas would share one event address; give each replica "
+                "its own endpoint (kv_events.replicas) or an endpoint with * on distinct hosts"
+            )
+        return out
+
+
 class ChannelConfig(_Model):
     name: str
     kind: Literal["openai", "anthropic"] = "openai"
@@ -97,6 +161,13 @@ class ChannelConfig(_Model):
     health_check_interval: float | None = Field(default=None, gt=0)  # None: no active probe
     health_path: str = "/health"
     health_timeout: float = Field(default=2.0, gt=0)
+    kv_events: KvEventsConfig | None = None  # the engines' KV-cache events (events/)
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> ChannelConfig:
+        if self.kv_events is not None:
+            self.kv_events.endpoints_for(self.urls())
+        return self
 
     @field_validator("routing_shared")
     @classmethod

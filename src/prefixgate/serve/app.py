@@ -31,6 +31,7 @@ def create_app(
     gateway = Gateway(
         config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter
     )
+    events = _engine_events(config)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -67,6 +68,8 @@ def create_app(
         if start is not None:
             await start()
         await gateway.router.start()  # active health checks, shared routing state
+        if events is not None:
+            await events.start()  # the engines' KV events (opens in the background)
         tasks = []
         store = config.store
         if store is not None and store.retention_days:
@@ -84,6 +87,8 @@ def create_app(
         finally:
             for task in tasks:
                 task.cancel()
+            if events is not None:
+                await events.aclose()
             await gateway.router.aclose()
             close = getattr(gateway.recorder, "close", None)
             if close is not None:
@@ -108,6 +113,7 @@ def create_app(
         routes += dashboard_routes(gateway, config.store.dsn)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
+    app.state.events = events  # EngineEvents, or None when no channel has kv_events
     hot = {
         "/v1/messages": gateway.messages,
         "/v1/chat/completions": gateway.chat,
@@ -115,6 +121,16 @@ def create_app(
     }
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
     return AccessLog(outer) if config.server.access_log else outer
+
+
+def _engine_events(config: Config):
+    """The hub of the engines' KV events, when a channel has ``kv_events`` (pyzmq is only
+    loaded then)."""
+    if not any(ch.kv_events is not None for ch in config.channels):
+        return None
+    from prefixgate.events import EngineEvents
+
+    return EngineEvents.from_config(config)
 
 
 class HotRoutes:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prefixgate.events.publisher import PublisherSettings
 
 __all__ = ["SimSettings", "settings_from_options"]
 
@@ -29,6 +32,9 @@ class SimSettings:
     stream_chunk_tokens: int = 2  # output tokens per content chunk
     nested_errors: bool = False  # newer vLLM: {"error": {...}}
     log_interval_s: float = 0.0  # >0: log vLLM-like stats lines this often
+    # publish the cache's stores and evictions as vLLM's KV events (events/publisher.py);
+    # also vLLM's --kv-events-config JSON (a str or dict), plus "encoding": map|array|map-batch
+    kv_events: PublisherSettings | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.models, str):
@@ -48,12 +54,23 @@ class SimSettings:
             raise ValueError("token rates must be >= 0")
         if self.default_output_tokens < 1 or self.max_model_len < 1:
             raise ValueError("default_output_tokens and max_model_len must be >= 1")
+        if isinstance(self.kv_events, str | dict):
+            from prefixgate.events.publisher import PublisherSettings
+
+            self.kv_events = PublisherSettings.from_engine_config(self.kv_events)
+
+    def for_replica(self, i: int) -> SimSettings:
+        """The settings of the ``i``-th replica: its event ports offset by ``i``."""
+        if self.kv_events is None or i == 0:
+            return self
+        return dataclasses.replace(self, kv_events=self.kv_events.offset(i))
 
 
 _OPTION_ALIASES = {
     "prefill_rate": "prefill_tokens_per_s",
     "decode_rate": "decode_tokens_per_s",
     "model": "models",
+    "kv_events_config": "kv_events",
 }
 
 
