@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from prefixgate.loopwatch import LoopWatch
 from prefixgate.record import Record
 
 LABELS = ("channel", "entry", "model", "client")
@@ -96,6 +97,7 @@ class GatewayMetrics:
             ("entry",),
             registry=r,
         )
+        self.loop = LoopWatch(r)  # the event loop's pauses; started by the app's lifespan
         self._totals: dict[tuple, list[int]] = {}
         self._children: dict[tuple, object] = {}
         if writer is not None:

@@ -64,6 +64,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
+        gateway.metrics.loop.start()
         start = getattr(gateway.recorder, "start", None)
         if start is not None:
             await start()
@@ -95,6 +96,7 @@ def create_app(
                 await close()
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
+            gateway.metrics.loop.stop()
 
     routes = [
         Route("/v1/messages", gateway.messages, methods=["POST"]),
