@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from prefixgate import hygiene, pipeline
+from prefixgate.admission import Admission
 from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
@@ -56,6 +57,8 @@ class Gateway:
         self.router = ChannelRouter(config.channels, transport=self.upstream)
         self.recorder = recorder or _NullRecorder()
         self.metrics = GatewayMetrics(recorder)
+        self.admission = Admission(config.server, config.channels)
+        self.metrics.watch_admission(self.admission)
         self.capture = capture
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)

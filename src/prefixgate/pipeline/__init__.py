@@ -27,6 +27,7 @@ from prefixgate.pipeline.steps import (
     decode_messages,
     hygiene,
     plan,
+    queue,
     read,
     send,
     upstream_chat_request,
@@ -39,6 +40,7 @@ MESSAGES_STEPS = (
     read,
     decode_messages,
     admit,
+    queue,
     plan,
     Failover(hygiene, convert_messages, capture, send),
     relay_messages,
@@ -49,6 +51,7 @@ CHAT_STEPS = (
     read,
     decode_chat,
     admit,
+    queue,
     plan,
     Failover(convert_chat, capture, send),
     relay_chat,
@@ -70,6 +73,7 @@ MESSAGES = Endpoint(
     kinds=("openai", "anthropic"),
     prompt=_messages_prompt,
     steps=MESSAGES_STEPS,
+    overloaded_status=529,  # Anthropic's overloaded_error
 )
 
 CHAT = Endpoint(

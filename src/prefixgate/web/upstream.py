@@ -1,7 +1,8 @@
 """Upstream health as the dashboard shows it: each channel's replicas from the config, their
 state in the router (ejected, down, in flight), their traffic and errors from the store,
-and the host-memory (L2) tier verdict of the doctor's upstream-health check for channels
-with a ``metrics_url``."""
+the host-memory (L2) tier verdict of the doctor's upstream-health check for channels
+with a ``metrics_url``, and admission (requests in flight, queued and refused) of the
+worker that answers and of each capped channel."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
     """Channels with their replicas (configured ones first, then replicas seen only in the
     store), joined with the store's per-replica figures."""
     by_key = {(r["channel"], r["replica"]): r for r in stats["replicas"]}
+    admission = gateway.admission.snapshot()
     seen: set[tuple] = set()
     channels = []
     for ch in gateway.config.channels:
@@ -93,8 +95,14 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
                 "health_check_interval": ch.health_check_interval,
                 "metrics_url": ch.metrics_url is not None,
                 "l2": l2.get(ch.name),
+                "admission": admission["channels"].get(ch.name),
                 "replicas": replicas,
             }
         )
     gone = [r for key, r in by_key.items() if key not in seen]
-    return {"channels": channels, "unconfigured": gone, "errors": stats["errors"]}
+    return {
+        "channels": channels,
+        "unconfigured": gone,
+        "errors": stats["errors"],
+        "admission": admission["worker"],
+    }
