@@ -53,7 +53,7 @@ class Gateway:
     ) -> None:
         self.config = config
         self.auth = Authenticator(config)
-        self.upstream = upstream or Upstream()
+        self.upstream = upstream or _upstream_for(config)
         self.router = ChannelRouter(config.channels, transport=self.upstream)
         self.recorder = recorder or _NullRecorder()
         self.metrics = GatewayMetrics(recorder)
@@ -209,3 +209,19 @@ def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
 
 
 __all__ = ["Gateway"]
+
+
+def _upstream_for(config: Config) -> Upstream:
+    """The upstream client with the connection limits of the config: in all, the worker's
+    admission cap and room for model listings (so it never binds before admission does);
+    to each replica of a channel, its ``max_connections`` (else its ``max_in_flight``), idle
+    ones closed after its ``keepalive``."""
+    upstream = Upstream(max_connections=config.server.max_in_flight + 64)
+    for ch in config.channels:
+        for url in ch.urls():
+            upstream.limit(
+                url,
+                max_connections=ch.max_connections or ch.max_in_flight,
+                keepalive=ch.keepalive,
+            )
+    return upstream

@@ -209,3 +209,19 @@ def test_a_slot_handed_to_a_waiter_that_was_cancelled_meanwhile_is_passed_on():
 
     gate = asyncio.run(main())
     assert (gate.in_flight, gate.queued) == (0, 0)
+
+
+def test_upstream_connection_caps_follow_admission_and_the_channels_settings(gateway, upstream):
+    # The pool in all never binds before the worker's admission cap does; a channel's
+    # connections are capped by its max_connections, else its max_in_flight.
+    upstream.script = lambda body: Reply(text="Hi")
+    gw = gateway({"max_in_flight": 3, "keepalive": 2.5}, server={"max_in_flight": 50})
+    r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": False}, timeout=60)
+    assert r.status_code == 200
+    up = gw.gateway.upstream
+    assert up._pool.max_connections >= 50
+    (origin, _path), *_ = up._targets.values()
+    assert (origin.limit, origin.keepalive) == (3, 2.5)
+    gw2 = gateway({"max_in_flight": 3, "max_connections": 7})
+    assert gw2.gateway.upstream._pool is None or gw2.gateway.upstream._pool.max_connections >= 2000
+    assert set(gw2.gateway.upstream._limits.values()) == {(7, 4.0)}
