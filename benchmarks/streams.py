@@ -7,7 +7,7 @@
 A paced upstream (`streams_load.py`: 400 SSE chunks, one every 25 ms, a 10-second stream
 like an agent turn at 40 tokens/s) and the load generator run in this process, pinned to
 core 1; the gateway (`prefixgate serve`, SQLite store with segment capture, default
-settings but for ``--set``) is one process pinned to core 0. Loopback only. At each level,
+settings but for ``--set`` and ``server.loop_watch`` on) is one process pinned to core 0. Loopback only. At each level,
 N streams start evenly over ``--ramp`` seconds, half ``/v1/messages`` and half
 ``/v1/chat/completions`` (with ``include_usage``), ~2 KB prompts; ``direct`` sends the
 same number of chat streams to the upstream itself. The gateway starts afresh for each
@@ -157,6 +157,7 @@ class Subject:
         """``--set a.b=v`` on the config ``overhead.Gateway`` wrote."""
         path = self.work / f"{self.name}.json"
         cfg = json.loads(path.read_text())
+        cfg.setdefault("server", {})["loop_watch"] = True  # the loop's pauses on /metrics
         for item in self.args.set or ():
             key, _, value = item.partition("=")
             node = cfg

@@ -42,7 +42,7 @@ def test_a_blocked_loop_shows_as_lag_and_a_collection_as_a_gc_pause() -> None:
 
 
 def test_metrics_of_a_running_gateway_hold_the_loop_lag(gateway) -> None:
-    gw = gateway()
+    gw = gateway(server={"loop_watch": True})
     deadline = time.monotonic() + 30
     while True:  # the watch ticks every 10 ms from the start
         text = httpx.get(gw.url + "/metrics").text

@@ -316,6 +316,9 @@ class ServerConfig(_Model):
     max_queued: int = Field(default=1000, ge=0)
     queue_timeout: float = Field(default=5.0, ge=0)
     access_log: bool = False  # one log line per request (prefixgate.access)
+    # The event loop's pauses and each garbage collection's (loopwatch.py) as /metrics
+    # histograms: a 100 Hz timer and a callback per collection, so opt-in.
+    loop_watch: bool = False
 
 
 class DashboardConfig(_Model):

@@ -4,7 +4,7 @@ interpreter. Every stream a worker relays waits out such a pause at once, so its
 (not the average) is what an agent sees as a stall between two tokens; ``/metrics`` has
 both as histograms (``prefixgate_loop_lag_seconds``, ``prefixgate_gc_pause_seconds``).
 
-A pause of P seconds shows as a lag of at least P - ``interval``; the timer costs the loop
+Opt-in (``server.loop_watch``). A pause of P seconds shows as a lag of at least P - ``interval``; the timer costs the loop
 about 100 wake-ups a second, a few microseconds each.
 """
 

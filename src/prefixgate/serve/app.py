@@ -64,7 +64,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        gateway.metrics.loop.start()
+        if config.server.loop_watch:
+            gateway.metrics.loop.start()
         start = getattr(gateway.recorder, "start", None)
         if start is not None:
             await start()
