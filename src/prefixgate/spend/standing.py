@@ -46,6 +46,51 @@ def seeds(store, currency: str, now: float) -> list[tuple[str, int, int]]:
     return out
 
 
+def standing(
+    store,
+    budgets: dict[tuple[str, str], tuple],
+    currency: str,
+    now: float,
+    shared_url: str | None = None,
+) -> dict[tuple[str, str], list[tuple]]:
+    """For each (scope, name) -> its budgets: a list of (budget, used, left), used counting
+    what requests in flight hold when the ledger is shared (it is read from Redis), else
+    the store's records of the window."""
+    from prefixgate.spend.keeper import counter_name
+
+    wanted = [
+        (who, b, counter_name(*who, b, window(b.period, now)[0]))
+        for who, bs in budgets.items()
+        for b in bs
+    ]
+    if shared_url:
+        import asyncio
+
+        from prefixgate.spend.ledger import RedisLedger
+
+        async def read():
+            ledger = RedisLedger(shared_url)
+            try:
+                return await ledger.read([c for _, _, c in wanted])
+            finally:
+                await ledger.aclose()
+
+        used = [spent + held for spent, held in asyncio.run(read())]
+    else:
+        by_start: dict[float, dict] = {}
+        used = []
+        for who, b, _ in wanted:
+            start = window(b.period, now)[0]
+            if start not in by_start:
+                by_start[start] = used_since(store, start)
+            tokens, nanos = by_start[start].get(who, (0, 0))
+            used.append(nanos if b.money else tokens)
+    out: dict[tuple[str, str], list[tuple]] = {}
+    for (who, b, _), u in zip(wanted, used, strict=True):
+        out.setdefault(who, []).append((b, u, max(0, b.amount - u)))
+    return out
+
+
 async def seed_ledger(keeper, dsn: str, timeouts: tuple[float, float]) -> int:
     """Seed the keeper's ledger with the store's figures (a counter that exists is left
     as it is); the number of counters offered."""
@@ -67,4 +112,4 @@ async def seed_ledger(keeper, dsn: str, timeouts: tuple[float, float]) -> int:
     return len(rows)
 
 
-__all__ = ["seed_ledger", "seeds", "used_since"]
+__all__ = ["seed_ledger", "seeds", "standing", "used_since"]
