@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from prefixgate.cli import main
 from prefixgate.config import parse_config
 from prefixgate.record import Record
+from prefixgate.record.model import Segment
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.spend.prices import Price, PriceTable
@@ -103,33 +104,59 @@ def test_the_report_sums_inside_the_database(store):
     assert out[0][8] == "cost_USD" and out[1][8] == "0.013600000"
 
 
-def test_misses_with_a_known_cause_are_priced_where_the_store_has_them(store):
-    # The capture's comparison of a request with its session's previous one is stored as
-    # change_class (the cause) and change_lost (the share of the prompt re-sent after the
-    # break); before a store has those columns, no loss is priced.
-    with store._transaction() as cur:
-        cur.execute("SELECT * FROM requests WHERE 1 = 0")
-        have = {d[0] for d in cur.description}
-    if "change_lost" not in have:
-        assert not usage_report(store, "key", prices=PRICES).causes_known
-        with store._transaction(exclusive=True) as cur:
-            cur.execute("ALTER TABLE requests ADD COLUMN change_class TEXT")
-            cur.execute(
-                f"ALTER TABLE requests ADD COLUMN change_lost {'REAL' if store.dialect == 'sqlite' else 'DOUBLE PRECISION'}"
-            )
-    with store._transaction(exclusive=True) as cur:
-        p = store.ph
-        cur.execute(
-            f"UPDATE requests SET change_class = {p}, change_lost = {p} WHERE request_id = {p}",
-            ("nonce", 0.75, "r1"),
-        )
+def test_days_are_listed_in_order(store):
+    # two days back, a cheaper day than today's: still listed first
+    store.write_batch([_rec(9, "dave", None, received_at=T0 - 2 * 86400)])
+    days = usage_report(store, "day", prices=PRICES).rows
+    assert [r.group for r in days] == sorted(r.group for r in days) and len(days) >= 2
+    assert days[0].requests == 1 and days[0].cost_nano == ONE < days[-1].cost_nano
+
+
+def _captured(i, session, system0: str, messages: int, tag: str = "", **over) -> Record:
+    """A captured Claude Code request: a 100-token first system block (where the billing
+    header sits), a 9,000-token system prompt and ``messages`` messages of 450 tokens
+    (``tag`` rewrites every one but the first)."""
+    segs = [Segment("system", "system[0]", system0, 400, 100)]
+    segs.append(Segment("system", "system[1]", "sys", 36_000, 9_000))
+    segs += [
+        Segment("message", f"messages[{m}]:user", f"m{m}{tag if m else ''}", 1_800, 450)
+        for m in range(messages)
+    ]
+    prompt = sum(x.tokens for x in segs)
+    return _rec(
+        i,
+        "erin",
+        "team-b",
+        session_id=session,
+        segments_in=segs,
+        segments_out=segs,
+        prompt_tokens=prompt,
+        **over,
+    )
+
+
+def test_misses_with_a_known_cause_are_priced_from_the_capture(store):
+    # no captured request yet: no cause can be known, nothing is priced as lost
+    assert not usage_report(store, "key", prices=PRICES).causes_known
+    store.write_batch(
+        [
+            _captured(20, "s1", "cch=1", 2, cached_tokens=0),
+            # the billing header changed (system[0] of a Claude Code request): the previous
+            # prompt's 10,000 tokens were all sent again fresh
+            _captured(21, "s1", "cch=2", 3, cached_tokens=0),
+            # a hit: nothing lost
+            _captured(22, "s1", "cch=2", 4, cached_tokens=10_350),
+            # another session: its history rewritten inside (no known cause): not counted
+            _captured(23, "s2", "cch=9", 2, cached_tokens=0),
+            _captured(24, "s2", "cch=9", 3, "edited", cached_tokens=9_100),
+        ]
+    )
     rep = usage_report(store, "key", prices=PRICES)
     rows = {r.group: r for r in rep.rows}
     assert rep.causes_known
-    # alice's cold request re-sent 7,500 of its 10,000 tokens after a break with a cause:
-    # they cost 1.0 fresh where 0.1 cached would have done
-    assert rows["alice"].lost_nano == 7_500 * 900
-    assert rows["bob"].lost_nano == 0 and rep.total.lost_nano == 7_500 * 900
+    # 10,000 tokens that cost 1.0 fresh where 0.1 cached would have done
+    assert rows["erin"].lost_nano == 10_000 * 900
+    assert rows["alice"].lost_nano == 0 and rep.total.lost_nano == 10_000 * 900
 
 
 def test_usage_command_with_prices_from_the_config(tmp_path, upstream):

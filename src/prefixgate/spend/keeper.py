@@ -27,6 +27,7 @@ from prefixgate.spend.prices import PriceTable, fmt_money
 log = logging.getLogger("prefixgate")
 KEEP_AFTER_WINDOW = 7 * 86400  # seconds a counter outlives its window
 BYTES_PER_TOKEN = 4
+APPLIED_CACHE = 4096  # principals whose budgets' counters are kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,7 @@ class BudgetKeeper:
         self.shared = config.budgets_shared is not None
         self._channels = {c.name: c for c in config.channels}
         self._windows: dict[str, tuple[float, float]] = {}
+        self._applied: dict[tuple, tuple[float, list[Applied]]] = {}  # see applied()
         self._tasks: set[asyncio.Task] = set()
         self.failures = LogThrottle(log, interval=30.0)
 
@@ -77,18 +79,24 @@ class BudgetKeeper:
         return w
 
     def applied(self, principal, now: float) -> list[Applied]:
+        """The budgets ``principal`` must fit at ``now``; kept per principal until the first
+        of their windows ends (a counter's name is built once a window, not per request)."""
+        owner = principal.owner
+        key = (principal.name, principal.budgets, owner)
+        hit = self._applied.get(key)
+        if hit is not None and now < hit[0]:
+            return hit[1]
         out = []
         for scope, name, budgets in (
             ("key", principal.name, principal.budgets),
-            (
-                "owner",
-                principal.owner,
-                self.owners.get(principal.owner, ()) if principal.owner else (),
-            ),
+            ("owner", owner, self.owners.get(owner, ()) if owner else ()),
         ):
             for b in budgets:
                 start, end = self._window(b.period, now)
                 out.append(Applied(scope, name, b, counter_name(scope, name, b, start), end))
+        if len(self._applied) >= APPLIED_CACHE:
+            self._applied.clear()
+        self._applied[key] = (min((a.end for a in out), default=now + 60.0), out)
         return out
 
     # -- before the upstream -----------------------------------------------------------------
@@ -165,13 +173,17 @@ class BudgetKeeper:
 
     # -- after the answer ---------------------------------------------------------------------
     def settle(self, hold: Hold, rec) -> None:
-        """Settle ``hold`` with the record's real charge, off the request path."""
+        """Settle ``hold`` with the record's real charge: in memory at once, in Redis in a
+        task off the request path."""
         tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
         nanos = rec.cost_nano or 0
         charges = [nanos if a.budget.money else tokens for a in hold.applied]
-        task = asyncio.get_running_loop().create_task(
-            self._settle([a.counter for a in hold.applied], hold.id, charges)
-        )
+        counters = [a.counter for a in hold.applied]
+        at_once = getattr(self.ledger, "settle_now", None)
+        if at_once is not None:  # in memory: a few additions, no task
+            at_once(hold.id, counters, charges)
+            return
+        task = asyncio.get_running_loop().create_task(self._settle(counters, hold.id, charges))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

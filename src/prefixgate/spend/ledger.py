@@ -76,6 +76,10 @@ class MemoryLedger:
         return [(c.spent, c.reserved) for c in counters]
 
     async def settle(self, hold: str, counters: list[str], charges: list[int]) -> None:
+        self.settle_now(hold, counters, charges)
+
+    def settle_now(self, hold: str, counters: list[str], charges: list[int]) -> None:
+        """:meth:`settle` without a turn of the loop (the keeper calls it in place)."""
         for name, charge in zip(counters, charges, strict=True):
             c = self._get(name)
             c.reserved -= c.holds.pop(hold, 0)

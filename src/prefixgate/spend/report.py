@@ -4,9 +4,12 @@ client, channel or day. Every sum runs inside the database (portable SQL through
 :meth:`Store.query`); ``prefixgate usage`` prints it, the dashboard's usage page shows it.
 
 Cost and saved are the records' own (priced when they were served). "Lost" is priced here,
-with the table given: the tokens the capture found re-sent after a prefix break with a known
-cause (the record's ``change_class`` and ``change_lost`` share, where the store has them),
-at what they cost fresh less what they would have cost cached.
+with the table given, from the captured requests (segment capture): for each request whose
+prompt broke against its session's previous one where the doctor names a known cause
+(:func:`prefixgate.doctor.segments.classify`: the billing header, a timestamp, reordered
+tools, …; not ``unknown``), the previous prompt's tokens after the break that it sent
+again fresh, at what they cost fresh less what they would have cost cached. Compactions
+are left out: a restarted history is not a prefix the cache could have served.
 """
 
 from __future__ import annotations
@@ -40,14 +43,8 @@ _SUMS = (
     " SUM(COALESCE(cost_saved_nano, 0)),"
     " SUM(CASE WHEN cost_nano IS NULL AND prompt_tokens IS NOT NULL THEN 1 ELSE 0 END)"
 )
-# The tokens re-sent after a prefix break with a known cause, per model and channel (to
-# price them), where the store has the capture's comparison.
-_LOST = (
-    "SELECT {dim}, requested_model, channel,"
-    " SUM(CAST(change_lost * COALESCE(prompt_tokens, 0) AS BIGINT))"
-    " FROM requests WHERE change_class IS NOT NULL AND prompt_tokens IS NOT NULL{where}"
-    " GROUP BY 1, 2, 3"
-)
+LOST_SAMPLE = 50_000  # the latest captured requests of the window read to attribute misses
+TEXTS_SAMPLE = 500  # breaks of unknown cause looked at again with their captured texts
 
 
 @dataclass
@@ -168,29 +165,71 @@ def usage_report(
         )
         rows[row.group] = row
     if prices is not None:
-        report.causes_known = _price_lost(store, by, dim, where, params, prices, rows)
+        report.causes_known = _price_lost(store, by, dim, where, params, prices, rows, since, until)
         for row in rows.values() if report.causes_known else ():
             row.lost_nano = row.lost_nano or 0
-    report.rows = sorted(
-        rows.values(), key=lambda r: (-(r.cost_nano or 0), -r.input_tokens, r.group)
-    )
+    if by == "day":  # days in order
+        report.rows = sorted(rows.values(), key=lambda r: r.group)
+    else:
+        report.rows = sorted(
+            rows.values(), key=lambda r: (-(r.cost_nano or 0), -r.input_tokens, r.group)
+        )
     for row in report.rows:
         report.total.add(row)
     return report
 
 
-def _price_lost(store, by, dim, where, params, prices: PriceTable, rows) -> bool:
-    try:
-        found = store.query(_LOST.format(dim=dim, where=where), params)
-    except Exception:  # a store without the capture's comparison columns
+def _price_lost(store, by, dim, where, params, prices: PriceTable, rows, since, until) -> bool:
+    """Price what misses with a known cause lost into ``rows``; False when the store has no
+    captured requests in the window (no cause can be known)."""
+    lost = lost_tokens(store, since, until)
+    if lost is None:
         return False
-    for value, model, channel, tokens in found:
-        row = rows.get(_label(by, value))
-        price = prices.price(model, channel)
-        if row is None or price is None or not tokens:
-            continue
-        row.lost_nano = (row.lost_nano or 0) + price.saved(int(tokens))
+    if lost:
+        sql = (
+            f"SELECT request_id, {dim}, requested_model, channel FROM requests"
+            f" WHERE segments_in IS NOT NULL{where}"
+        )
+        for rid, value, model, channel in store.query(sql, params):
+            tokens = lost.get(rid)
+            row = rows.get(_label(by, value))
+            price = prices.price(model, channel)
+            if tokens and row is not None and price is not None:
+                row.lost_nano = (row.lost_nano or 0) + price.saved(tokens)
     return True
+
+
+def lost_tokens(store, since: float | None, until: float | None) -> dict[str, int] | None:
+    """Per request id, the prompt tokens it sent fresh because its prompt broke against its
+    session's previous one for a known cause: the previous prompt's tokens after the break,
+    at most what the request had fresh. None when the window has no captured request."""
+    from prefixgate.doctor import segments as seg
+
+    reqs = seg.load(store, [], since, until, limit=LOST_SAMPLE)
+    if not reqs:
+        return None
+    breaks = []
+    for session in seg.sessions(reqs).values():
+        for prev, cur in zip(session, session[1:], strict=False):
+            brk = seg.classify(prev, cur, {}, same_session=True)
+            if brk is not None:
+                breaks.append([prev, cur, brk])
+    # Breaks of unknown cause, again with their texts (a billing header is told by its text).
+    unknown = [b for b in breaks if b[2].cause == seg.UNKNOWN][-TEXTS_SAMPLE:]
+    if unknown:
+        hashes = {h for _, _, b in unknown for h in (b.in_prev, b.in_cur) if h}
+        texts = store.get_texts(hashes) if hashes else {}
+        for b in unknown:
+            b[2] = seg.classify(b[0], b[1], texts, same_session=True) or b[2]
+    out: dict[str, int] = {}
+    for prev, cur, brk in breaks:
+        if brk.cause in (seg.UNKNOWN, seg.COMPACTION):
+            continue
+        resent = min(prev.prompt_tokens, cur.prompt_tokens) - brk.offset
+        tokens = min(resent, cur.prompt_tokens - cur.cached_tokens)
+        if tokens > 0:
+            out[cur.request_id] = tokens
+    return out
 
 
 # -- presentation ------------------------------------------------------------------------
