@@ -18,7 +18,9 @@ Attributes (the conventions' names, checked against the GenAI registry):
 ``gen_ai.usage.cache_write.input_tokens`` (when the upstream reports cache writes),
 ``gen_ai.conversation.id`` (the session), ``gen_ai.response.time_to_first_chunk``
 (seconds), ``gen_ai.request.stream``, ``error.type``; ``gen_ai.usage.cost`` (Langfuse
-reads it as the generation's cost) with ``session.id`` and ``user.id`` (the key).
+reads it as the generation's cost) with ``session.id`` and ``user.id`` (the key); and
+where the prompt broke against the session's previous one (``prefixgate.prefix.*``, from
+the segment capture).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import OrderedDict
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -39,8 +42,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prefixgate.config import TelemetryConfig
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.record import Record
+from prefixgate.record.segments import first_changed
 
 log = logging.getLogger("prefixgate")
+SESSIONS_KEPT = 10_000  # sessions whose last prompt is kept to say where the next one broke
 # The SDK's loggers that would write a line per failed batch (or per dropped span).
 _SDK_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
@@ -108,6 +113,7 @@ class Telemetry:
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("prefixgate")
         self.propagator = TraceContextTextMapPropagator()
+        self._last: OrderedDict[str, list] = OrderedDict()  # session -> its last prompt
         self._quiet = _Quiet()
         for name in _SDK_LOGGERS:
             logging.getLogger(name).addFilter(self._quiet)
@@ -127,13 +133,41 @@ class Telemetry:
                 kind=SpanKind.CLIENT,
                 start_time=int(rec.received_at * 1e9),
             )
+            change = self.prefix_change(rec)  # every request, so each compares with its last
             if span.is_recording():
                 span.set_attributes(attributes(rec, self.kinds.get(rec.channel, "openai")))
+                span.set_attributes(change)
                 if rec.status >= 400 or rec.status == 0:
                     span.set_status(Status(StatusCode.ERROR, rec.error_type or str(rec.status)))
             span.end(end_time=int((rec.done_at or rec.received_at) * 1e9))
         except Exception:  # a span must never break the gateway
             log.exception("telemetry: no span for request %s", rec.request_id)
+
+    def prefix_change(self, rec: Record) -> dict:
+        """Where this request's prompt, as sent upstream, first differs from its session's
+        previous one (the segment capture's lists; the last prompt of the latest
+        ``SESSIONS_KEPT`` sessions is kept): that segment's name and kind and the tokens
+        before it, or that it extends the previous prompt."""
+        cur = rec.segments_out or rec.segments_in
+        sid = rec.session_id
+        if not cur or sid is None or rec.status != 200:
+            return {}
+        prev = self._last.pop(sid, None)
+        self._last[sid] = cur
+        if len(self._last) > SESSIONS_KEPT:
+            self._last.popitem(last=False)
+        if prev is None:
+            return {}
+        change = first_changed(prev, cur)
+        if change is None:
+            return {"prefixgate.prefix.extends_previous": True}
+        seg = cur[change.index]
+        return {
+            "prefixgate.prefix.extends_previous": False,
+            "prefixgate.prefix.changed_segment": seg.name,
+            "prefixgate.prefix.changed_kind": seg.kind,
+            "prefixgate.prefix.tokens_before_change": change.offset,
+        }
 
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
         return self.provider.force_flush(timeout_millis)
@@ -179,26 +213,7 @@ def attributes(rec: Record, provider: str = "openai") -> dict:
             rec.cost_saved_nano / 1e9 if rec.cost_saved_nano is not None else None
         ),
     }
-    a.update(_prefix_attributes(rec))
     return {k: v for k, v in a.items() if v is not None}
-
-
-def _prefix_attributes(rec: Record) -> dict:
-    """Where the prompt broke against the session's previous request, and the miss ledger,
-    when the record carries them (the capture's comparison and the ledger fill them)."""
-    out: dict = {}
-    change = getattr(rec, "change", None)
-    if change is not None:
-        out["prefixgate.prefix.changed_segment"] = getattr(change, "segment", None)
-        out["prefixgate.prefix.change_class"] = getattr(change, "cls", None)
-        out["prefixgate.prefix.lost_tokens"] = getattr(change, "lost_tokens", None)
-    ledger = getattr(rec, "ledger", None)
-    if ledger is not None:
-        for name in getattr(type(ledger), "__struct_fields__", ()):
-            value = getattr(ledger, name)
-            if isinstance(value, int | float | str | bool):
-                out[f"prefixgate.ledger.{name}"] = value
-    return out
 
 
 __all__ = ["Telemetry", "attributes", "parse_headers"]

@@ -189,6 +189,43 @@ def test_one_span_per_request_with_the_genai_attributes(gateway, upstream, recei
     a.close()
 
 
+def test_a_span_says_where_the_prompt_broke_against_the_session(receiver):
+    from prefixgate.config import TelemetryConfig
+    from prefixgate.record.model import Record, Segment
+    from prefixgate.telemetry import Telemetry
+
+    def rec(i: int, system: str, messages: int) -> Record:
+        segs = [Segment("system", "system[0]", system, 400, 100)]
+        segs += [
+            Segment("message", f"messages[{m}]:user", f"m{m}", 40, 10) for m in range(messages)
+        ]
+        return Record(
+            request_id=f"r{i}",
+            received_at=time.time(),
+            session_id="sess-7",
+            status=200,
+            segments_in=segs,
+            segments_out=segs,
+        )
+
+    tel = Telemetry(TelemetryConfig(otlp_endpoint=receiver.url))
+    try:
+        for r in (rec(0, "cch=1", 1), rec(1, "cch=1", 3), rec(2, "cch=2", 5)):
+            tel._span(r, None)
+        tel.force_flush()
+    finally:
+        tel.shutdown()
+    first, grown, broken = (
+        attrs(s) for s in sorted(receiver.spans(), key=lambda s: attrs(s)["prefixgate.request_id"])
+    )
+    assert not any(k.startswith("prefixgate.prefix.") for k in first)  # nothing to compare
+    assert grown["prefixgate.prefix.extends_previous"] is True
+    assert broken["prefixgate.prefix.extends_previous"] is False
+    assert broken["prefixgate.prefix.changed_segment"] == "system[0]"
+    assert broken["prefixgate.prefix.changed_kind"] == "system"
+    assert broken["prefixgate.prefix.tokens_before_change"] == 0
+
+
 def test_sampling_keeps_a_share_of_the_traces(gateway, upstream, receiver):
     gw = gateway(telemetry={"otlp_endpoint": receiver.url, "sample_ratio": 0.0})
     o = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
