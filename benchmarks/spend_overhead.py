@@ -22,10 +22,11 @@ The steps, in this process (p50 and p99 of ``-n`` calls after a warm-up):
 
 ``--instructions`` counts, with ``instructions.py`` (callgrind, chat json, no store, one
 request at a time), the gateway's user-space instructions per request: a key with no
-budget (the base), the same key with budgets in memory, with budgets in Redis, and the base
-with telemetry on (every trace sampled, the export thread counted too). Each figure is
-given as a ratio to the base: the cost of the step on the request path, free of this
-machine's timing noise.
+budget (the base), the base with a price table (each record's cost, the spend counters),
+the same with the key's and owner's budgets in memory and in Redis, and the base with
+telemetry on (every trace sampled, the export thread counted too). Each figure is a ratio
+to the base, and the budgets' also to prices alone (the budget step and its settlement):
+what the step costs a request, free of this machine's timing noise.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ import overhead as ov  # noqa: E402
 
 REDIS = "redis://127.0.0.1:6379/0"
 PRICES = {"models": {"fake": {"input": 3.0, "cached_input": 0.3, "output": 15.0}}}
-BUDGETS = ["1000000000 tokens/day", "100000 USD/month"]
+BUDGETS = ["1000000000 tokens/day", "100000 USD/month"]  # the key's
+OWNERS = {"team": ["100000 USD/month"]}
 
 
 class Sink:
@@ -106,7 +108,7 @@ def steps(n: int) -> list[dict]:
             "channels": [{"name": "fake", "base_url": "http://127.0.0.1:9/v1"}],
             "keys": [key_config(BUDGETS)],
             "prices": PRICES,
-            "budgets": {"owners": {"team": ["100000 USD/month"]}, "shared": shared},
+            "budgets": {"owners": OWNERS, "shared": shared},
         }
         return Gateway(parse_config(raw))
 
@@ -207,14 +209,19 @@ def counts(n: int) -> list[dict]:
     sink = Sink()
     settings = {
         "base (a key, no budget)": [f"keys={json.dumps([key_config([])])}"],
+        "prices (cost on each record, spend counters)": [
+            f"keys={json.dumps([key_config([])])}",
+            f"prices={json.dumps(PRICES)}",
+        ],
         "budgets in memory": [
             f"keys={json.dumps([key_config(BUDGETS)])}",
             f"prices={json.dumps(PRICES)}",
+            f"budgets={json.dumps({'owners': OWNERS})}",
         ],
         "budgets in Redis": [
             f"keys={json.dumps([key_config(BUDGETS)])}",
             f"prices={json.dumps(PRICES)}",
-            f"budgets={json.dumps({'shared': REDIS})}",
+            f"budgets={json.dumps({'owners': OWNERS, 'shared': REDIS})}",
         ],
         "telemetry on (ratio 1)": [
             f"keys={json.dumps([key_config([])])}",
@@ -229,9 +236,11 @@ def counts(n: int) -> list[dict]:
             rows.append({"setting": label, "instructions": m})
     finally:
         sink.close()
-    base = rows[0]["instructions"]
+    base, priced = rows[0]["instructions"], rows[1]["instructions"]
     for r in rows:
         r["ratio"] = round(r["instructions"] / base, 4)
+        if r["setting"].startswith("budgets"):  # the budget step alone: against prices
+            r["ratio_to_prices"] = round(r["instructions"] / priced, 4)
     return rows
 
 
@@ -239,7 +248,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=20_000, help="calls per step timed")
     ap.add_argument("--instructions", action="store_true", help="also count the gateway's")
-    ap.add_argument("--count-n", type=int, default=100, help="requests counted per setting")
+    ap.add_argument("--count-n", type=int, default=300, help="requests counted per setting")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     out = {"steps": [*steps(args.n), telemetry_off()]}
@@ -257,9 +266,16 @@ def main() -> None:
         else:
             print(f"| {r['step']} | {json.dumps({k: v for k, v in r.items() if k != 'step'})} | |")
     if "instructions" in out:
-        print("\n| setting | M instructions a request | ratio |\n| --- | ---: | ---: |")
+        print(
+            "\n| setting | M instructions a request | ratio to the base | ratio to prices |"
+            "\n| --- | ---: | ---: | ---: |"
+        )
         for r in out["instructions"]:
-            print(f"| {r['setting']} | {r['instructions'] / 1e6:.3f} | {r['ratio']:.3f} |")
+            to_prices = f"{r['ratio_to_prices']:.3f}" if "ratio_to_prices" in r else ""
+            print(
+                f"| {r['setting']} | {r['instructions'] / 1e6:.3f} | {r['ratio']:.3f} |"
+                f" {to_prices} |"
+            )
 
 
 if __name__ == "__main__":
