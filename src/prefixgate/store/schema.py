@@ -20,7 +20,8 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     it instead of scanning every segment list), ``text`` (canonical JSON, redacted).
 
 ``api_keys``
-    Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation.
+    Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation,
+    budgets (a JSON list of lines such as ``"50 USD/month"``).
 
 ``dashboard_sessions``, ``dashboard_logins``
     The dashboard's admin sessions: the SHA-256 digest of each session's random token (never
@@ -82,9 +83,18 @@ SEGMENT_COLUMNS: list[tuple[str, str]] = [
     ("segments_out_same", "bool"),
     ("captured", "bool"),
 ]
+# Scalar Record fields added by migration 5 (what a request cost, spend/prices.py): the
+# cache writes an upstream reported, the cost and the cost the cache saved, in nanos of
+# the price table's currency (integers: sums are exact).
+COST_COLUMNS: list[tuple[str, str]] = [
+    ("cache_creation_tokens", "int"),
+    ("cost_nano", "int"),
+    ("cost_saved_nano", "int"),
+]
 # Every column written for a request, in insert order (``id`` excluded).
-COLUMNS: list[str] = [name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS]
+COLUMNS: list[str] = [name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS + COST_COLUMNS]
 SCALAR_NAMES: list[str] = [name for name, _ in SCALAR_COLUMNS]
+COST_NAMES: list[str] = [name for name, _ in COST_COLUMNS]
 
 TYPES: dict[str, dict[str, str]] = {
     "sqlite": {
@@ -147,8 +157,18 @@ def _migration_4(dialect: str) -> list[str]:
     ]
 
 
-# Forward migrations; index i holds version i + 1. Migration 1 creates everything.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
+def _migration_5(dialect: str) -> list[str]:
+    # What each request cost (COST_COLUMNS) and each store key's budgets.
+    t = TYPES[dialect]
+    return [
+        *(f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in COST_COLUMNS),
+        "ALTER TABLE api_keys ADD COLUMN budgets TEXT",
+    ]
+
+
+# Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
+# first were; later ones add to them.
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
 LATEST_VERSION = len(MIGRATIONS)
 
 SCHEMA_VERSION_DDL = (
@@ -162,6 +182,7 @@ _SEGMENTS_ENCODER = msgspec.json.Encoder()
 _SEGMENTS_DECODER = msgspec.json.Decoder(list[Segment])
 _FIELD_INDEX = {name: i for i, name in enumerate(Record.__struct_fields__)}
 _SCALAR_INDEX = [_FIELD_INDEX[name] for name in SCALAR_NAMES]
+_COST_INDEX = [_FIELD_INDEX[name] for name in COST_NAMES]
 _STREAM_POS = SCALAR_NAMES.index("stream")
 
 
@@ -187,6 +208,7 @@ def record_row(record: Record) -> tuple[Any, ...]:
     row.append(None if same else encode_segments(record.segments_out))
     row.append(same)
     row.append(bool(record.texts))
+    row += [values[i] for i in _COST_INDEX]
     return tuple(row)
 
 
@@ -197,6 +219,7 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
     kwargs["stream"] = bool(kwargs["stream"])
     seg_in = decode_segments(row[n])
     seg_out = list(seg_in) if row[n + 2] and seg_in is not None else decode_segments(row[n + 1])
+    kwargs.update(zip(COST_NAMES, row[n + 4 : n + 4 + len(COST_NAMES)], strict=True))
     return Record(**kwargs, segments_in=seg_in, segments_out=seg_out), bool(row[n + 3])
 
 
