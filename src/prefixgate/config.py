@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from prefixgate.events.endpoints import Endpoints, check_endpoint, subscriber_endpoints
 
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
-RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix"]
+RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix", "precise"]
 RenderOrder = Literal["tools_first", "system_first"]
 
 
@@ -172,6 +172,8 @@ class ChannelConfig(_Model):
     def _kv_events(self) -> ChannelConfig:
         if self.kv_events is not None:
             self.kv_events.endpoints_for(self.urls())
+        elif self.routing == "precise":
+            raise ValueError("routing: precise needs kv_events (the engines' KV-cache events)")
         return self
 
     @field_validator("tokenizer")

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,6 +32,9 @@ from prefixgate.routing.channels import ChannelRouter, Target
 from prefixgate.upstream import Upstream
 from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
 
+if TYPE_CHECKING:
+    from prefixgate.events.hub import EngineEvents
+
 log = logging.getLogger("prefixgate")
 
 
@@ -50,13 +54,17 @@ class Gateway:
         recorder=None,
         capture: Callable[..., None] | None = None,
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
+        events: EngineEvents | None = None,
     ) -> None:
         self.config = config
         self.auth = Authenticator(config)
         self.upstream = upstream or Upstream()
-        self.router = ChannelRouter(config.channels, transport=self.upstream)
         # The engine's token ids of a channel's request (events/tokens.py), per session.
         self.engine_tokens = EngineTokens(config.channels)
+        self.events = events  # the engines' KV events (events/hub.py), or None
+        self.router = ChannelRouter(
+            config.channels, transport=self.upstream, events=events, tokens=self.engine_tokens
+        )
         self.recorder = recorder or _NullRecorder()
         self.metrics = GatewayMetrics(recorder)
         self.capture = capture

@@ -84,16 +84,34 @@ def test_migrate_from_scratch_is_idempotent(store: Store, dsn: str) -> None:
     assert store.count() == 0
 
 
+def raw_execute(dsn: str, statement: str) -> None:
+    if dsn.startswith("sqlite:///"):
+        with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+            conn.execute(statement)
+        return
+    with psycopg.connect(dsn) as conn:
+        conn.execute(statement)
+
+
 def test_migrate_from_version_1_keeps_data(store: Store, dsn: str) -> None:
     assert store.migrate(target=1) == 1
-    store.write_batch([full_record(0)])
+    # a row as version 1 wrote it (later versions add columns the writer now fills)
+    raw_execute(
+        dsn,
+        "INSERT INTO requests (request_id, received_at, endpoint, channel, prompt_tokens)"
+        " VALUES ('req-0', 1.5, 'chat', 'c', 7)",
+    )
     assert store.migrate() == schema.LATEST_VERSION
     assert store.migrate() == schema.LATEST_VERSION
-    assert [r.request_id for r in store.iter_records()] == ["req-0"]
+    (back,) = store.iter_records()
+    assert (back.request_id, back.channel, back.prompt_tokens) == ("req-0", "c", 7)
+    assert back.route_source is None
+    store.write_batch([full_record(1, route_source="events")])
+    assert [r.route_source for r in store.iter_records()] == [None, "events"]
     # a second process opening the migrated database finds nothing to do
     with open_store(dsn) as other:
         assert other.migrate() == schema.LATEST_VERSION
-        assert other.count() == 1
+        assert other.count() == 2
 
 
 def test_migrate_refuses_unknown_target(store: Store) -> None:

@@ -28,10 +28,15 @@ log = logging.getLogger("prefixgate")
 def create_app(
     config: Config, *, recorder=None, upstream=None, capture=None, token_counter=None
 ) -> Starlette:
-    gateway = Gateway(
-        config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter
-    )
     events = _engine_events(config)
+    gateway = Gateway(
+        config,
+        upstream=upstream,
+        recorder=recorder,
+        capture=capture,
+        token_counter=token_counter,
+        events=events,
+    )
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -75,7 +75,10 @@ SCALAR_COLUMNS: list[tuple[str, str]] = [
     ("latency_ms", "real"),
     ("ttft_ms", "real"),
     ("retries", "int"),
+    ("route_source", "text"),  # migration 5
 ]
+# The columns migration 5 added: migration 1 creates the table without them.
+_ADDED_LATER = {"route_source"}
 SEGMENT_COLUMNS: list[tuple[str, str]] = [
     ("segments_in", "json"),
     ("segments_out", "json"),
@@ -112,7 +115,8 @@ TYPES: dict[str, dict[str, str]] = {
 
 def _migration_1(dialect: str) -> list[str]:
     t = TYPES[dialect]
-    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind in SCALAR_COLUMNS + SEGMENT_COLUMNS)
+    first = [c for c in SCALAR_COLUMNS + SEGMENT_COLUMNS if c[0] not in _ADDED_LATER]
+    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind in first)
     return [
         f"CREATE TABLE requests (\n  id {t['id']},\n  {cols}\n)",
         "CREATE UNIQUE INDEX requests_request_id ON requests (request_id)",
@@ -147,8 +151,13 @@ def _migration_4(dialect: str) -> list[str]:
     ]
 
 
-# Forward migrations; index i holds version i + 1. Migration 1 creates everything.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
+def _migration_5(dialect: str) -> list[str]:
+    # Where routing's view of the replicas' caches came from (routing: precise).
+    return [f"ALTER TABLE requests ADD COLUMN route_source {TYPES[dialect]['text']}"]
+
+
+# Forward migrations; index i holds version i + 1.
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
 LATEST_VERSION = len(MIGRATIONS)
 
 SCHEMA_VERSION_DDL = (
