@@ -121,17 +121,37 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        tools_text = f"<|tools|>{canonical_json(list(tools))}<|end|>\n" if tools else ""
+        texts = [self._message(m) for m in messages]
+        return self.assemble(self.tools_text(tools), messages, texts, add_generation_prompt)
+
+    def tools_text(self, tools: Sequence[dict[str, Any]] | None) -> str:
+        """The tools' part of the prompt."""
+        return f"<|tools|>{canonical_json(list(tools))}<|end|>\n" if tools else ""
+
+    def message_text(self, msg: Message) -> str:
+        """One message's part of the prompt (the same wherever the message stands)."""
+        return self._message(msg)
+
+    def assemble(
+        self,
+        tools_text: str,
+        messages: Sequence[Message],
+        texts: Sequence[str],
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt from its parts: :meth:`tools_text` and each message's
+        :meth:`message_text`, in the renderer's order (callers that keep the parts of a
+        previous request render only what changed)."""
         n_lead = 0
         while n_lead < len(messages) and messages[n_lead].get("role") in _LEADING_ROLES:
             n_lead += 1
         parts: list[str] = []
         if self.order == "tools_first":
             parts.append(tools_text)
-        parts.extend(self._message(m) for m in messages[:n_lead])
+        parts.extend(texts[:n_lead])
         if self.order == "system_first":
             parts.append(tools_text)
-        parts.extend(self._message(m) for m in messages[n_lead:])
+        parts.extend(texts[n_lead:])
         if add_generation_prompt:
             parts.append("<|assistant|>\n")
         return "".join(parts)

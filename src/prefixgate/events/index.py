@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from operator import indexOf
 
 import msgspec
 
@@ -117,11 +118,10 @@ class ReplicaIndex:
         matched entries in the LRU (a hit keeps a block, as in the engine)."""
         runs: dict[str, int] = {}
         for name, resident in self._media.items():
-            n = 0
-            for k in keys:
-                if k not in resident:
-                    break
-                n += 1
+            try:  # the first key not resident, found without a Python-level loop
+                n = indexOf(map(resident.__contains__, keys), False)
+            except ValueError:
+                n = len(keys)
             runs[name] = n
             if touch:
                 move = resident.move_to_end

@@ -10,8 +10,9 @@ channel receives into the ids its engine will compute, two ways:
   simulated upstream's own format) and its tokenizer (``tokenizer:``, ``approx`` or
   ``hf:PATH``). Messages go through what vLLM does before its template (text parts joined
   by newlines, tool-call arguments decoded to objects). Per session, the previous prompt
-  is kept: a turn renders the whole conversation (cheap) but tokenizes only from the last
-  special token both prompts share (:mod:`tokenizers` cuts its input at added tokens, so
+  is kept: a turn renders only the messages that changed (the ``ChatRenderer``; a Jinja
+  template renders the whole conversation) and tokenizes only from the last special
+  token both prompts share (:mod:`tokenizers` cuts its input at added tokens, so
   the ids before such a cut do not depend on the text after it), and hashes only the
   blocks past the common prefix (:meth:`EngineTokens.content_keys`).
 - **from the upstream** (:meth:`EngineTokens.remote_token_ids`, async): vLLM's
@@ -91,10 +92,12 @@ class _Previous:
     offsets: list[int] | None = None  # per token, its end (chars), for a cut
     cuts: list[tuple[int, int]] = field(default_factory=list)  # (end char, tokens) at cuts
     keys: dict[int, list[bytes]] = field(default_factory=dict)  # block size -> content keys
+    parts: tuple | None = None  # ChatRenderer: (tools, their text, messages, their texts)
 
     @property
     def size(self) -> int:
-        return len(self.text) + 8 * len(self.ids) + 40 * sum(len(k) for k in self.keys.values())
+        text = len(self.text) * (2 if self.parts is not None else 1)
+        return text + 8 * len(self.ids) + 40 * sum(len(k) for k in self.keys.values())
 
 
 class _Channel:
@@ -125,20 +128,37 @@ class _Channel:
             self._tokenizer = tok
         return self._tokenizer
 
-    def render(self, request: dict) -> str:
+    def render(self, request: dict, prev: tuple | None) -> tuple[str, tuple | None]:
+        """The prompt text, and for the :class:`ChatRenderer` its parts, of which those
+        equal to the previous request's (``prev``) are not rendered again."""
         renderer = self.renderer()
         messages = request.get("messages") or []
         tools = request.get("tools") or None
         generation = request.get("add_generation_prompt", True) is not False
         if isinstance(renderer, JinjaChatTemplate):
             kwargs = request.get("chat_template_kwargs")
-            return renderer.render(
+            text = renderer.render(
                 vllm_messages(messages),
                 tools,
                 generation,
                 **(kwargs if isinstance(kwargs, dict) else {}),
             )
-        return renderer.render(messages, tools, generation)
+            return text, None
+        if not isinstance(renderer, ChatRenderer):
+            return renderer.render(messages, tools, generation), None
+        same, texts = 0, []
+        if prev is None or tools != prev[0]:
+            tools_text = renderer.tools_text(tools)
+        else:
+            tools_text = prev[1]
+        if prev is not None:
+            old, n = prev[2], min(len(messages), len(prev[2]))
+            while same < n and messages[same] == old[same]:  # each compared in C
+                same += 1
+            texts = prev[3][:same]
+        texts += [renderer.message_text(m) for m in messages[same:]]
+        text = renderer.assemble(tools_text, messages, texts, generation)
+        return text, (tools, tools_text, list(messages), texts)
 
 
 def _common_prefix(a: Sequence, b: Sequence) -> int:
@@ -224,7 +244,7 @@ class EngineTokens:
         if prev is not None:
             self._bytes -= prev.size
         try:
-            text = ch.render(request)
+            text, parts = ch.render(request, None if prev is None else prev.parts)
             tok = ch.tokenizer()
             if isinstance(tok, ApproxTokenizer):
                 entry, reused = _Previous(text, tok.encode_array(text)), 0
@@ -234,6 +254,7 @@ class EngineTokens:
                 entry, reused = _Previous(text, tok.encode(text)), 0
         except (RenderError, TokenizerError, OSError, ValueError, TypeError) as exc:
             raise EngineTokensError(f"channel {ch.name}: {exc}") from exc
+        entry.parts = parts if key is not None else None
         self.reused_tokens += reused
         self.tokenized_tokens += len(entry.ids) - reused
         if prev is not None and prev.keys:
