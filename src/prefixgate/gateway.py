@@ -67,6 +67,10 @@ class Gateway:
         )
         self.recorder = recorder or _NullRecorder()
         self.metrics = GatewayMetrics(recorder)
+        if events is not None:
+            from prefixgate.events.metrics import EventsCollector
+
+            self.metrics.registry.register(EventsCollector(events))
         self.capture = capture
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import socket
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -18,6 +20,7 @@ from prefixgate.events.publisher import PublisherSettings
 from prefixgate.routing.policies import order_session
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
+from prefixgate.store import open_store
 from prefixgate.upstream_sim import SimSettings, start_upstreams_in_thread
 from tests.conftest import ListRecorder, settled
 from tests.events.streams import wait_until
@@ -43,7 +46,9 @@ def kv_entry(up) -> dict:
 
 
 @contextlib.contextmanager
-def deployment(publishing: list[bool], stale_after: float = 30.0) -> Iterator[tuple]:
+def deployment(
+    publishing: list[bool], stale_after: float = 30.0, store: str | None = None
+) -> Iterator[tuple]:
     """Simulated replicas (those marked publish their KV events) behind a gateway with
     ``routing: precise``; yields (replicas, gateway url, records, hub)."""
     events = PublisherSettings("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "kv")
@@ -66,7 +71,8 @@ def deployment(publishing: list[bool], stale_after: float = 30.0) -> Iterator[tu
             },
         }
         rec = ListRecorder()
-        app = create_app(parse_config({"channels": [channel], "store": None}), recorder=rec)
+        config = {"channels": [channel], "store": None if store is None else {"dsn": store}}
+        app = create_app(parse_config(config), recorder=rec)
         with ServerThread(app) as gw:
             for u in ups:
                 pub = u.app.state.sim.events
@@ -159,6 +165,59 @@ def test_stale_events_fall_back_to_the_estimate_and_the_record_says_so(publishin
     assert len({r.replica for r in rec.records}) == 1  # the estimate kept the session
     assert all(statuses[u.base_url]["stale"] for u in silent)
     assert all(r.cached_tokens > 0 for r in rec.records[1:])
+
+
+def test_the_event_streams_on_healthz_metrics_and_the_dashboard(tmp_path) -> None:
+    dsn = f"sqlite:///{tmp_path}/records.db"
+    with open_store(dsn) as store:
+        store.migrate()
+    with deployment([True, False], stale_after=0.2, store=dsn) as (ups, url, rec, hub, gw):
+        live, silent = ups
+
+        async def run():
+            await wait_until(lambda: not hub.usable("sim", silent.base_url), "stale")
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x") as client:
+                await ask(client, request("hello"), "one")
+            await wait_until(lambda: applied(hub, live), "applied")
+
+        asyncio.run(run())
+        settled(gw)
+        assert httpx.get(url + "/healthz").json() == {"status": "ok"}
+        details = httpx.get(url + "/healthz?details=1").json()["details"]["kv_events"]
+        metrics = httpx.get(url + "/metrics").text
+        upstream = httpx.get(url + "/dashboard/api/upstream").json()
+    by_url = {d["replica"]: d for d in details}
+    assert by_url[live.base_url]["connected"] and not by_url[live.base_url]["stale"]
+    assert by_url[silent.base_url]["stale"] and not by_url[silent.base_url]["connected"]
+    blocks = by_url[live.base_url]["blocks"]
+    if rec.records[0].replica == live.base_url:
+        assert blocks["GPU"] > 0
+    labels = f'channel="sim",replica="{live.base_url}"'
+    assert f"prefixgate_kv_events_connected{{{labels}}} 1.0" in metrics
+    assert f"prefixgate_kv_events_batches_total{{{labels}}}" in metrics
+    stale = f'prefixgate_kv_events_stale{{channel="sim",replica="{silent.base_url}"}} 1.0'
+    assert stale in metrics
+    assert 'prefixgate_route_source_total{channel="sim",source="events+estimate"} 1.0' in metrics
+    (ch,) = upstream["channels"]
+    assert ch["kv_events"] and ch["routing"] == "precise"
+    shown = {r["url"]: r["events"] for r in ch["replicas"]}
+    assert shown[live.base_url]["connected"] and shown[silent.base_url]["stale"]
+
+
+def test_healthz_details_need_the_admin_key() -> None:
+    digest = hashlib.sha256(b"admin-secret").hexdigest()
+    config = parse_config(
+        {
+            "channels": [{"name": "c", "base_url": "http://127.0.0.1:9/v1"}],
+            "store": None,
+            "admin_key_sha256": digest,
+        }  # fmt: skip
+    )
+    with ServerThread(create_app(config, recorder=ListRecorder())) as gw:
+        assert httpx.get(gw.url + "/healthz").json() == {"status": "ok"}
+        assert httpx.get(gw.url + "/healthz?details").status_code == 401
+        r = httpx.get(gw.url + "/healthz?details", headers={"x-api-key": "admin-secret"})
+    assert r.json() == {"status": "ok", "details": {"kv_events": []}}
 
 
 def test_precise_needs_kv_events() -> None:

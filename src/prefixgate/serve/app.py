@@ -39,7 +39,17 @@ def create_app(
     )
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        """``ok`` for anyone; with ``?details`` (and the admin key) also the state of each
+        replica's KV-event stream. Events never make the gateway unhealthy: a stale stream
+        only makes routing fall back."""
+        if "details" not in request.query_params:
+            return JSONResponse({"status": "ok"})
+        try:
+            gateway.auth.check_admin(request.headers)
+        except GatewayError as err:
+            return error_response(err, openai_proto.error_bytes)
+        kv = events.statuses() if events is not None else []
+        return JSONResponse({"status": "ok", "details": {"kv_events": kv}})
 
     async def metrics(request: Request) -> Response:
         try:
