@@ -177,3 +177,21 @@ async def test_an_upstream_that_cannot_tokenize_is_an_error() -> None:
                 )
         finally:
             await upstream.aclose()
+
+
+def test_requests_without_a_session_reuse_a_prompt_that_began_alike(hf_model) -> None:
+    template = str(hf_model / "chat_template.jinja")
+    config = parse_config(
+        {
+            "channels": [
+                channel_config("http://x/v1", chat_template=template, tokenizer=f"hf:{hf_model}")
+            ]
+        }  # fmt: skip
+    )
+    tokens = EngineTokens(config.channels)
+    requests = [r for s in (1, 2) for r in agent_session(s, 3)]  # two openings, interleaved
+    for request in requests:
+        warm, keys = tokens.content_keys("sim", request, 16)
+        cold = EngineTokens(config.channels).token_ids("sim", request).ids
+        assert list(warm.ids) == list(cold) and keys == hash_blocks(cold, 16)
+    assert tokens.reused_tokens > 0

@@ -239,6 +239,8 @@ class EngineTokens:
             if not isinstance(channel, ChannelConfig):
                 raise EngineTokensError(f"no channel named {channel!r}")
             ch = self._channels[channel.name] = _Channel(channel)
+        if session is None:  # an earlier prompt that began alike helps just as well
+            session = _opening(request)
         key = (ch.name, session) if session is not None else None
         prev = self._sessions.pop(key, None) if key is not None else None
         if prev is not None:
@@ -314,6 +316,21 @@ class EngineTokens:
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineTokensError(f"POST {url}: no token list in the answer")
         return tokens
+
+
+def _opening(request: dict) -> str | None:
+    """For a request without a session: the start of its first message, under which the
+    previous prompt that began alike is kept (its shared parts are reused as a session's
+    would be; which earlier prompt it is changes the cost, never the ids)."""
+    messages = request.get("messages")
+    if not messages or not isinstance(messages[0], dict):
+        return None
+    content = messages[0].get("content")
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        content = content[0].get("text")
+    if not isinstance(content, str):
+        return None
+    return f"\0{messages[0].get('role')}\0{content[:2048]}"
 
 
 def _name(channel: ChannelConfig | str) -> str:
