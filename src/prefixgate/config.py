@@ -147,6 +147,11 @@ class ChannelConfig(_Model):
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
     render_order: RenderOrder = "tools_first"
+    # The engine's prompt, for the KV events and `routing: precise` (events/tokens.py): its
+    # chat template (a .jinja file or tokenizer_config.json; unset: the simulated upstream's
+    # format in render_order) and its tokenizer ("approx", or "hf:PATH" to tokenizer.json).
+    chat_template: str | None = None
+    tokenizer: str = "approx"
     capture_text: bool = False
     metrics_url: str | None = None
     # Replica choice (docs/routing.md). The thresholds are SGLang cache_aware's defaults.
@@ -168,6 +173,23 @@ class ChannelConfig(_Model):
         if self.kv_events is not None:
             self.kv_events.endpoints_for(self.urls())
         return self
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, v: str) -> str:
+        kind, sep, path = v.partition(":")
+        if v != "approx" and not (kind == "hf" and sep and path):
+            raise ValueError("tokenizer must be 'approx' or 'hf:PATH' (a tokenizer.json)")
+        if kind == "hf" and not Path(path).exists():
+            raise ValueError(f"tokenizer: no such file: {path}")
+        return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"chat_template: no such file: {v}")
+        return v
 
     @field_validator("routing_shared")
     @classmethod

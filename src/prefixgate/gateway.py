@@ -18,6 +18,7 @@ from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.errors import GatewayError, NotFound, UpstreamError
+from prefixgate.events.tokens import EngineTokens
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.metrics import GatewayMetrics
 from prefixgate.pipeline import steps
@@ -54,6 +55,8 @@ class Gateway:
         self.auth = Authenticator(config)
         self.upstream = upstream or Upstream()
         self.router = ChannelRouter(config.channels, transport=self.upstream)
+        # The engine's token ids of a channel's request (events/tokens.py), per session.
+        self.engine_tokens = EngineTokens(config.channels)
         self.recorder = recorder or _NullRecorder()
         self.metrics = GatewayMetrics(recorder)
         self.capture = capture

@@ -29,6 +29,7 @@ __all__ = [
     "canonical_json",
     "content_text",
     "render_tokens",
+    "vllm_messages",
 ]
 
 Message = dict[str, Any]
@@ -256,6 +257,50 @@ class JinjaChatTemplate:
 
     def __repr__(self) -> str:
         return f"JinjaChatTemplate({len(self.source)} chars)"
+
+
+def vllm_messages(messages: Sequence[dict]) -> list[dict]:
+    """Messages as vLLM hands them to a chat template ("string" content format): text
+    parts joined by newlines, ``reasoning`` also as ``reasoning_content``, and tool-call
+    arguments decoded from their JSON string (an object; ``{}`` when not one)."""
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(
+                str(p.get("text", "")) if isinstance(p, dict) else str(p)
+                for p in content
+                if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text")
+            )
+        elif content is None:
+            content = ""
+        msg: dict[str, Any] = {"role": m.get("role"), "content": content}
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list) and calls:
+            msg["tool_calls"] = [_call(c) for c in calls]
+        if m.get("role") == "assistant" and m.get("reasoning") is not None:
+            msg["reasoning"] = msg["reasoning_content"] = m["reasoning"]
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _call(call: Any) -> Any:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    fn = dict(call["function"])
+    args = fn.get("arguments")
+    if isinstance(args, str) and args:
+        try:
+            args = json.loads(args)
+        except ValueError:
+            args = None
+    fn["arguments"] = args if isinstance(args, dict) else {}
+    return {**call, "function": fn}
 
 
 def render_tokens(
