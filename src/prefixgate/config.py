@@ -96,6 +96,8 @@ class KvEventsConfig(_Model):
     replicas: tuple[KvEventsEndpoint, ...] = ()
     block_size: int | None = Field(default=None, ge=1)  # None: the engines' own
     max_blocks: int = Field(default=200_000, ge=1)  # per replica and medium
+    # removals remembered (with their times) per replica and medium, for the miss ledger
+    history_blocks: int = Field(default=100_000, ge=1)
     stale_after: float = Field(default=30.0, gt=0)  # seconds
     replay_timeout: float = Field(default=2.0, gt=0)  # seconds
 
