@@ -39,6 +39,11 @@ class _NullRecorder:
         pass
 
 
+class _NullLedger:
+    def feed(self, record: Record, request: dict | None) -> None:
+        pass
+
+
 class Gateway:
     log = log
 
@@ -58,6 +63,7 @@ class Gateway:
         # The engine's token ids of a channel's request (events/tokens.py), per session.
         self.engine_tokens = EngineTokens(config.channels)
         self.recorder = recorder or _NullRecorder()
+        self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
         self.metrics = GatewayMetrics(recorder)
         self.capture = capture
         self.token_counter = token_counter or _estimate_tokens

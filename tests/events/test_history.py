@@ -74,3 +74,19 @@ def test_removals_are_bounded() -> None:
     assert h.at("GPU", bytes([0]), 0.2, False) == (False, None)  # forgotten: reads as unseen
     with pytest.raises(ValueError):
         BlockHistory(0)
+
+
+def test_a_block_that_came_and_went_twice_is_judged_at_each_time() -> None:
+    h = BlockHistory()
+    k = b"k"
+    h.stored("GPU", [k], 1.0)
+    h.removed("GPU", k, 2.0)
+    h.stored("GPU", [k], 3.0)
+    h.removed("GPU", k, 4.0)
+    h.stored("GPU", [k], 5.0)
+    assert h.at("GPU", k, 1.5, True) == (True, 2.0)  # a ledger computed late still sees it
+    assert h.at("GPU", k, 2.5, True) == (False, 2.0)  # removed before: evicted
+    assert h.at("GPU", k, 3.5, True) == (True, 4.0)
+    assert h.at("GPU", k, 4.5, True) == (False, 4.0)
+    assert h.at("GPU", k, 5.5, True) == (True, None)
+    assert h.at("GPU", k, 0.5, True) == (False, 4.0)  # before it was ever stored

@@ -6,9 +6,10 @@ it lacked had been there and was removed. So, per replica and medium, the index 
 
 - for each resident content key, when it became resident (the gateway's wall clock when
   the batch that stored it was applied: one clock with the records' ``received_at``);
-- for the most recent ``max_removals`` removals, the key, when it had been stored and
-  when it was removed (what the caps push out is counted; a block removed longer ago than
-  the oldest kept removal reads as never seen);
+- for the ``max_removals`` blocks removed most recently, their last few residencies (when
+  stored, when removed): a block may come and go several times while a request waits for
+  its ledger (what the caps push out is counted; a block removed longer ago than the
+  oldest kept removal reads as never seen);
 - ``since``: from when on the history is continuous (the first batch applied after the
   subscriber started or lost track of the stream). A question about an earlier time has
   no answer (the ledger's ``unknown``).
@@ -26,6 +27,7 @@ from collections.abc import Iterable
 __all__ = ["BlockHistory", "BlockAt"]
 
 ContentKey = bytes
+RESIDENCIES = 4  # past residencies kept per removed block
 
 
 class BlockAt(tuple):
@@ -65,7 +67,8 @@ class BlockHistory:
         self.since: float | None = None
         self.forgotten = 0  # removals pushed out by the cap
         self._stored: dict[str, dict[ContentKey, float]] = {}
-        self._removed: dict[str, OrderedDict[ContentKey, tuple[float, float]]] = {}
+        # per medium: key -> its past residencies (stored_at, removed_at), oldest first
+        self._removed: dict[str, OrderedDict[ContentKey, list[tuple[float, float]]]] = {}
 
     # -- updates (called by the index) ----------------------------------------------------
 
@@ -90,8 +93,14 @@ class BlockHistory:
         gone = self._removed.get(medium)
         if gone is None:
             gone = self._removed[medium] = OrderedDict()
-        gone[key] = (now if at is None else at, now)
-        gone.move_to_end(key)
+        past = gone.get(key)
+        if past is None:
+            past = gone[key] = []
+        else:
+            gone.move_to_end(key)
+            if len(past) >= RESIDENCIES:
+                del past[0]
+        past.append((now if at is None else at, now))
         if len(gone) > self.max_removals:
             gone.popitem(last=False)
             self.forgotten += 1
@@ -124,19 +133,25 @@ class BlockHistory:
     def at(
         self, medium: str, key: ContentKey, t: float, resident_now: bool
     ) -> tuple[bool, float | None]:
-        """Whether ``key`` was resident in ``medium`` at ``t``, and its latest removal
-        kept (``None``: none)."""
-        gone = self._removed.get(medium)
-        removal = gone.get(key) if gone is not None else None
+        """Whether ``key`` was resident in ``medium`` at ``t``, and when it was removed:
+        resident, the end of that residency (``None``: still resident); not resident, its
+        latest removal before ``t`` (else its latest kept, or ``None``)."""
         if resident_now:
             times = self._stored.get(medium)
             since = times.get(key) if times is not None else None
             if since is None or since <= t:
-                return True, None if removal is None else removal[1]
-        if removal is None:
+                return True, None
+        gone = self._removed.get(medium)
+        past = gone.get(key) if gone is not None else None
+        if not past:
             return False, None
-        stored_at, removed_at = removal
-        return stored_at <= t < removed_at, removed_at
+        before = None
+        for stored_at, removed_at in past:
+            if stored_at <= t < removed_at:
+                return True, removed_at
+            if removed_at <= t:
+                before = removed_at
+        return False, past[-1][1] if before is None else before
 
     @property
     def media(self) -> tuple[str, ...]:

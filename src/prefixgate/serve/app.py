@@ -32,6 +32,7 @@ def create_app(
         config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter
     )
     events = _engine_events(config)
+    ledger = _ledger(config, gateway, events)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -70,6 +71,8 @@ def create_app(
         await gateway.router.start()  # active health checks, shared routing state
         if events is not None:
             await events.start()  # the engines' KV events (opens in the background)
+        if ledger is not None:
+            await ledger.start()
         tasks = []
         store = config.store
         if store is not None and store.retention_days:
@@ -87,6 +90,8 @@ def create_app(
         finally:
             for task in tasks:
                 task.cancel()
+            if ledger is not None:
+                await ledger.aclose()
             if events is not None:
                 await events.aclose()
             await gateway.router.aclose()
@@ -114,6 +119,7 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     app.state.events = events  # EngineEvents, or None when no channel has kv_events
+    app.state.ledger = ledger  # LedgerWorker, or None without a store or events
     hot = {
         "/v1/messages": gateway.messages,
         "/v1/chat/completions": gateway.chat,
@@ -131,6 +137,30 @@ def _engine_events(config: Config):
     from prefixgate.events import EngineEvents
 
     return EngineEvents.from_config(config)
+
+
+def _ledger(config: Config, gateway: Gateway, events):
+    """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in or
+    engine events to read; fed by each record's finish, its figures on ``/metrics``."""
+    if config.store is None and events is None:
+        return None
+    from prefixgate.ledger.metrics import LedgerCollector
+    from prefixgate.ledger.worker import LedgerWorker
+
+    factory = None
+    if config.store is not None:
+        from prefixgate.store import open_store
+
+        s = config.store
+        dsn, statement, lock = s.dsn, s.statement_timeout, s.lock_timeout
+
+        def factory():
+            return open_store(dsn, statement_timeout=statement, lock_timeout=lock)
+
+    worker = LedgerWorker(config, events=events, store=factory, upstream=gateway.upstream)
+    gateway.ledger = worker
+    gateway.metrics.registry.register(LedgerCollector(worker))
+    return worker
 
 
 class HotRoutes:
