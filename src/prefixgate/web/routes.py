@@ -155,8 +155,14 @@ class Dashboard:
         cached = None if q.get("refresh") else self._doctor.get(key)
         if cached is not None:
             return cached
+        policies = {c.name: c.routing for c in self.gateway.config.channels}
         d = await asyncio.to_thread(
-            diagnose, self.dsn, since=scope.since, until=scope.until, metrics_urls=urls
+            diagnose,
+            self.dsn,
+            since=scope.since,
+            until=scope.until,
+            metrics_urls=urls,
+            policies=policies,
         )
         out = d.to_dict()
         self._doctor.put(key, out)
