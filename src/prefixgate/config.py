@@ -263,6 +263,9 @@ class StoreConfig(_Model):
     dsn: str = "sqlite:///prefixgate.db"
     retention_days: float | None = None
     capture_segments: bool = True
+    # The miss ledger of each request (ledger/: where its prompt tokens went), computed
+    # after the request, off its path, into the ``ledgers`` table.
+    ledger: bool = True
     # The record journal (record/journal.py): a directory where each record is appended as
     # its answer completes, until the store has it; each process writes its own slot in
     # it. null: no journal (records wait for the store in memory; a crash loses them).

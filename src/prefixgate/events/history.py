@@ -153,6 +153,10 @@ class BlockHistory:
                 before = removed_at
         return False, past[-1][1] if before is None else before
 
+    def stored_times(self, medium: str) -> dict[ContentKey, float]:
+        """When each resident key of ``medium`` became resident (read only)."""
+        return self._stored.get(medium) or {}
+
     @property
     def media(self) -> tuple[str, ...]:
         """The media with removals kept."""

@@ -45,6 +45,7 @@ from .wire import GPU_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, Event
 __all__ = ["GPU", "EventIndex", "IndexCounters", "PrefixHit", "ReplicaIndex", "content_keys"]
 
 GPU = GPU_MEDIUM
+_HELD = BlockAt(True, False, None)
 ContentKey = bytes
 _EXTRA = msgspec.msgpack.Encoder()
 
@@ -150,7 +151,22 @@ class ReplicaIndex:
         tier, and its latest removal known. Ask only when ``history.covers(t)``."""
         hist = self.history
         empty: dict[ContentKey, int] = {}
-        media = [(m, self._media.get(m, empty)) for m in {*self._media, *hist.media}]
+        names = {*self._media, *hist.media}
+        if names <= {GPU}:  # the common case, one medium: no call for a block held since
+            resident = self._media.get(GPU, empty)
+            since = hist.stored_times(GPU)
+            kept = _HELD
+            out = []
+            for k in keys:
+                if k in resident:
+                    at = since.get(k)
+                    if at is None or at <= t:
+                        out.append(kept)
+                        continue
+                held, gone = hist.at(GPU, k, t, k in resident)
+                out.append(BlockAt(held, False, gone))
+            return out
+        media = [(m, self._media.get(m, empty)) for m in names]
         out = []
         for k in keys:
             gpu = host = False

@@ -35,7 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixgate.cache.blocks import hit_tokens_cap
+import numpy as np
+
+from prefixgate.cache.blocks import hash_blocks, hit_tokens_cap
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.convert.request import plain
 from prefixgate.record.model import Record, Segment
@@ -48,6 +50,7 @@ from .model import CAUSES, EVENTS, MODEL, Ledger
 from .split import Split, split_events, split_model
 
 log = logging.getLogger("prefixgate.ledger")
+_SLICE = 512  # blocks looked up in the index per turn of the event loop
 
 __all__ = ["Calibration", "LedgerWorker"]
 
@@ -118,6 +121,8 @@ class LedgerWorker:
         self._queue: deque[tuple[Record, dict | None]] = deque()
         self._pending: list[Ledger] = []
         self._sessions: OrderedDict[tuple[str, str], _Previous] = OrderedDict()
+        # per session and channel: its last prompt's token ids and content keys (remote ids)
+        self._ids: OrderedDict[tuple[str, str], tuple[np.ndarray, list[bytes], int]] = OrderedDict()
         self._models: dict[str, ReplicaModels] = {}
         self.calibration: dict[str, Calibration] = {}
         self.recent: deque[Ledger] = deque(maxlen=keep_recent)
@@ -266,7 +271,9 @@ class LedgerWorker:
         change = first_changed(previous.segments, segments) if previous and segments else None
         models = self._models.get(ch.name)
         if models is None:
-            models = self._models[ch.name] = ReplicaModels(B, self.model_capacity_tokens)
+            models = self._models[ch.name] = ReplicaModels(
+                capacity_tokens=self.model_capacity_tokens
+            )
         view = models.see(rec.replica, segments, L) if segments else None
         cap = hit_tokens_cap(L, B)
         model_predicted = None if view is None else min(view.here, cap) // B * B
@@ -319,6 +326,28 @@ class LedgerWorker:
             return ch.kv_events.block_size
         return ch.routing_block_size
 
+    async def _session_keys(self, rec: Record, ids: list[int], B: int) -> list[bytes]:
+        """Content keys of ``ids``, the blocks shared with the session's previous prompt
+        taken from it (a turn hashes its new tail only)."""
+        arr = np.asarray(ids, dtype=np.int64)
+        key = (rec.session_id, rec.channel or "") if rec.session_id is not None else None
+        prev = self._ids.pop(key, None) if key is not None else None
+        old: list[bytes] = []
+        if prev is not None and prev[2] == B:
+            n = min(len(prev[0]), len(arr))
+            diff = np.flatnonzero(prev[0][:n] != arr[:n])
+            old = prev[1][: (int(diff[0]) if len(diff) else n) // B]
+        keys = list(old)
+        step = _SLICE * B
+        for start in range(len(keys) * B, len(arr) - B + 1, step):  # a slice a loop turn
+            keys += hash_blocks(arr[start : start + step], B, parent=keys[-1] if keys else None)
+            await asyncio.sleep(0)
+        if key is not None:
+            self._ids[key] = (arr, keys, B)
+            while len(self._ids) > self.sessions_max // 10:
+                self._ids.popitem(last=False)
+        return keys
+
     def _remember(self, rec: Record) -> _Previous | None:
         """The session's previous request on this channel; this one kept in its place."""
         if rec.session_id is None:
@@ -353,7 +382,10 @@ class LedgerWorker:
             for url, replica in index.replicas().items():
                 if not (ev.usable(ch.name, url) and replica.history.covers(t)):
                     continue
-                blocks = replica.blocks_at(keys, t)
+                blocks = []
+                for i in range(0, len(keys), _SLICE):  # the loop serves requests between
+                    blocks += replica.blocks_at(keys[i : i + _SLICE], t)
+                    await asyncio.sleep(0)
                 if url == rec.replica:
                     mine = blocks
                 else:
@@ -377,7 +409,6 @@ class LedgerWorker:
         be had (logged at debug level; the ledger then says ``unknown``)."""
         if request is None or self.tokens is None:
             return None
-        from prefixgate.events.index import content_keys
         from prefixgate.events.tokens import EngineTokensError
 
         body = plain(request)
@@ -389,7 +420,7 @@ class LedgerWorker:
                 if self.upstream is None:
                     return None
                 got = await self.tokens.remote_token_ids(ch, body, rec.replica, self.upstream)
-                n, keys = len(got), content_keys(got, B)
+                n, keys = len(got), await self._session_keys(rec, got, B)
         except EngineTokensError as exc:
             log.debug("ledger of %s: no token ids: %s", rec.request_id, exc)
             return None

@@ -140,19 +140,20 @@ def _engine_events(config: Config):
 
 
 def _ledger(config: Config, gateway: Gateway, events):
-    """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in or
-    engine events to read; fed by each record's finish, its figures on ``/metrics``."""
-    if config.store is None and events is None:
+    """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in
+    (``store.ledger``, on by default) or engine events to read; fed by each record's
+    finish, its figures on ``/metrics``."""
+    store = config.store if config.store is not None and config.store.ledger else None
+    if store is None and events is None:
         return None
     from prefixgate.ledger.metrics import LedgerCollector
     from prefixgate.ledger.worker import LedgerWorker
 
     factory = None
-    if config.store is not None:
+    if store is not None:
         from prefixgate.store import open_store
 
-        s = config.store
-        dsn, statement, lock = s.dsn, s.statement_timeout, s.lock_timeout
+        dsn, statement, lock = store.dsn, store.statement_timeout, store.lock_timeout
 
         def factory():
             return open_store(dsn, statement_timeout=statement, lock_timeout=lock)
