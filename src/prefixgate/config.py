@@ -96,6 +96,8 @@ class KvEventsConfig(_Model):
     replicas: tuple[KvEventsEndpoint, ...] = ()
     block_size: int | None = Field(default=None, ge=1)  # None: the engines' own
     max_blocks: int = Field(default=200_000, ge=1)  # per replica and medium
+    # removals remembered (with their times) per replica and medium, for the miss ledger
+    history_blocks: int = Field(default=100_000, ge=1)
     stale_after: float = Field(default=30.0, gt=0)  # seconds
     replay_timeout: float = Field(default=2.0, gt=0)  # seconds
 
@@ -263,6 +265,9 @@ class StoreConfig(_Model):
     dsn: str = "sqlite:///prefixgate.db"
     retention_days: float | None = None
     capture_segments: bool = True
+    # The miss ledger of each request (ledger/: where its prompt tokens went), computed
+    # after the request, off its path, into the ``ledgers`` table.
+    ledger: bool = True
     # The record journal (record/journal.py): a directory where each record is appended as
     # its answer completes, until the store has it; each process writes its own slot in
     # it. null: no journal (records wait for the store in memory; a crash loses them).

@@ -43,6 +43,11 @@ class _NullRecorder:
         pass
 
 
+class _NullLedger:
+    def feed(self, record: Record, request: dict | None) -> None:
+        pass
+
+
 class Gateway:
     log = log
 
@@ -66,6 +71,7 @@ class Gateway:
             config.channels, transport=self.upstream, events=events, tokens=self.engine_tokens
         )
         self.recorder = recorder or _NullRecorder()
+        self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
         self.metrics = GatewayMetrics(recorder)
         if events is not None:
             from prefixgate.events.metrics import EventsCollector

@@ -143,6 +143,7 @@ class Exchange:
                 gw.limits_done(self.principal, rec)
             gw.metrics.observe(rec)
             gw.recorder.submit(rec)
+            gw.ledger.feed(rec, self.out)  # computed later, off the request path
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
 
