@@ -46,7 +46,7 @@ class Endpoint:
     error_bytes: Callable[[GatewayError], bytes]
     request_id_header: str
     kinds: tuple[str, ...]
-    prompt: Callable[[Exchange, ChannelConfig], list]
+    prompt: Callable[[Exchange, ChannelConfig], dict]
     steps: tuple
 
 
@@ -64,6 +64,7 @@ class Exchange:
         "body",
         "targets",
         "target",
+        "hygienic",
         "prepared",
         "out",
         "url",
@@ -92,6 +93,7 @@ class Exchange:
         self.body: Any = None  # decoded: a MessagesBody or a chat dict
         self.targets: list[Target] = []  # the failover order
         self.target: Target | None = None  # the one being tried
+        self.hygienic: dict[str, Any] = {}  # channel -> the typed request after hygiene
         self.prepared: dict[str, dict] = {}  # channel -> its upstream request, made once
         self.out: dict | None = None  # the upstream request for ``target``
         self.url = ""
