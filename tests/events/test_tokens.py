@@ -195,3 +195,15 @@ def test_requests_without_a_session_reuse_a_prompt_that_began_alike(hf_model) ->
         cold = EngineTokens(config.channels).token_ids("sim", request).ids
         assert list(warm.ids) == list(cold) and keys == hash_blocks(cold, 16)
     assert tokens.reused_tokens > 0
+
+
+def test_tool_calls_keep_vllms_key_order() -> None:
+    """vLLM validates a request into OpenAI's typed dicts, whose order a template's
+    ``tojson`` shows (seen on vLLM 0.32: ``{"arguments": …, "name": …}``)."""
+    call = {"type": "function", "function": {"name": "f", "arguments": '{"b": 1, "a": 2}'}}
+    msg = {"role": "assistant", "content": None, "tool_calls": [{**call, "id": "c1"}]}
+    (out,) = vllm_messages([msg])
+    (got,) = out["tool_calls"]
+    assert list(got) == ["id", "function", "type"]
+    assert list(got["function"]) == ["arguments", "name"]
+    assert list(got["function"]["arguments"]) == ["b", "a"]

@@ -310,17 +310,26 @@ def vllm_messages(messages: Sequence[dict]) -> list[dict]:
 
 
 def _call(call: Any) -> Any:
+    """A tool call as vLLM's request model leaves it: its keys in the order of OpenAI's
+    typed dicts (``id, function, type``; ``arguments, name``: a template's ``tojson``
+    shows that order), the arguments decoded."""
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
         return call
-    fn = dict(call["function"])
-    args = fn.get("arguments")
+    args = call["function"].get("arguments")
     if isinstance(args, str) and args:
         try:
             args = json.loads(args)
         except ValueError:
             args = None
+    fn = _in_order(call["function"], ("arguments", "name"))
     fn["arguments"] = args if isinstance(args, dict) else {}
-    return {**call, "function": fn}
+    return {**_in_order(call, ("id", "function", "type")), "function": fn}
+
+
+def _in_order(d: dict, keys: tuple[str, ...]) -> dict:
+    out = {k: d[k] for k in keys if k in d}
+    out.update((k, v) for k, v in d.items() if k not in out)
+    return out
 
 
 def render_tokens(

@@ -207,7 +207,7 @@ class EngineTokens:
         self, channel: ChannelConfig | str, request: dict, *, session: str | None = None
     ) -> PromptTokens:
         """The ids the channel's engine computes for ``request`` (see the module doc)."""
-        entry, reused = self._tokens(channel, request, session)
+        entry, reused, _ = self._tokens(channel, request, session)
         return PromptTokens(entry.ids, reused)
 
     def content_keys(
@@ -220,20 +220,21 @@ class EngineTokens:
     ) -> tuple[PromptTokens, list[bytes]]:
         """The ids and the content keys of their full blocks (the keys of
         :mod:`prefixgate.events.index`), the session's shared blocks not hashed again."""
-        entry, reused = self._tokens(channel, request, session)
+        entry, reused, kept = self._tokens(channel, request, session)
         old = entry.keys.get(block_size) or []  # valid for entry.ids (see _tokens)
         done = len(old) * block_size
         keys = old + hash_blocks(entry.ids[done:], block_size, parent=old[-1] if old else None)
-        if session is not None:
+        if kept:  # kept for the session (or the opening): its keys too
             self._bytes += 40 * (len(keys) - sum(len(k) for k in entry.keys.values()))
             entry.keys = {block_size: keys}
         return PromptTokens(entry.ids, reused), keys
 
     def _tokens(
         self, channel: ChannelConfig | str, request: dict, session: str | None
-    ) -> tuple[_Previous, int]:
-        """The prompt's entry (kept for the session) and how many ids were reused. The
-        entry keeps the content keys of the blocks it shares with the previous prompt."""
+    ) -> tuple[_Previous, int, bool]:
+        """The prompt's entry, how many ids were reused, and whether the entry is kept
+        (for the session, or the opening). The entry keeps the content keys of the blocks
+        it shares with the previous prompt."""
         ch = self._channels.get(_name(channel))
         if ch is None:
             if not isinstance(channel, ChannelConfig):
@@ -262,19 +263,19 @@ class EngineTokens:
         if prev is not None and prev.keys:
             common = reused or _common_ids(prev.ids, entry.ids)
             entry.keys = {b: k[: common // b] for b, k in prev.keys.items()}
-        if key is not None:
-            self._keep(key, entry)
-        return entry, reused
+        kept = key is not None and self._keep(key, entry)
+        return entry, reused, kept
 
-    def _keep(self, key: tuple[str, str], entry: _Previous) -> None:
+    def _keep(self, key: tuple[str, str], entry: _Previous) -> bool:
         size = entry.size
         if size > self.max_bytes:
-            return
+            return False
         self._sessions[key] = entry
         self._bytes += size
         while self._bytes > self.max_bytes:
             _, old = self._sessions.popitem(last=False)
             self._bytes -= old.size
+        return key in self._sessions
 
     def forget(self, session: str) -> None:
         """Drop a session's previous prompts (every channel)."""
