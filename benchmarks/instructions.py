@@ -73,7 +73,7 @@ def count(
         # No busy polling: its idle turns would be counted as the request's work.
         config["server"]["busy_poll_us"] = 0
     for assignment in sets:
-        ab.apply_set(config, assignment)
+        ab.apply_set(config, assignment, f"http://127.0.0.1:{up_port}")
     (work / "config.json").write_text(json.dumps(config))
     log = open(work / "valgrind.log", "w")  # noqa: SIM115
     gateway = subprocess.Popen(

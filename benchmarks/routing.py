@@ -51,6 +51,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
@@ -448,8 +449,15 @@ def main() -> None:
         capacity = int(ws * args.capacity_factor / args.replicas) // B * B
         prompt = None
         for p in policies:
+            t0 = time.monotonic()
             row = run(p, sessions, args, capacity=capacity)
             runs[p].append(row)
+            print(
+                f"seed {seed} {p}: hit {row['hit_rate']:.1%}, TTFT p90 "
+                f"{row['ttft_p90_ms']:.0f} ms ({time.monotonic() - t0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             prompt = row["prompt_tokens"]
         bound = 1 - ws / prompt if prompt else 0.0
         traces.append(

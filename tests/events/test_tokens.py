@@ -207,3 +207,24 @@ def test_tool_calls_keep_vllms_key_order() -> None:
     assert list(got) == ["id", "function", "type"]
     assert list(got["function"]) == ["arguments", "name"]
     assert list(got["function"]["arguments"]) == ["b", "a"]
+
+
+def test_a_request_without_a_session_reuses_the_keys_of_one_that_began_alike(
+    monkeypatch,
+) -> None:
+    import prefixgate.events.tokens as mod
+
+    hashed: list[int] = []
+
+    def counting(ids, size, parent=None):
+        hashed.append(len(ids))
+        return hash_blocks(ids, size, parent=parent)
+
+    monkeypatch.setattr(mod, "hash_blocks", counting)
+    config = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]})
+    tokens = EngineTokens(config.channels)
+    request = {"messages": [{"role": "system", "content": "shared " * 400}]}
+    request["messages"].append({"role": "user", "content": "hello"})
+    _, first = tokens.content_keys("c", request, 16)
+    _, again = tokens.content_keys("c", request, 16)
+    assert again == first and hashed[0] >= 16 * len(first) and hashed[1] < 16

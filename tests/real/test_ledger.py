@@ -45,40 +45,9 @@ def test_the_ledger_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None:
         {"channels": [channel], "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")}}
     )
     app = build_app(config)
-    nonce = secrets.token_hex(4)
-    histories = {s: [{"role": "system", "content": session_prompt(nonce, s)}] for s in range(3)}
-    sent: list[str] = []
-    with ServerThread(app) as srv, httpx.Client(timeout=120) as http:
-        hub = app.state.events
-        sub = hub.subscriber("real", server.base_url)
-        deadline = time.monotonic() + 60
-        while not sub.ready.is_set():  # listening, the replay read
-            assert time.monotonic() < deadline, hub.statuses()
-            time.sleep(0.01)
-        index = hub.channels["real"].index
-        for n in range(6):
-            for s in range(3):
-                messages = [*histories[s], turn(s, n)[0]]
-                r = http.post(
-                    srv.url + "/v1/chat/completions",
-                    json={"model": server.served_model, "messages": messages, "max_tokens": 1},
-                    headers={"x-session-id": f"{nonce}-{s}"},
-                )
-                assert r.status_code == 200, r.text
-                sent.append(r.headers["x-request-id"])
-                tok = http.post(
-                    server.url + "/tokenize",
-                    json={"model": server.served_model, "messages": messages},
-                )
-                _until_held(index, server.base_url, content_keys(tok.json()["tokens"], B))
-                histories[s] += turn(s, n)
-        settled(app.state.gateway)
-        ledger, writer = app.state.ledger, app.state.gateway.recorder
-        deadline = time.monotonic() + 120
-        while ledger.written < len(sent) or writer.stats().written < len(sent):
-            assert time.monotonic() < deadline, (ledger.computed, ledger.failed, writer.stats())
-            time.sleep(0.05)
-        mismatches = ledger.token_mismatches
+    with ServerThread(app) as srv:
+        sent = drive(app, srv.url, server, (server.base_url,), turns=6)
+        mismatches = app.state.ledger.token_mismatches
     with open_store(dsn) as store:
         records = {r.request_id: r for r in store.iter_records()}
         ledgers = [store.get_ledger(rid) for rid in sent]
@@ -103,8 +72,49 @@ def test_the_ledger_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None:
     assert totals["unknown"] == 0 and totals["elsewhere"] == 0  # one replica
 
 
-def _until_held(index, replica: str, keys: list[bytes], limit: float = 60.0) -> None:
+def drive(app, url: str, server: harness.VllmServer, replicas: tuple, *, turns: int) -> list:
+    """Three sessions sharing a team prompt, ``turns`` turns each, one request at a time
+    through the gateway at ``url``; after each, a wait until a replica's index holds every
+    full block of the prompt (vLLM's ``/tokenize``); then until every record and ledger
+    is written. The request ids, in order (turn by turn)."""
+    nonce = secrets.token_hex(4)
+    histories = {s: [{"role": "system", "content": session_prompt(nonce, s)}] for s in range(3)}
+    sent: list[str] = []
+    hub = app.state.events
+    deadline = time.monotonic() + 60
+    for replica in replicas:
+        while not hub.subscriber("real", replica).ready.is_set():  # listening, replay read
+            assert time.monotonic() < deadline, hub.statuses()
+            time.sleep(0.01)
+    index = hub.channels["real"].index
+    with httpx.Client(timeout=120) as http:
+        for n in range(turns):
+            for s in range(3):
+                messages = [*histories[s], turn(s, n)[0]]
+                r = http.post(
+                    url + "/v1/chat/completions",
+                    json={"model": server.served_model, "messages": messages, "max_tokens": 1},
+                    headers={"x-session-id": f"{nonce}-{s}"},
+                )
+                assert r.status_code == 200, r.text
+                sent.append(r.headers["x-request-id"])
+                tok = http.post(
+                    server.url + "/tokenize",
+                    json={"model": server.served_model, "messages": messages},
+                )
+                _until_held(index, replicas, content_keys(tok.json()["tokens"], B))
+                histories[s] += turn(s, n)
+    settled(app.state.gateway)
+    ledger, writer = app.state.ledger, app.state.gateway.recorder
+    deadline = time.monotonic() + 120
+    while ledger.written < len(sent) or writer.stats().written < len(sent):
+        assert time.monotonic() < deadline, (ledger.computed, ledger.failed, writer.stats())
+        time.sleep(0.05)
+    return sent
+
+
+def _until_held(index, replicas: tuple, keys: list[bytes], limit: float = 60.0) -> None:
     deadline = time.monotonic() + limit
-    while index.longest_prefix(replica, keys, touch=False).gpu < len(keys):
-        assert time.monotonic() < deadline, "the engine's events never showed the prompt"
+    while all(index.longest_prefix(r, keys, touch=False).gpu < len(keys) for r in replicas):
+        assert time.monotonic() < deadline, "the engines' events never showed the prompt"
         time.sleep(0.005)
