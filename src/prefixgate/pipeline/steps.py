@@ -242,6 +242,7 @@ async def send(x: Exchange) -> None:
             await _wait_for(x, gate)
         x.channel_gate = gate
     rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, x.out["model"]
+    rec.route_source = target.source
     gw.router.acquire(target, rec.request_id)  # in flight until finish()
     upstream = gw.upstream
     try:
