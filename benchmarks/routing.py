@@ -337,13 +337,10 @@ def run(policy: str, sessions, args, *, capacity: int, scenario: Scenario = SCEN
         _flush_redis(redis_url)
     if routing == "precise":
         pubs = [u.app.state.sim.events for u in ups]
-        channel["kv_events"] = {  # the oracle's are never read: nothing publishes there
-            "replicas": [
-                {"endpoint": "tcp://*:" + p.endpoint.rsplit(":", 1)[1]}
-                if p is not None
-                else {"endpoint": f"tcp://127.0.0.1:{_free_port()}"}
-                for p in pubs
-            ],
+        # the oracle's are never read: each gateway connects to a port nothing publishes on
+        ports = [_free_port() if p is None else p.endpoint.rsplit(":", 1)[1] for p in pubs]
+        channel["kv_events"] = {
+            "replicas": [{"endpoint": f"tcp://*:{port}"} for port in ports],
             "topic": "kv",
             "block_size": B,
         }
