@@ -39,7 +39,6 @@ does not answer) raise :class:`EngineTokensError`; callers on the request path f
 from __future__ import annotations
 
 import bisect
-import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,8 +66,8 @@ if TYPE_CHECKING:
 __all__ = ["EngineTokens", "EngineTokensError", "PromptTokens"]
 
 _CHUNK = 4096  # characters compared at once when looking for the common prefix
-_JINJA = "jinja"  # a Jinja template's kept inputs: (_JINJA, inputs, text)
-_JSON = msgspec.json.Encoder()
+_JINJA = "jinja"  # a Jinja template's kept inputs: (_JINJA, messages, the rest, text)
+_JSON, _JSON_OUT = msgspec.json.Decoder(), msgspec.json.Encoder()
 
 
 class EngineTokensError(Exception):
@@ -146,17 +145,20 @@ class _Channel:
             prepared = vllm_messages(messages)
             # The template is a function of its inputs (unless it reads the clock): the
             # same inputs as the previous request's give the same text, not rendered
-            # again. The prepared messages are copies of the request's; the tools and
-            # the template's arguments are kept as JSON (a caller's later edit to its
-            # own objects cannot make a stale text look current). Compared in C.
-            inputs = None
-            if renderer.deterministic:
-                with contextlib.suppress(TypeError, ValueError):
-                    inputs = (prepared, _JSON.encode((tools, generation, kwargs)))
-            if inputs is not None and prev is not None and prev[0] == _JINJA and prev[1] == inputs:
-                return prev[2], prev
+            # again. The prepared messages are built anew from the request; the tools
+            # and the template's arguments are kept as a copy (a caller's later edit to
+            # its own objects cannot make a stale text look current). Compared in C.
+            rest = [tools, generation, kwargs]
+            if prev is not None and prev[0] == _JINJA and prev[1] == prepared and prev[2] == rest:
+                return prev[3], prev
             text = renderer.render(prepared, tools, generation, **kwargs)
-            return text, None if inputs is None else (_JINJA, inputs, text)
+            if not renderer.deterministic:
+                return text, None
+            try:
+                kept = _JSON.decode(_JSON_OUT.encode(rest))
+            except (TypeError, ValueError):  # not JSON (not from a request): not kept
+                return text, None
+            return text, (_JINJA, prepared, kept, text)
         if not isinstance(renderer, ChatRenderer):
             return renderer.render(messages, tools, generation), None
         same, texts = 0, []
