@@ -161,7 +161,8 @@ class Exchange:
             gw.recorder.submit(rec)
             if gw.telemetry is not None:
                 gw.telemetry.export(rec, self.request.headers.get("traceparent"))
-            gw.ledger.feed(rec, self.out)  # computed later, off the request path
+            blocks = self.target.blocks if self.target is not None else None
+            gw.ledger.feed(rec, self.out, blocks)  # computed later, off the request path
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
 
