@@ -46,7 +46,7 @@ class _NullRecorder:
 
 
 class _NullLedger:
-    def feed(self, record: Record, request: dict | None) -> None:
+    def feed(self, record: Record, request: dict | None, blocks: object = None) -> None:
         pass
 
 

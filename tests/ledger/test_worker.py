@@ -85,3 +85,16 @@ def test_the_keys_routing_computed_are_not_computed_again() -> None:
         assert await w._keys(ch, rec, None, 32, known) is None
 
     asyncio.run(run())
+
+
+def test_the_gateway_without_a_ledger_takes_what_the_worker_takes() -> None:
+    """``store.ledger: false`` puts a stand-in where the worker goes: the request path
+    calls both alike."""
+    import inspect
+
+    from prefixgate.gateway import _NullLedger
+
+    assert list(inspect.signature(_NullLedger.feed).parameters) == list(
+        inspect.signature(LedgerWorker.feed).parameters
+    )
+    _NullLedger().feed(Record(request_id="a", received_at=1.0), {}, None)
