@@ -58,6 +58,18 @@ _SLICE = 512  # blocks looked up in the index per turn of the event loop
 __all__ = ["Calibration", "LedgerWorker"]
 
 
+# Called with a request's ledger once it is computed, or with None when it has none.
+Then = Callable[[Ledger | None], None] | None
+
+
+def _call(then: Then, ledger: Ledger | None) -> None:
+    if then is not None:
+        try:
+            then(ledger)
+        except Exception:  # whoever waits must never break the worker
+            log.exception("a ledger's callback failed")
+
+
 @dataclass
 class Calibration:
     """One channel's predictions of the hit against the engine's reported figure."""
@@ -121,7 +133,9 @@ class LedgerWorker:
         self.flush_interval, self.retry_interval = flush_interval, retry_interval
         self.sessions_max = sessions_max
         self.model_capacity_tokens = model_capacity_tokens
-        self._queue: deque[tuple[Record, dict | None]] = deque()
+        # each: the record, the request as sent upstream, who waits for its ledger, and
+        # its routing's blocks
+        self._queue: deque[tuple[Record, dict | None, Then, PromptBlocks | None]] = deque()
         self._pending: list[Ledger] = []
         self._sessions: OrderedDict[tuple[str, str], _Previous] = OrderedDict()
         # per session and channel: its last prompt's token ids and content keys (remote ids)
@@ -139,17 +153,25 @@ class LedgerWorker:
 
     # -- the request path -----------------------------------------------------------------
     def feed(
-        self, record: Record, request: dict | None, blocks: PromptBlocks | None = None
+        self,
+        record: Record,
+        request: dict | None,
+        then: Then = None,
+        blocks: PromptBlocks | None = None,
     ) -> None:
         """A finished request (called by its finish): queued, nothing computed here.
-        ``blocks``: its routing's blocks (when they are the engine's content keys, the
-        ledger does not compute them again)."""
+        ``then`` is called with its ledger once computed, or with None when there is none
+        (no prompt figure, the queue full, a failure, the worker stopped). ``blocks``: its
+        routing's blocks (when they are the engine's content keys, the ledger does not
+        compute them again)."""
         if record.prompt_tokens is None or record.channel is None:
+            _call(then, None)
             return
         if len(self._queue) >= self.queue_max:
             self.dropped += 1
+            _call(then, None)
             return
-        self._queue.append((record, request, blocks))
+        self._queue.append((record, request, then, blocks))
         self._wake.set()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -170,6 +192,8 @@ class LedgerWorker:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            while self._queue:  # not computed in time: those waiting hear of no ledger
+                _call(self._queue.popleft()[2], None)
         if self._thread is not None:
             if self._store is not None:
                 store, self._store = self._store, None
@@ -198,7 +222,7 @@ class LedgerWorker:
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
             if self._queue:
-                record, request, blocks = self._queue.popleft()
+                record, request, then, blocks = self._queue.popleft()
                 try:
                     ledger = await self.compute(record, request, blocks)
                 except Exception:  # a bug costs one ledger, never the worker
@@ -207,6 +231,7 @@ class LedgerWorker:
                     ledger = None
                 if ledger is not None:
                     self._done(ledger, record.channel or "-")
+                _call(then, ledger)
                 await asyncio.sleep(0)  # one request a turn: the loop serves requests first
             now = time.monotonic()
             full = len(self._pending) >= self.batch_size
