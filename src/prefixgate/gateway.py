@@ -47,7 +47,7 @@ class _NullRecorder:
 
 
 class _NullLedger:
-    def feed(self, record: Record, request: dict | None, then=None) -> None:
+    def feed(self, record: Record, request: dict | None, then=None, blocks: object = None) -> None:
         if then is not None:
             then(None)  # no ledger for anyone waiting for one
 

@@ -10,12 +10,18 @@ from prefixgate.events.history import BlockHistory
 from .test_index import KEYS, TOKENS, engine_events, stored
 
 
-def test_a_block_is_resident_between_its_store_and_its_removal() -> None:
+def _stored_then_removed(seed: int, first_removed: int, stored: float, removed: float):
+    """The index, the engine's hashes and replica ``a``: every block stored at
+    ``stored``, those from ``first_removed`` on removed at ``removed``."""
     idx = EventIndex()
-    hashes, events = engine_events(TOKENS, seed=1)
-    idx.apply("a", events, now=100.0)
-    idx.apply("a", [BlockRemoved(hashes[4:], medium="GPU")], now=200.0)
-    r = idx.replica("a")
+    hashes, events = engine_events(TOKENS, seed=seed)
+    idx.apply("a", events, now=stored)
+    idx.apply("a", [BlockRemoved(hashes[first_removed:], medium="GPU")], now=removed)
+    return idx, hashes, idx.replica("a")
+
+
+def test_a_block_is_resident_between_its_store_and_its_removal() -> None:
+    idx, hashes, r = _stored_then_removed(1, 4, 100.0, 200.0)
     assert r.history.covers(100.0) and not r.history.covers(99.0)
     before = r.blocks_at(KEYS, 150.0)
     assert [b.gpu for b in before] == [True] * 6
@@ -90,3 +96,14 @@ def test_a_block_that_came_and_went_twice_is_judged_at_each_time() -> None:
     assert h.at("GPU", k, 4.5, True) == (False, 4.0)
     assert h.at("GPU", k, 5.5, True) == (True, None)
     assert h.at("GPU", k, 0.5, True) == (False, 4.0)  # before it was ever stored
+
+
+def test_blocks_never_held_answer_like_their_history() -> None:
+    """The one-medium shortcut for a block never held gives what the history says."""
+    _, _, r = _stored_then_removed(3, 5, 10.0, 20.0)
+    unseen = [bytes([i]) * 16 for i in range(3)]
+    at = r.blocks_at([*KEYS, *unseen], 30.0)
+    want = [r.history.at("GPU", k, 30.0, k in r._media.get("GPU", {})) for k in [*KEYS, *unseen]]
+    assert [(b.gpu, b.removed_at) for b in at] == want
+    assert [b.held for b in at] == [True] * 5 + [False] * 4
+    assert at[5].removed_at == 20.0 and all(b.removed_at is None for b in at[6:])

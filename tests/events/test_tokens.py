@@ -228,3 +228,76 @@ def test_a_request_without_a_session_reuses_the_keys_of_one_that_began_alike(
     _, first = tokens.content_keys("c", request, 16)
     _, again = tokens.content_keys("c", request, 16)
     assert again == first and hashed[0] >= 16 * len(first) and hashed[1] < 16
+
+
+def _counting_renders(tokens: EngineTokens, channel: str) -> list[int]:
+    """Count the renders of the channel's Jinja template (one entry per render)."""
+    renderer = tokens._channels[channel].renderer()
+    renders: list[int] = []
+    render = renderer.render
+
+    def counted(*args, **kwargs):
+        renders.append(1)
+        return render(*args, **kwargs)
+
+    renderer.render = counted
+    return renders
+
+
+def test_a_template_renders_again_only_when_its_inputs_changed(hf_model) -> None:
+    """The same request again (routing's decision, then the ledger; a retry) reuses the
+    session's text and ids; any change (a turn appended, an edit in the middle, the tools,
+    the template's arguments, the generation prompt) renders it again. The ids always
+    equal a whole render's."""
+    template = str(hf_model / "chat_template.jinja")
+    channel = channel_config("http://x/v1", chat_template=template, tokenizer=f"hf:{hf_model}")
+    config = parse_config({"channels": [channel]})
+    tokens = EngineTokens(config.channels)
+    renders = _counting_renders(tokens, "sim")
+    turns = list(agent_session(3, 4))
+    middle = json.loads(json.dumps(turns[3]))
+    middle["messages"][3]["content"][0]["text"] = "def changed():\n    pass\n"
+    more_tools = {**turns[3], "tools": [*TOOLS, {**TOOLS[0], "function": {"name": "ls"}}]}
+    kwargs = {**turns[3], "chat_template_kwargs": {"enable_thinking": False}}
+    no_prompt = {**turns[3], "add_generation_prompt": False}
+    sequence = [  # (request, rendered again)
+        (turns[0], True), (turns[0], False), (turns[1], True), (turns[2], True),
+        (turns[2], False), (middle, True), (turns[3], True), (turns[3], False),
+        (more_tools, True), (more_tools, False), (turns[3], True), (kwargs, True),
+        (kwargs, False), (no_prompt, True), (turns[3], True),
+    ]  # fmt: skip
+    for request, again in sequence:
+        before = len(renders)
+        cold = EngineTokens(config.channels).token_ids(ch := config.channels[0], request).ids
+        warm, keys = tokens.content_keys(ch, json.loads(json.dumps(request)), 16, session="s")
+        assert list(warm.ids) == list(cold) and keys == hash_blocks(cold, 16)
+        assert len(renders) - before == (1 if again else 0), request
+        if not again:
+            assert warm.reused == len(warm.ids)
+
+
+def test_a_tool_list_edited_in_place_is_rendered_again(hf_model) -> None:
+    template = str(hf_model / "chat_template.jinja")
+    channel = channel_config("http://x/v1", chat_template=template, tokenizer=f"hf:{hf_model}")
+    config = parse_config({"channels": [channel]})
+    tokens = EngineTokens(config.channels)
+    request = json.loads(json.dumps(next(agent_session(4, 1))))
+    first = list(tokens.token_ids("sim", request, session="s").ids)
+    request["tools"][0]["function"]["name"] = "open_file"  # the caller's own object
+    second = list(tokens.token_ids("sim", request, session="s").ids)
+    assert second != first
+    assert second == list(EngineTokens(config.channels).token_ids("sim", request).ids)
+
+
+def test_a_template_that_reads_the_clock_is_always_rendered(tmp_path) -> None:
+    dated = tmp_path / "dated.jinja"
+    dated.write_text(
+        "{{ strftime_now('%Y-%m-%d') }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    config = parse_config({"channels": [channel_config("http://x/v1", chat_template=str(dated))]})
+    tokens = EngineTokens(config.channels)
+    renders = _counting_renders(tokens, "sim")
+    request = {"messages": [{"role": "user", "content": "what day is it? " * 50}]}
+    for _ in range(3):
+        tokens.token_ids("sim", request, session="s")
+    assert len(renders) == 3

@@ -171,3 +171,36 @@ def test_model_parts_sum_to_the_prompt(L, cached, here, best, previous, changed_
     )
     assert sum(s.parts.values()) == L
     assert all(v > 0 for v in s.parts.values()) and set(s.parts) <= set(CAUSES)
+
+
+_SHARED = [BlockAt(True, False, None), BlockAt(False, False, None), BlockAt(False, True, None),
+           BlockAt(False, False, 5.0), BlockAt(True, False, 15.0)]  # fmt: skip
+
+
+@given(
+    mine=st.lists(st.sampled_from(range(len(_SHARED))), max_size=40),
+    other=st.lists(st.sampled_from(range(len(_SHARED))), max_size=40),
+    prompt=st.integers(1, 700),
+    cached=st.one_of(st.none(), st.integers(0, 700)),
+    previous=st.one_of(st.none(), st.integers(0, 700)),
+    changed=st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_runs_of_shared_states_split_as_block_by_block(
+    mine, other, prompt, cached, previous, changed
+) -> None:
+    """States the index shares between blocks are split a run at a time: the same
+    split as with a distinct object per block."""
+
+    def split(copy: bool) -> tuple:
+        def states(xs):
+            return [BlockAt(*_SHARED[x]) if copy else _SHARED[x] for x in xs]
+
+        out = split_events(
+            prompt_tokens=prompt, block_size=16, cached=cached, mine=states(mine),
+            others={"b": states(other)}, t=10.0, t_end=20.0, previous_tokens=previous,
+            changed=changed,
+        )  # fmt: skip
+        return out.parts, out.elsewhere_replica, out.host_hit, out.host_missed
+
+    assert split(False) == split(True)

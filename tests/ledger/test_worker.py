@@ -63,3 +63,38 @@ def test_the_models_blocks_are_named_by_their_prefix() -> None:
     assert again.here == 1024  # 512 estimated tokens, scaled
     elsewhere = m.see("r2", b, 1300)
     assert (elsewhere.here, elsewhere.best, elsewhere.best_replica) == (0, 1024, "r1")
+
+
+def test_the_keys_routing_computed_are_not_computed_again() -> None:
+    """``routing: precise`` computed the request's engine keys at the ledger's block size:
+    the ledger takes them (and still counts a length that differs from the engine's)."""
+    from prefixgate.routing.prefix import PromptBlocks
+
+    w = worker()
+    ch = w.channels["c"]
+    rec = Record(request_id="a", received_at=1.0, channel="c", prompt_tokens=40)
+    keys = content_keys(list(range(40)), 16)
+
+    async def run() -> None:
+        known = PromptBlocks(tuple(keys), 16, 40)
+        assert await w._keys(ch, rec, None, 16, known) == keys and w.token_mismatches == 0
+        assert await w._keys(ch, rec, None, 16, PromptBlocks(tuple(keys), 16, 41)) == keys
+        assert w.token_mismatches == 1
+        # the estimate's blocks, or another block size: not the engine's keys
+        assert await w._keys(ch, rec, None, 16, PromptBlocks(tuple(keys), 16)) is None
+        assert await w._keys(ch, rec, None, 32, known) is None
+
+    asyncio.run(run())
+
+
+def test_the_gateway_without_a_ledger_takes_what_the_worker_takes() -> None:
+    """``store.ledger: false`` puts a stand-in where the worker goes: the request path
+    calls both alike."""
+    import inspect
+
+    from prefixgate.gateway import _NullLedger
+
+    assert list(inspect.signature(_NullLedger.feed).parameters) == list(
+        inspect.signature(LedgerWorker.feed).parameters
+    )
+    _NullLedger().feed(Record(request_id="a", received_at=1.0), {}, None)

@@ -224,6 +224,8 @@ class JinjaChatTemplate:
         except TemplateError as exc:
             raise RenderError(f"invalid chat template: {exc}") from exc
         self.source = source
+        # whether equal inputs render equal text (not when the template reads the clock)
+        self.deterministic = "strftime_now" not in source
         self.bos_token = bos_token
         self.eos_token = eos_token
 

@@ -22,7 +22,8 @@ routed against, without a snapshot taken on the request path.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = ["BlockHistory", "BlockAt"]
 
@@ -126,6 +127,11 @@ class BlockHistory:
         self._removed.clear()
 
     # -- queries --------------------------------------------------------------------------
+
+    def removals(self, medium: str) -> Mapping[ContentKey, Any]:
+        """The keys of ``medium`` with a removal kept (a key not in it has none: read
+        only, for a caller that skips :meth:`at` for such keys)."""
+        return self._removed.get(medium) or {}
 
     def covers(self, t: float) -> bool:
         return self.since is not None and self.since <= t

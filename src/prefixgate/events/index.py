@@ -47,6 +47,7 @@ __all__ = ["GPU", "EventIndex", "IndexCounters", "PrefixHit", "ReplicaIndex", "c
 
 GPU = GPU_MEDIUM
 _HELD = BlockAt(True, False, None)
+_NEVER = BlockAt(False, False, None)
 ContentKey = bytes
 _EXTRA = msgspec.msgpack.Encoder()
 
@@ -155,7 +156,8 @@ class ReplicaIndex:
         if names <= {GPU}:  # the common case, one medium: no call for a block held since
             resident = self._media.get(GPU, empty)
             since = hist.stored_times(GPU)
-            kept = _HELD
+            removed = hist.removals(GPU)
+            kept, cold = _HELD, _NEVER
             out = []
             for k in keys:
                 if k in resident:
@@ -163,6 +165,9 @@ class ReplicaIndex:
                     if at is None or at <= t:
                         out.append(kept)
                         continue
+                elif k not in removed:  # never held, or its removals forgotten
+                    out.append(cold)
+                    continue
                 held, gone = hist.at(GPU, k, t, k in resident)
                 out.append(BlockAt(held, False, gone))
             return out

@@ -11,7 +11,9 @@ channel receives into the ids its engine will compute, two ways:
   ``hf:PATH``). Messages go through what vLLM does before its template (text parts joined
   by newlines, tool-call arguments decoded to objects). Per session, the previous prompt
   is kept: a turn renders only the messages that changed (the ``ChatRenderer``; a Jinja
-  template renders the whole conversation) and tokenizes only from the last special
+  template renders the whole conversation, unless its inputs equal the previous
+  request's, as when routing and then the ledger ask for one request: then neither the
+  template nor the tokenizer runs again) and tokenizes only from the last special
   token both prompts share (:mod:`tokenizers` cuts its input at added tokens, so
   the ids before such a cut do not depend on the text after it), and hashes only the
   blocks past the common prefix (:meth:`EngineTokens.content_keys`).
@@ -64,6 +66,8 @@ if TYPE_CHECKING:
 __all__ = ["EngineTokens", "EngineTokensError", "PromptTokens"]
 
 _CHUNK = 4096  # characters compared at once when looking for the common prefix
+_JINJA = "jinja"  # a Jinja template's kept inputs: (_JINJA, messages, the rest, text)
+_JSON, _JSON_OUT = msgspec.json.Decoder(), msgspec.json.Encoder()
 
 
 class EngineTokensError(Exception):
@@ -137,16 +141,29 @@ class _Channel:
         generation = request.get("add_generation_prompt", True) is not False
         if isinstance(renderer, JinjaChatTemplate):
             kwargs = request.get("chat_template_kwargs")
-            text = renderer.render(
-                vllm_messages(messages),
-                tools,
-                generation,
-                **(kwargs if isinstance(kwargs, dict) else {}),
-            )
-            return text, None
+            kwargs = kwargs if isinstance(kwargs, dict) else {}
+            prepared = vllm_messages(messages)
+            # The template is a function of its inputs (unless it reads the clock): the
+            # same inputs as the previous request's give the same text, not rendered
+            # again. The prepared messages are built anew from the request; the tools
+            # and the template's arguments are kept as a copy (a caller's later edit to
+            # its own objects cannot make a stale text look current). Compared in C.
+            rest = [tools, generation, kwargs]
+            if prev is not None and prev[0] == _JINJA and prev[1] == prepared and prev[2] == rest:
+                return prev[3], prev
+            text = renderer.render(prepared, tools, generation, **kwargs)
+            if not renderer.deterministic:
+                return text, None
+            try:
+                kept = _JSON.decode(_JSON_OUT.encode(rest))
+            except (TypeError, ValueError):  # not JSON (not from a request): not kept
+                return text, None
+            return text, (_JINJA, prepared, kept, text)
         if not isinstance(renderer, ChatRenderer):
             return renderer.render(messages, tools, generation), None
         same, texts = 0, []
+        if prev is not None and prev[0] == _JINJA:
+            prev = None
         if prev is None or tools != prev[0]:
             tools_text = renderer.tools_text(tools)
         else:
@@ -192,7 +209,8 @@ def _common_ids(a: Tokens, b: Tokens) -> int:
 class EngineTokens:
     """Per channel, the engine's token ids of a chat request; per session, the last
     prompt, so that a turn costs its new tail. Memory is bounded by ``max_bytes`` (an LRU
-    of sessions; a session's entry is about 9 bytes per prompt token)."""
+    of sessions; a session's entry is about 9 bytes per prompt token, and for a
+    template's text and its inputs, twice the prompt's characters)."""
 
     def __init__(self, channels: Iterable[ChannelConfig], *, max_bytes: int = 64 << 20) -> None:
         self._channels = {ch.name: _Channel(ch) for ch in channels}
@@ -249,7 +267,9 @@ class EngineTokens:
         try:
             text, parts = ch.render(request, None if prev is None else prev.parts)
             tok = ch.tokenizer()
-            if isinstance(tok, ApproxTokenizer):
+            if prev is not None and text is prev.text:  # the same prompt again: its ids
+                entry, reused = _Previous(text, prev.ids, prev.offsets, prev.cuts), len(prev.ids)
+            elif isinstance(tok, ApproxTokenizer):
                 entry, reused = _Previous(text, tok.encode_array(text)), 0
             elif isinstance(tok, HFTokenizer):
                 entry, reused = _hf_tokens(tok, ch.special, text, prev)

@@ -91,17 +91,56 @@ def split_events(
     prev_blocks = (previous_tokens or 0) // B if changed else 0
     where: Counter[str] = Counter()
     broke: str | None = None
-    for i in range(hit // B, -(-top // B)):
-        lo, hi = max(i * B, hit), min((i + 1) * B, top)
-        cause = _cause(i, mine, others, t, t_end, prev_blocks, broke, where)
+    i, end = hit // B, -(-top // B)
+    while i < end:
+        # a run of blocks whose states are the same objects (the index shares them)
+        # gets one cause; the first block alone, as it decides ``broke``
+        j = i + 1 if broke is None else _run_end(i, end, mine, others, prev_blocks)
+        lo, hi = max(i * B, hit), min(j * B, top)
+        cause, name = _cause(i, mine, others, t, t_end, prev_blocks, broke)
+        if name is not None:
+            where[name] += j - i
         if broke is None:
             broke = cause
         if i < len(mine) and mine[i].host and not mine[i].gpu:
             out.host_missed += hi - lo
         out.add(cause, hi - lo)
+        i = j
     if where:
         out.elsewhere_replica = where.most_common(1)[0][0]
     return out
+
+
+def _run_end(
+    i: int,
+    end: int,
+    mine: Sequence[BlockAt],
+    others: Mapping[str, Sequence[BlockAt]],
+    prev_blocks: int,
+) -> int:
+    """The end of the run from block ``i`` on whose inputs to :func:`_cause` are the same:
+    the same state objects here and on every other replica, on the same side of
+    ``prev_blocks`` and of each list's end."""
+    if i >= len(mine):
+        return end  # all "unknown"
+    limit = min(end, len(mine), prev_blocks if i < prev_blocks else end)
+    first = mine[i]
+    theirs = []
+    for blocks in others.values():
+        if i < len(blocks):
+            limit = min(limit, len(blocks))
+            theirs.append((blocks, blocks[i]))
+    j = i + 1
+    if not theirs:
+        while j < limit and mine[j] is first:
+            j += 1
+        return j
+    while j < limit and mine[j] is first:
+        for blocks, o in theirs:
+            if blocks[j] is not o:
+                return j
+        j += 1
+    return j
 
 
 def _cause(
@@ -112,29 +151,28 @@ def _cause(
     t_end: float,
     prev_blocks: int,
     broke: str | None,
-    where: Counter[str],
-) -> str:
+) -> tuple[str, str | None]:
+    """Block ``i``'s cause, and for ``elsewhere`` the replica that holds it."""
     if i >= len(mine):  # the engine's prompt is longer than the tokens asked of the index
-        return "unknown"
+        return "unknown", None
     b = mine[i]
     if b.held:
         if b.removed_at is not None and t < b.removed_at <= t_end:
-            return "evicted"  # removed while the request waited for the engine
-        return broke or "unknown"
+            return "evicted", None  # removed while the request waited for the engine
+        return broke or "unknown", None
     if b.removed_at is not None and b.removed_at <= t:
-        return "evicted"
+        return "evicted", None
     gone_elsewhere = False
     for name, blocks in others.items():
         if i < len(blocks):
             o = blocks[i]
             if o.held:
-                where[name] += 1
-                return "elsewhere"
+                return "elsewhere", name
             if o.removed_at is not None and o.removed_at <= t:
                 gone_elsewhere = True
     if gone_elsewhere:
-        return "evicted"
-    return "prefix_changed" if i < prev_blocks else "cold"
+        return "evicted", None
+    return ("prefix_changed" if i < prev_blocks else "cold"), None
 
 
 def split_model(

@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from prefixgate.store.base import Store
 from .cachemodel import CAPACITY_TOKENS, ReplicaModels
 from .model import CAUSES, EVENTS, MODEL, Ledger
 from .split import Split, split_events, split_model
+
+if TYPE_CHECKING:
+    from prefixgate.routing.prefix import PromptBlocks
 
 log = logging.getLogger("prefixgate.ledger")
 _SLICE = 512  # blocks looked up in the index per turn of the event loop
@@ -130,8 +133,9 @@ class LedgerWorker:
         self.flush_interval, self.retry_interval = flush_interval, retry_interval
         self.sessions_max = sessions_max
         self.model_capacity_tokens = model_capacity_tokens
-        # each: the record, the request as sent upstream, and who waits for its ledger
-        self._queue: deque[tuple[Record, dict | None, Then]] = deque()
+        # each: the record, the request as sent upstream, who waits for its ledger, and
+        # its routing's blocks
+        self._queue: deque[tuple[Record, dict | None, Then, PromptBlocks | None]] = deque()
         self._pending: list[Ledger] = []
         self._sessions: OrderedDict[tuple[str, str], _Previous] = OrderedDict()
         # per session and channel: its last prompt's token ids and content keys (remote ids)
@@ -148,10 +152,18 @@ class LedgerWorker:
         self._closing = False
 
     # -- the request path -----------------------------------------------------------------
-    def feed(self, record: Record, request: dict | None, then: Then = None) -> None:
+    def feed(
+        self,
+        record: Record,
+        request: dict | None,
+        then: Then = None,
+        blocks: PromptBlocks | None = None,
+    ) -> None:
         """A finished request (called by its finish): queued, nothing computed here.
         ``then`` is called with its ledger once computed, or with None when there is none
-        (no prompt figure, the queue full, a failure, the worker stopped)."""
+        (no prompt figure, the queue full, a failure, the worker stopped). ``blocks``: its
+        routing's blocks (when they are the engine's content keys, the ledger does not
+        compute them again)."""
         if record.prompt_tokens is None or record.channel is None:
             _call(then, None)
             return
@@ -159,7 +171,7 @@ class LedgerWorker:
             self.dropped += 1
             _call(then, None)
             return
-        self._queue.append((record, request, then))
+        self._queue.append((record, request, then, blocks))
         self._wake.set()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -210,9 +222,9 @@ class LedgerWorker:
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
             if self._queue:
-                record, request, then = self._queue.popleft()
+                record, request, then, blocks = self._queue.popleft()
                 try:
-                    ledger = await self.compute(record, request)
+                    ledger = await self.compute(record, request, blocks)
                 except Exception:  # a bug costs one ledger, never the worker
                     log.exception("ledger of request %s failed", record.request_id)
                     self.failed += 1
@@ -279,7 +291,9 @@ class LedgerWorker:
             raise
 
     # -- one ledger -----------------------------------------------------------------------
-    async def compute(self, rec: Record, request: dict | None) -> Ledger | None:
+    async def compute(
+        self, rec: Record, request: dict | None, blocks: PromptBlocks | None = None
+    ) -> Ledger | None:
         """The ledger of one finished request (None when it has no prompt tokens)."""
         ch = self.channels.get(rec.channel or "")
         L = rec.prompt_tokens
@@ -299,7 +313,9 @@ class LedgerWorker:
         model_predicted = None if view is None else min(view.here, cap) // B * B
         prev_tokens = previous.prompt_tokens if previous else None
         if ch.kv_events is not None and self.events is not None and ch.kind == "openai":
-            split = await self._from_events(ch, rec, request, B, prev_tokens, change is not None)
+            split = await self._from_events(
+                ch, rec, request, B, prev_tokens, change is not None, blocks
+            )
             source = EVENTS
         else:
             changed_at = None
@@ -387,11 +403,12 @@ class LedgerWorker:
         B: int,
         prev_tokens: int | None,
         changed: bool,
+        blocks: PromptBlocks | None = None,
     ) -> Split:
         L = rec.prompt_tokens or 0
         t = rec.received_at
         t_end = rec.first_byte_at or rec.done_at or t
-        keys = await self._keys(ch, rec, request, B)
+        keys = await self._keys(ch, rec, request, B, blocks)
         ev = self.events
         index = ev.channels[ch.name].index if ch.name in ev.channels else None
         mine = others = None
@@ -423,10 +440,20 @@ class LedgerWorker:
         )
 
     async def _keys(
-        self, ch: ChannelConfig, rec: Record, request: dict | None, B: int
+        self,
+        ch: ChannelConfig,
+        rec: Record,
+        request: dict | None,
+        B: int,
+        known: PromptBlocks | None = None,
     ) -> list[bytes] | None:
         """The content keys of the prompt's full blocks, or None when its tokens cannot
-        be had (logged at debug level; the ledger then says ``unknown``)."""
+        be had (logged at debug level; the ledger then says ``unknown``). ``known``: the
+        keys routing computed for this request (the same function of the same request)."""
+        if known is not None and known.engine_tokens is not None and known.block_size == B:
+            if known.engine_tokens != rec.prompt_tokens:
+                self.token_mismatches += 1
+            return list(known.hashes)
         if request is None or self.tokens is None:
             return None
         from prefixgate.events.tokens import EngineTokensError

@@ -173,7 +173,8 @@ class Exchange:
             span = None
             if gw.telemetry is not None:
                 span = gw.telemetry.exporter_of(rec, self.request.headers.get("traceparent"))
-            gw.ledger.feed(rec, self.out, span)
+            blocks = self.target.blocks if self.target is not None else None
+            gw.ledger.feed(rec, self.out, span, blocks=blocks)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
 

@@ -191,11 +191,13 @@ class ChannelRouter:
         events, tokens = self.events, self.tokens
         size = events.block_size(ch.name) if events is not None else None
         keys = None
+        n = 0
         if size is not None and tokens is not None:
             from prefixgate.events.tokens import EngineTokensError
 
             try:
-                keys = tokens.content_keys(ch, request, size, session=session)[1]
+                ids, keys = tokens.content_keys(ch, request, size, session=session)
+                n = len(ids)
             except EngineTokensError as err:
                 self._failures.warning(ch.name, "routing: precise on %s: %s", ch.name, err)
         if keys is None:
@@ -214,7 +216,7 @@ class ChannelRouter:
             source = "events"
         else:
             source = "events+estimate" if from_events else "estimate"
-        return PromptBlocks(tuple(keys), size), matched, source  # type: ignore[arg-type]
+        return PromptBlocks(tuple(keys), size, n), matched, source  # type: ignore[arg-type]
 
     async def _order(
         self,

@@ -27,10 +27,12 @@ _TOKENIZER = ApproxTokenizer()
 
 @dataclass(frozen=True, slots=True)
 class PromptBlocks:
-    """The chained hashes of a prompt's full blocks."""
+    """The chained hashes of a prompt's full blocks. ``engine_tokens``: set when they are
+    the content keys of the engine's token ids (``routing: precise``), their count."""
 
     hashes: tuple[bytes, ...]
     block_size: int
+    engine_tokens: int | None = None
 
     def __len__(self) -> int:
         return len(self.hashes)
