@@ -168,6 +168,9 @@ class StoreConfig(_Model):
     dsn: str = "sqlite:///prefixgate.db"
     retention_days: float | None = None
     capture_segments: bool = True
+    # Memory for the sessions' latest requests, which each request is compared with to
+    # find what breaks its prefix (record/changes.py); 0 turns the comparison off.
+    change_memory_mb: float = Field(64.0, ge=0)
     spool_path: str | None = None
 
 

@@ -8,9 +8,11 @@ import sqlite3
 import psycopg
 import pytest
 
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.shape import Shape
 from prefixgate.store import Store, StoreError, open_store, schema, sql
 from prefixgate.store.postgres import PostgresStore
+from prefixgate.store.sql import SqlStore
 from prefixgate.store.sqlite import SqliteStore
 
 T0 = 1_700_000_000.0
@@ -55,6 +57,30 @@ def full_record(i: int, **over) -> Record:
         latency_ms=1534.25,
         ttft_ms=212.5,
         retries=2,
+        error_message="upstream unavailable (503): engine busy",
+        compared="session",
+        change=Change(
+            scope="session",
+            cls="time_of_day",
+            segment="system[1]",
+            upstream="messages[0]:system",
+            kind="system",
+            at_tokens=18_157,
+            lost_tokens=9_000 + i,
+            prompt_estimate=30_000,
+            shape=Shape(
+                cls="time_of_day",
+                char_offset=202,
+                token_offset=50,
+                paragraph=2,
+                line=4,
+                old_chars=8,
+                new_chars=8,
+                old_skeleton="99:99:99",
+                new_skeleton="99:99:99",
+                text_chars=6000,
+            ),
+        ),
         segments_in=seg_in,
         segments_out=seg_out,
     )
@@ -83,12 +109,26 @@ def test_migrate_from_scratch_is_idempotent(store: Store, dsn: str) -> None:
     assert store.count() == 0
 
 
+def _write_v1(store: SqlStore, record: Record) -> None:
+    """A record as a version-1 gateway wrote it: only the columns migration 1 made."""
+    n = len(schema.SCALAR_COLUMNS) + len(schema.SEGMENT_COLUMNS)
+    cols = schema.COLUMNS[:n]
+    kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS)
+    marks = ", ".join(store._param(kinds[c]) for c in cols)
+    with store._transaction(exclusive=True) as cur:
+        cur.execute(
+            f"INSERT INTO requests ({', '.join(cols)}) VALUES ({marks})",
+            schema.record_row(record)[:n],
+        )
+
+
 def test_migrate_from_version_1_keeps_data(store: Store, dsn: str) -> None:
     assert store.migrate(target=1) == 1
-    store.write_batch([full_record(0)])
+    _write_v1(store, full_record(0))
     assert store.migrate() == schema.LATEST_VERSION
     assert store.migrate() == schema.LATEST_VERSION
-    assert [r.request_id for r in store.iter_records()] == ["req-0"]
+    [back] = store.iter_records()
+    assert back.request_id == "req-0" and back.change is None and back.error_message is None
     # a second process opening the migrated database finds nothing to do
     with open_store(dsn) as other:
         assert other.migrate() == schema.LATEST_VERSION

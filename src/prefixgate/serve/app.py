@@ -229,5 +229,5 @@ def build_app(config: Config, **kw) -> Starlette:
             spool = config.store.spool_path or "prefixgate-spool.jsonl"
             recorder = RecordWriter(lambda: open_store(dsn), spool_path=spool)
         if capture is None and config.store.capture_segments:
-            capture = Capturer()
+            capture = Capturer(int(config.store.change_memory_mb * 1024 * 1024))
     return create_app(config, recorder=recorder, capture=capture, **kw)
