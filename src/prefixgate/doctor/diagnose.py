@@ -14,11 +14,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from prefixgate.doctor import absolute, upstream_health, usage_check
+from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import distribution as dist_mod
 from prefixgate.doctor import predict as pred_mod
 from prefixgate.doctor import segments as seg_mod
 from prefixgate.doctor import slices as slice_mod
-from prefixgate.doctor import upstream_health, usage_check
 from prefixgate.doctor.model import (
     CRITICAL,
     INFO,
@@ -57,12 +58,17 @@ def diagnose(
     metrics_urls: Sequence[str] = (),
     engine_log: str | Path | None = None,
     metrics_snapshots: MetricsInput = None,
+    min_loss_share: float = brk.MIN_LOSS_SHARE,
+    min_loss_per_day: float = brk.MIN_LOSS_PER_DAY,
 ) -> Diagnosis:
     """Diagnose the records in ``store_dsn`` received in ``[since, until)``.
 
     ``metrics_snapshots``: Prometheus texts of the upstream(s), each a string or a
     ``(source, text)`` pair; several of one source are read as first/last (deltas).
-    ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file."""
+    ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file.
+    A breaker (a segment that changes within sessions) is reported when it costs at
+    least ``min_loss_share`` of its upstream's prompt tokens or ``min_loss_per_day``
+    tokens a day."""
     with open_store(store_dsn) as store:
         d = Diagnosis(
             store=_safe_dsn(store_dsn),
@@ -80,6 +86,7 @@ def diagnose(
             d.notes.append("the store is empty (no schema): nothing recorded yet")
         else:
             _records(d, store, since, until, block_hint)
+            _breakers(d, store, since, until, block_hint, min_loss_share, min_loss_per_day)
     if not d.findings:
         d.findings.append(
             Finding(
@@ -179,6 +186,18 @@ def _records(
         d.findings.append(u)
 
 
+def _breakers(
+    d: Diagnosis, store: Store, since, until, hint: int | None, share: float, per_day: float
+) -> None:
+    """Absolute detection (doctor/absolute.py): each material breaker folded into the
+    slice finding that names it, or a finding of its own."""
+    found = brk.load(store, since, until)
+    d.breakers = [b.as_dict() for b in found[:30]]
+    left = absolute.fold(d.findings, brk.material(found, min_share=share, min_per_day=per_day))
+    for b in left:
+        d.findings.append(absolute.finding(store, b, since, until, hint))
+
+
 def _overlaps(a: slice_mod.Slice, b: slice_mod.Slice, cells: list[slice_mod.Cell]) -> bool:
     shared = sum(c.prompt_tokens for c in cells if a.matches(c) and b.matches(c))
     return shared >= slice_mod.SAME_SET * min(a.rate.prompt_tokens, b.rate.prompt_tokens)
@@ -263,7 +282,7 @@ def _slice_finding(
     _summary_segments(f, seg, dist)
     if cause:
         f.fix = pred_mod.fix_advice(cause, s.channel, seg.volatility if seg else None)
-    _summary_prediction(f, prediction)
+    pred_mod.summarize(f, prediction)
     _summary_control(f, store, s, since, until, block)
     return f
 
@@ -415,27 +434,6 @@ def _summary_segments(
                 ],
             )
         )
-
-
-def _summary_prediction(f: Finding, p: pred_mod.Prediction | None) -> None:
-    if p is None:
-        return
-    f.summary.append(
-        f"predicted hit rate after the fix: {pct(p.predicted_rate)} (replay of {p.requests:,} captured "
-        f"prompts, block {p.block_size}; the same replay as sent gives {pct(p.replay_as_sent)} vs "
-        f"{pct(p.measured_rate)} measured: calibration {p.calibration_points:+.1f} points)"
-    )
-    f.evidence.append(
-        Table(
-            "replay through the cache model",
-            ["replay", "hit rate"],
-            [
-                ["measured (as recorded)", pct(p.measured_rate)],
-                ["model, prompts as sent", pct(p.replay_as_sent)],
-                ["model, fix applied", pct(p.predicted_rate)],
-            ],
-        )
-    )
 
 
 def _summary_control(

@@ -68,6 +68,8 @@ class Diagnosis:
     slices: list[dict[str, Any]]
     findings: list[Finding]
     notes: list[str] = field(default_factory=list)
+    # every breaker found, material or not (doctor/breakers.py), most tokens lost first
+    breakers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
