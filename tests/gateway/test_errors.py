@@ -242,6 +242,10 @@ def test_context_length_error_becomes_prompt_too_long(gateway, upstream):
             client.messages.create(**GOOD_MSG)
     err = _assert_openai_error(httpx.post(gw.url + "/v1/chat/completions", json=GOOD_CHAT), 400)
     assert err["code"] == "context_length_exceeded"
+    # every failed record says why, as the client was told
+    assert [r.error_message for r in gw.records] == [
+        "prompt is too long: 8000 tokens > 4096 maximum"
+    ] * 3
 
 
 def test_max_tokens_clamped_when_only_it_overflows(gateway, upstream):
@@ -324,6 +328,7 @@ def test_failover_on_5xx_and_all_failed(gateway, upstream):
     r = httpx.post(gw.url + "/v1/messages", json=GOOD_MSG)
     body = _assert_anthropic_error(r, 502, "api_error")
     assert "boom" in body["error"]["message"]
+    assert gw.records[-1].error_message == body["error"]["message"]
 
 
 def test_first_byte_timeout(gateway, upstream):
@@ -344,6 +349,7 @@ def test_stream_dies_mid_way_gives_error_event(gateway, upstream):
     assert events[0] == "message_start" and events[-1] == "error"
     assert "message_stop" not in events
     assert gw.records[-1].status >= 500
+    assert gw.records[-1].error_message  # a failure after the first byte has its reason too
 
 
 def test_invalid_json_in_stream(gateway, upstream):
