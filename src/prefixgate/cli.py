@@ -204,6 +204,19 @@ async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
     default=None,
     help="Output length when the request sets no ignore_eos (default 32).",
 )
+@click.option(
+    "--vllm-version",
+    default=None,
+    help="vLLM release whose usage fields are imitated (default 0.32: cached_tokens 0 is "
+    "reported; earlier releases omit prompt_tokens_details when nothing hit).",
+)
+@click.option(
+    "--no-cache-report",
+    "report_cached_tokens",
+    flag_value=False,
+    default=None,
+    help="Never report cached tokens (vLLM without --enable-prompt-tokens-details).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def upstream_sim(host, port, replicas, log_level, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
