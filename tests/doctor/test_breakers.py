@@ -5,58 +5,18 @@ segment, and find nothing critical in the control."""
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
 import pytest
 
-from prefixgate.config import parse_config
 from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import diagnose, exit_code, render_text
-from prefixgate.serve.app import build_app
-from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from prefixgate.traffic import breakers as bk
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.conftest import pg_schema_dsn
-
-MODEL = "claude-opus-4-8"
-
-
-async def _send(url: str, sessions) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-
-        async def one(session):
-            for req in session:
-                r = await client.post(req.endpoint, headers=req.headers, content=req.content())
-                assert r.status_code == 200, r.text
-
-        await asyncio.gather(*(one(s) for s in sessions))
+from tests.doctor import live
 
 
-def record(case: str, dsn: str, *, block=32, order="tools_first", sessions=3, turns=5) -> str:
-    """The case's traffic through a gateway (billing-header strip off) into ``dsn``."""
-    settings = SimSettings(block_size=block, render_order=order, max_model_len=1_048_576)
-    with ServerThread(create_upstream_app(settings)) as upstream:
-        config = parse_config(
-            {
-                "channels": [
-                    {
-                        "name": "vllm",
-                        "base_url": upstream.url + "/v1",
-                        "models": [MODEL],
-                        "model_map": {MODEL: "sim-model"},
-                        "render_order": order,
-                        "strip_anthropic_billing_header": False,
-                    }
-                ],
-                "store": {"dsn": dsn},
-            }
-        )
-        spec = bk.spec_for(sessions=sessions, turns=turns, models=(MODEL,))
-        with ServerThread(build_app(config)) as gw:
-            asyncio.run(_send(gw.url, bk.sessions(case, spec)))
-    return dsn
+def record(case: str, dsn: str, **kw) -> str:
+    return live.record(case, dsn, **kw)[0]
 
 
 def named(d, case):

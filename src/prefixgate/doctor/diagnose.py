@@ -5,7 +5,9 @@
 3. segments: which prompt segment breaks the prefix, where, what varies, which cause;
 4. predict: the fix, replayed through the cache model, with a calibration figure;
 5. control: a healthy slice on the same upstream, proof that the upstream works;
-6. upstream health (metrics, engine log), cache report off, usage semantics.
+6. upstream health (metrics, engine log), cache report off, usage semantics;
+7. breakers found per session (absolute.py), with the slices as corroboration;
+8. floods of failed requests (failures.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefixgate.doctor import absolute, upstream_health, usage_check
+from prefixgate.doctor import absolute, failures, upstream_health, usage_check
 from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import distribution as dist_mod
 from prefixgate.doctor import predict as pred_mod
@@ -184,6 +186,8 @@ def _records(
     u = usage_check.check(store, since, until)
     if u:
         d.findings.append(u)
+    for flood in failures.floods(failures.load(store, since, until)):
+        d.findings.append(failures.finding(store, flood, since, until))
 
 
 def _breakers(
