@@ -111,6 +111,7 @@ def lines(b: brk.Breaker) -> list[str]:
             f"{shape.new_skeleton or '∅'} ({shape.old_chars} → {shape.new_chars} chars) at "
             f"line {shape.line}, paragraph {shape.paragraph} of {b.segment}"
         )
+    out += b.corroboration
     others = {c: n for c, n in b.classes.items() if c != b.cls}
     if others:
         out.append("also seen there: " + ", ".join(f"{c} ×{n}" for c, n in sorted(others.items())))

@@ -191,12 +191,26 @@ def material(
     min_per_day: float = MIN_LOSS_PER_DAY,
 ) -> list[Breaker]:
     """The breakers worth a finding: a share of their client's prompt tokens on the
-    upstream, or tokens a day, at least the thresholds."""
-    return [
+    upstream, or tokens a day, at least the thresholds. A segment that changes within
+    sessions differs across them too: that is said on it, not as a second breaker."""
+    worth = [
         b
         for b in breakers
         if b.breaks >= MIN_BREAKS and (b.share >= min_share or (b.per_day or 0.0) >= min_per_day)
     ]
+    within = {
+        (b.channel, b.upstream_model, b.client, b.segment): b for b in worth if b.scope == "session"
+    }
+    out = []
+    for b in worth:
+        host = within.get((b.channel, b.upstream_model, b.client, b.segment))
+        if b.scope == "sessions" and host is not None:
+            host.corroboration.append(
+                f"it differs across sessions too ({b.breaks} of {b.compared} session openings)"
+            )
+            continue
+        out.append(b)
+    return out
 
 
 # -- words ------------------------------------------------------------------------------
@@ -227,18 +241,20 @@ def where(b: Breaker) -> str:
     """Where the change starts, in words: "after the first paragraph of system block 1
     (line 3, char 202, ≈ token 50)"."""
     shape = b.example.shape if b.example else None
-    name = segment_name(b.segment)
+    name, pre = segment_name(b.segment), ""
     if b.example is not None and b.example.known == "billing_header":
-        name = f"Claude Code's billing header ({name})"
-    if shape is None or not shape.text_chars:
-        return f"in {name}"
+        name, pre = "Claude Code's billing header", f"{segment_name(b.segment)}, "
+    if shape is None or not shape.text_chars or shape.char_offset == 0:
+        start = "at the start of" if shape is not None and shape.text_chars else "in"
+        return f"{start} {name}" + (f" ({pre.rstrip(', ')})" if pre else "")
     at = f"char {shape.char_offset:,}, ≈ token {shape.token_offset:,}"
     if shape.paragraph > 1:
-        return f"after the {_ordinal(shape.paragraph - 1)} paragraph of {name} (line {shape.line}, {at})"
-    if shape.char_offset == 0:
-        return f"at the start of {name}"
+        return (
+            f"after the {_ordinal(shape.paragraph - 1)} paragraph of {name} "
+            f"({pre}line {shape.line}, {at})"
+        )
     line = f"line {shape.line}, " if shape.line > 1 else ""
-    return f"in {name} ({line}{at})"
+    return f"in {name} ({pre}{line}{at})"
 
 
 def what(b: Breaker) -> str:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefixgate.doctor import absolute, failures, upstream_health, usage_check
+from prefixgate.doctor import absolute, cache_report, failures, upstream_health, usage_check
 from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import distribution as dist_mod
 from prefixgate.doctor import predict as pred_mod
@@ -62,6 +62,8 @@ def diagnose(
     metrics_snapshots: MetricsInput = None,
     min_loss_share: float = brk.MIN_LOSS_SHARE,
     min_loss_per_day: float = brk.MIN_LOSS_PER_DAY,
+    channel_metrics: dict[str, str] | None = None,
+    probes: dict[str, cache_report.Evidence] | None = None,
 ) -> Diagnosis:
     """Diagnose the records in ``store_dsn`` received in ``[since, until)``.
 
@@ -70,7 +72,9 @@ def diagnose(
     ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file.
     A breaker (a segment that changes within sessions) is reported when it costs at
     least ``min_loss_share`` of its upstream's prompt tokens or ``min_loss_per_day``
-    tokens a day."""
+    tokens a day. ``channel_metrics`` names the metrics URL of each channel (among
+    ``metrics_urls``) and ``probes`` holds active probes' evidence per channel: both tell
+    a cache report that is off from one with nothing to report."""
     with open_store(store_dsn) as store:
         d = Diagnosis(
             store=_safe_dsn(store_dsn),
@@ -82,12 +86,23 @@ def diagnose(
             slices=[],
             findings=[],
         )
-        block_hint = _upstream(d, metrics_urls, engine_log, metrics_snapshots)
+        urls = list(metrics_urls) + [
+            u for u in (channel_metrics or {}).values() if u not in metrics_urls
+        ]
+        block_hint, counters = _upstream(d, urls, engine_log, metrics_snapshots)
+        evidence: dict[str, cache_report.Evidence] = {}
+        for ch, url in (channel_metrics or {}).items():
+            ev = cache_report.from_metrics(counters[url]) if url in counters else None
+            if ev is not None:
+                evidence[ch] = ev
+        for ch, ev in (probes or {}).items():
+            if ch not in evidence and ev.verdict != cache_report.UNKNOWN:
+                evidence[ch] = ev
         if store.schema_version() == 0:
             d.overall = slice_mod.Rate().as_dict()
             d.notes.append("the store is empty (no schema): nothing recorded yet")
         else:
-            _records(d, store, since, until, block_hint)
+            _records(d, store, since, until, block_hint, evidence)
             _breakers(d, store, since, until, block_hint, min_loss_share, min_loss_per_day)
     if not d.findings:
         d.findings.append(
@@ -115,7 +130,9 @@ def _safe_dsn(dsn: str) -> str:
 
 def _upstream(
     d: Diagnosis, urls: Sequence[str], log: str | Path | None, snaps: MetricsInput
-) -> int | None:
+) -> tuple[int | None, dict[str, upstream_health.Counters]]:
+    """Findings from the metrics and the engine log; the block size they say, and each
+    source's counters (deltas between its first and last snapshot)."""
     by_source: dict[str, list[upstream_health.Counters]] = {}
     for item in snaps or ():
         source, text = item if isinstance(item, tuple) else ("metrics", item)
@@ -128,11 +145,15 @@ def _upstream(
             continue
         by_source.setdefault(url, []).append(upstream_health.parse_metrics(text))
     block = None
+    summed: dict[str, upstream_health.Counters] = {}
     for source, counters in by_source.items():
         f = upstream_health.metrics_finding(source, counters)
         if f:
             d.findings.append(f)
         block = block or next((c.block_size for c in counters if c.block_size), None)
+        summed[source] = (
+            upstream_health.delta(counters[0], counters[-1]) if len(counters) > 1 else counters[0]
+        )
     if log is not None:
         path = Path(log)
         try:
@@ -146,24 +167,32 @@ def _upstream(
                 d.findings.append(f)
             elif stats.rate_lines == 0:
                 d.notes.append(f"engine log {path.name}: no prefix-cache rate lines found")
-    return block
+    return block, summed
 
 
 # -- records ------------------------------------------------------------------------------
 
 
 def _records(
-    d: Diagnosis, store: Store, since: float | None, until: float | None, block_hint: int | None
+    d: Diagnosis,
+    store: Store,
+    since: float | None,
+    until: float | None,
+    block_hint: int | None,
+    evidence: dict[str, cache_report.Evidence],
 ) -> None:
     cells = slice_mod.load_cells(store, since, until)
     overall = slice_mod.total(cells)
     d.overall = overall.as_dict()
     d.days = [{"day": format_day(day), **r.as_dict()} for day, r in slice_mod.by_day(cells).items()]
-    silent = slice_mod.silent_channels(cells)
-    f = upstream_health.cache_report_finding(silent)
-    if f:
-        d.findings.append(f)
-    judged = [c for c in cells if c.channel not in silent]
+    silent = {
+        ch: (n, evidence.get(ch) or cache_report.from_records(store, ch, since, until))
+        for ch, n in slice_mod.silent_channels(cells).items()
+    }
+    d.findings += cache_report.finding(silent)
+    # Absent because nothing hit: counted as 0 cached, judged with the rest.
+    unmeasured = {ch for ch, (_, ev) in silent.items() if ev.verdict != cache_report.NOTHING_HIT}
+    judged = [c for c in cells if c.channel not in unmeasured]
     ranked = slice_mod.rank(judged)
     d.slices = [s.as_dict() for s in ranked[:30]]
     weak = slice_mod.weak(ranked, judged)[:MAX_WEAK]
