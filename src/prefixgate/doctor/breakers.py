@@ -15,10 +15,11 @@ breaker, there is no peer to compare with, and the loss is still there.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
+from prefixgate.doctor.slices import Cell, load_cells
 from prefixgate.record.model import Change
 from prefixgate.record.shape import CLASSES
 from prefixgate.store import Store
@@ -110,29 +111,33 @@ class Upstream:
     last: float = 0.0
 
 
-def _upstreams(store: Store, since, until) -> dict[tuple, Upstream]:
-    where, params = query.window(since, until)
-    sql = (
-        "SELECT channel, upstream_model, client, compared, COUNT(*), SUM(prompt_tokens),"
-        " MIN(received_at), MAX(received_at)"
-        f" FROM requests WHERE {query.OK}{where}"
-        " GROUP BY channel, upstream_model, client, compared"
-    )
+def _upstreams(cells: Iterable[Cell]) -> dict[tuple, Upstream]:
+    """Requests and prompt tokens per upstream and client, split by how the capture
+    compared them: summed from the slices' cells (no scan of its own)."""
     out: dict[tuple, Upstream] = {}
-    for ch, model, client, compared, n, prompt, first, last in query.run(store, sql, params):
-        u = out.setdefault((ch, model, client), Upstream(first=float(first), last=float(last)))
-        u.requests += int(n)
-        u.prompt_tokens += int(prompt or 0)
-        u.first, u.last = min(u.first, float(first)), max(u.last, float(last))
-        if compared is not None:
-            u.compared[compared] = int(n)
-            u.compared_prompt[compared] = int(prompt or 0)
+    for c in cells:
+        key = (c.channel, c.upstream_model, c.client)
+        u = out.setdefault(key, Upstream(first=c.first, last=c.last))
+        u.requests += c.requests
+        u.prompt_tokens += c.prompt_tokens
+        u.first, u.last = min(u.first, c.first), max(u.last, c.last)
+        if c.compared is not None:
+            u.compared[c.compared] = u.compared.get(c.compared, 0) + c.requests
+            u.compared_prompt[c.compared] = u.compared_prompt.get(c.compared, 0) + c.prompt_tokens
     return out
 
 
-def load(store: Store, since: float | None = None, until: float | None = None) -> list[Breaker]:
-    """Every breaker in the window, most tokens lost first (material or not)."""
-    upstreams = _upstreams(store, since, until)
+def load(
+    store: Store,
+    since: float | None = None,
+    until: float | None = None,
+    cells: Iterable[Cell] | None = None,
+) -> list[Breaker]:
+    """Every breaker in the window, most tokens lost first (material or not); ``cells``
+    are the window's slice cells when the caller has them."""
+    if cells is None:
+        cells = load_cells(store, since, until)
+    upstreams = _upstreams(cells)
     where, params = query.window(since, until)
     sql = (
         "SELECT channel, upstream_model, client, compared, change_segment, change_class,"

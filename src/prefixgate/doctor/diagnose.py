@@ -102,8 +102,8 @@ def diagnose(
             d.overall = slice_mod.Rate().as_dict()
             d.notes.append("the store is empty (no schema): nothing recorded yet")
         else:
-            _records(d, store, since, until, block_hint, evidence)
-            _breakers(d, store, since, until, block_hint, min_loss_share, min_loss_per_day)
+            cells = _records(d, store, since, until, block_hint, evidence)
+            _breakers(d, store, cells, since, until, block_hint, min_loss_share, min_loss_per_day)
     if not d.findings:
         d.findings.append(
             Finding(
@@ -180,7 +180,7 @@ def _records(
     until: float | None,
     block_hint: int | None,
     evidence: dict[str, cache_report.Evidence],
-) -> None:
+) -> list[slice_mod.Cell]:
     cells = slice_mod.load_cells(store, since, until)
     overall = slice_mod.total(cells)
     d.overall = overall.as_dict()
@@ -200,9 +200,11 @@ def _records(
         d.findings.append(
             _slice_finding(store, s, ranked, judged, since, until, block_hint, weak=True)
         )
-    # Slices that are not (yet) weak can still carry a diagnosable break: one per entry.
+    # Slices that are not (yet) weak can still carry a diagnosable break: one per entry —
+    # unless the capture compared the requests: the breakers find those, per session.
     covered = list(weak)
-    for e in slice_mod.group(judged, ["endpoint"]):
+    compared = any(c.compared is not None for c in cells)
+    for e in [] if compared else slice_mod.group(judged, ["endpoint"]):
         s = next((x for x in ranked if x.same(e)), e)
         if s.rate.requests < slice_mod.MIN_REQUESTS or any(
             _overlaps(s, w, judged) for w in covered
@@ -215,16 +217,24 @@ def _records(
     u = usage_check.check(store, since, until)
     if u:
         d.findings.append(u)
-    for flood in failures.floods(failures.load(store, since, until)):
+    for flood in failures.floods(failures.load(store, since, until, cells)):
         d.findings.append(failures.finding(store, flood, since, until))
+    return cells
 
 
 def _breakers(
-    d: Diagnosis, store: Store, since, until, hint: int | None, share: float, per_day: float
+    d: Diagnosis,
+    store: Store,
+    cells: list[slice_mod.Cell],
+    since,
+    until,
+    hint: int | None,
+    share: float,
+    per_day: float,
 ) -> None:
     """Absolute detection (doctor/absolute.py): each material breaker folded into the
     slice finding that names it, or a finding of its own."""
-    found = brk.load(store, since, until)
+    found = brk.load(store, since, until, cells)
     d.breakers = [b.as_dict() for b in found[:30]]
     left = absolute.fold(d.findings, brk.material(found, min_share=share, min_per_day=per_day))
     for b in left:

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
 from prefixgate.doctor.model import CRITICAL, WARNING, Finding, Table
 from prefixgate.doctor.report import pct, tokens
+from prefixgate.doctor.slices import Cell
 from prefixgate.record.segments import prefix_tokens
 from prefixgate.store import Store
 
@@ -70,6 +72,7 @@ class Flood:
     client: str | None
     failed: int = 0
     requests: int = 0  # all of the client's requests on this upstream
+    served_max: int = 0  # the largest prompt it was served
     reasons: dict[str, int] = field(default_factory=dict)
     models: dict[str | None, int] = field(default_factory=dict)
 
@@ -81,17 +84,17 @@ class Flood:
         return sorted(self.reasons.items(), key=lambda x: -x[1])[:n]
 
 
-def load(store: Store, since: float | None, until: float | None) -> list[Flood]:
-    """Failures grouped by kind, upstream and client, with every client's request count."""
+def load(
+    store: Store, since: float | None, until: float | None, cells: Iterable[Cell]
+) -> list[Flood]:
+    """Failures grouped by kind, upstream and client, with every client's request count
+    (the served ones from the slices' ``cells``, no scan of their own)."""
     where, params = query.window(since, until)
     totals: dict[tuple, int] = defaultdict(int)
-    for ch, model, client, n in query.run(
-        store,
-        "SELECT channel, upstream_model, client, COUNT(*) FROM requests"
-        f" WHERE status <> 499{where} GROUP BY channel, upstream_model, client",
-        params,
-    ):
-        totals[(ch, model, client)] += int(n)
+    served: dict[tuple, int] = defaultdict(int)
+    for c in cells:
+        totals[(c.channel, c.upstream_model, c.client)] += c.requests
+        served[(c.channel, c.client)] = max(served[(c.channel, c.client)], c.max_prompt)
     floods: dict[tuple, Flood] = {}
     rows = query.run(
         store,
@@ -102,12 +105,21 @@ def load(store: Store, since: float | None, until: float | None) -> list[Flood]:
         " error_message",
         params,
     )
+    for ch, model, client, _, _, _, _, n in rows:
+        totals[(ch, model, client)] += int(n)
     for ch, model, client, requested, status, etype, message, n in rows:
         kind = kind_of(int(status or 0), etype, message)
         # A request refused before a channel was chosen counts against its client alone.
         f = floods.setdefault(
             (kind, ch, model, client),
-            Flood(kind, ch, model, client, requests=totals.get((ch, model, client), 0)),
+            Flood(
+                kind,
+                ch,
+                model,
+                client,
+                requests=totals.get((ch, model, client), 0),
+                served_max=served.get((ch, client), 0),
+            ),
         )
         n = int(n)
         f.failed += n
@@ -146,14 +158,6 @@ def _refused_sizes(store: Store, f: Flood, since, until) -> list[int]:
         segs = query.segments(s_in if same or s_out is None else s_out) or []
         out.append(prefix_tokens(segs))
     return out
-
-
-def _served_max(store: Store, f: Flood, since, until) -> int:
-    where, params = _scope(f, since, until)
-    rows = query.run(
-        store, f"SELECT MAX(prompt_tokens) FROM requests WHERE {query.OK}{where}", params
-    )
-    return int(rows[0][0] or 0) if rows else 0
 
 
 def finding(store: Store, f: Flood, since, until) -> Finding:
@@ -222,7 +226,7 @@ def _overflow(out: Finding, store: Store, f: Flood, since, until) -> None:
     claimed = [int(m.group(1)) for r in f.reasons if (m := _TOO_LONG.search(r))]
     window = max(set(maxima), key=maxima.count) if maxima else None
     refused = _refused_sizes(store, f, since, until)
-    served = _served_max(store, f, since, until)
+    served = f.served_max
     biggest = max([*refused, *claimed, served], default=0)
     who = f.client or "the client"
     size = f"≈{tokens(biggest)} tokens" if biggest else "prompts"

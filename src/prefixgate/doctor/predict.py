@@ -28,7 +28,7 @@ from prefixgate.doctor.segments import Captured
 from prefixgate.record.model import Segment
 from prefixgate.record.segments import prefix_tokens
 
-REPLAY_TOKEN_BUDGET = 20_000_000  # prompt tokens replayed (most recent whole sessions)
+REPLAY_TOKEN_BUDGET = 6_000_000  # prompt tokens replayed (most recent whole sessions)
 
 Unit = tuple[int, int]  # (key, estimated tokens)
 Transform = Callable[[Captured], list[Unit]]
