@@ -38,15 +38,34 @@ class HeadersTooLarge(InvalidRequest):
 
 
 class PromptTooLong(InvalidRequest):
-    """The upstream refused the prompt for its context window (N tokens > M maximum)."""
+    """The upstream refused the prompt for its context window (N tokens > M maximum).
+
+    ``at_least``: the upstream's N is only a lower bound (vLLM 0.32 stops counting at the
+    window); ``estimated``: N is the gateway's own estimate of the whole prompt, said so
+    after the figures (a client such as Claude Code reads the figures to compact enough)."""
 
     code = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, raw: str = "") -> None:
-        super().__init__(f"prompt is too long: {prompt_tokens} tokens > {max_tokens} maximum")
+    def __init__(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        raw: str = "",
+        *,
+        at_least: bool = False,
+        estimated_from: int | None = None,
+    ) -> None:
+        message = f"prompt is too long: {prompt_tokens} tokens > {max_tokens} maximum"
+        if estimated_from is not None:
+            message += (
+                f" (the gateway's estimate of the whole prompt; the upstream stopped counting "
+                f"at {estimated_from})"
+            )
+        super().__init__(message)
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.raw = raw
+        self.at_least = at_least
 
 
 class AuthenticationFailed(GatewayError):

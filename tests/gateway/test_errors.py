@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 
 import anthropic
@@ -439,3 +440,35 @@ def test_too_many_messages_tools_and_blocks(gateway):
     _assert_anthropic_error(httpx.post(url, json=msg), 400, "invalid_request_error")
     chat = {"model": "m", "messages": [{"role": "user", "content": "x"}] * 6}
     _assert_openai_error(httpx.post(gw.url + "/v1/chat/completions", json=chat), 400)
+
+
+def test_a_lower_bound_is_replaced_by_the_whole_prompts_estimate(gateway, upstream):
+    """vLLM 0.32 stops counting at the window ("at least 16385"): the client is told the
+    gateway's estimate of the whole prompt, said as such, so it compacts enough."""
+    gw = gateway()
+    msg = (
+        "This model's maximum context length is 16384 tokens. However, your prompt contains "
+        "at least 16385 input tokens, which exceeds this limit even without any output tokens."
+    )
+    upstream.script = lambda b: Reply(
+        status=400, error={"object": "error", "message": msg, "type": "BadRequestError"}
+    )
+    long = {**GOOD_MSG, "messages": [{"role": "user", "content": "word " * 100_000}]}
+    r = httpx.post(gw.url + "/v1/messages", json=long)
+    text = _assert_anthropic_error(r, 400, "invalid_request_error")["error"]["message"]
+    m = re.match(r"prompt is too long: (\d+) tokens > 16384 maximum", text)
+    assert m and 100_000 <= int(m.group(1)) <= 140_000  # ≈ 500k chars / 4, not 16385
+    assert "estimate" in text and "16385" in text
+    assert gw.records[-1].error_message == text
+    # a count the upstream gave whole is relayed as it is
+    upstream.script = lambda b: Reply(
+        status=400,
+        error={
+            "message": msg.replace("prompt contains at least 16385", "request has 17000"),
+            "type": "BadRequestError",
+        },
+    )
+    r = httpx.post(gw.url + "/v1/messages", json=long)
+    assert _assert_anthropic_error(r, 400, "invalid_request_error")["error"]["message"] == (
+        "prompt is too long: 17000 tokens > 16384 maximum"
+    )

@@ -60,6 +60,7 @@ class ContextOverflow:
 
     maximum: int
     prompt: int  # input tokens (the total requested when the upstream gives no split)
+    at_least: bool = False  # ``prompt`` is a lower bound: the upstream stopped counting
 
     @property
     def prompt_fits(self) -> bool:
@@ -79,12 +80,27 @@ def parse_context_error(message: str) -> ContextOverflow | None:
     maximum = _first_int(_MAXIMUM.search(message))
     if maximum is None:
         return None
-    prompt = _first_int(_PROMPT.search(message))
+    found = _PROMPT.search(message)
+    prompt = _first_int(found)
     if prompt is None:
         prompt = _first_int(_REQUESTED.search(message))
     if prompt is None:
         return None
-    return ContextOverflow(maximum, prompt)
+    return ContextOverflow(maximum, prompt, "at least" in (found.group(0) if found else ""))
+
+
+def estimate_prompt_tokens(request: bytes) -> int | None:
+    """The prompt tokens of an OpenAI chat request, estimated the way the cache model
+    counts without the upstream's tokenizer (its chat rendering, about four characters a
+    token); None for a body of another shape."""
+    from prefixgate.cache import ApproxTokenizer, ChatRenderer
+
+    try:
+        body = msgspec.json.decode(request)
+        messages, tools = body["messages"], body.get("tools")
+        return ApproxTokenizer().count(ChatRenderer().render(messages, tools))
+    except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError):
+        return None
 
 
 def error_message(body: bytes) -> str:
@@ -120,15 +136,26 @@ def _retry_after(resp) -> float | None:
         return None
 
 
-def map_status(status: int, body: bytes, resp=None) -> GatewayError:
+def map_status(
+    status: int, body: bytes, resp=None, *, request: bytes | None = None
+) -> GatewayError:
     """The error of an upstream status; ``resp`` (anything with ``headers``) gives the
-    Retry-After."""
+    Retry-After. ``request``: the body that was sent, to count a prompt the upstream
+    refused without counting it whole."""
     msg = error_message(body)
     retry_after = _retry_after(resp) if resp is not None else None
     if status in (400, 413, 422):
         overflow = parse_context_error(msg)
         if overflow is not None and not overflow.prompt_fits:
-            return PromptTooLong(overflow.prompt, overflow.maximum, raw=msg)
+            if overflow.at_least and request is not None:
+                estimate = estimate_prompt_tokens(request)
+                if estimate is not None and estimate > overflow.prompt:
+                    return PromptTooLong(
+                        estimate, overflow.maximum, raw=msg, estimated_from=overflow.prompt
+                    )
+            return PromptTooLong(
+                overflow.prompt, overflow.maximum, raw=msg, at_least=overflow.at_least
+            )
         return UpstreamRejected(f"upstream rejected the request: {msg}", overflow=overflow)
     if status == 429:
         return UpstreamRateLimited(
@@ -310,7 +337,7 @@ class Upstream:
                 body_bytes = await _read_limited(conn, timeouts.idle)
             finally:
                 pool.discard(conn)
-            raise map_status(conn.status, _scrub(body_bytes, headers), conn)
+            raise map_status(conn.status, _scrub(body_bytes, headers), conn, request=body)
         return UpstreamResponse(conn, pool)
 
     async def get_json(
