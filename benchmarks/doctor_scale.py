@@ -23,6 +23,7 @@ import os
 import platform
 import random
 import secrets
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -210,7 +211,11 @@ def main() -> None:
             else:
                 name, dsn = _postgres(args.pg)
             try:
+                print(f"{backend}: writing {args.records:,} records", file=sys.stderr, flush=True)
                 fill_s = fill(dsn, args.records)
+                print(
+                    f"{backend}: written in {fill_s:.0f} s; diagnosing", file=sys.stderr, flush=True
+                )
                 if name is not None:
                     with psycopg.connect(dsn, autocommit=True) as conn:
                         conn.execute("ANALYZE requests")

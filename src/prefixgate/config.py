@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
 RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix"]
-RenderOrder = Literal["tools_first", "system_first"]
+RenderOrder = Literal["tools_first", "system_first", "auto"]
 
 
 def hash_key(key: str) -> str:
@@ -82,7 +82,7 @@ class ChannelConfig(_Model):
     anthropic_messages_exclude_cache: bool = True
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
-    render_order: RenderOrder = "tools_first"
+    render_order: RenderOrder = "auto"  # auto: learned from the upstream (upstream/order.py)
     capture_text: bool = False
     metrics_url: str | None = None
     # Replica choice (docs/routing.md). The thresholds are SGLang cache_aware's defaults.

@@ -56,7 +56,6 @@ def record(
             "base_url": upstream.url + "/v1",
             "models": [MODEL],
             "model_map": {MODEL: "sim-model"},
-            "render_order": order,
             "strip_anthropic_billing_header": False,
             **(channel or {}),
         }

@@ -115,7 +115,7 @@ def _probe_body(model: str) -> bytes:
 async def probe(channel, transport) -> Evidence:
     """Two identical requests to the channel's upstream (``openai`` channels): does the
     second one's answer carry a cached-token figure?"""
-    from prefixgate.upstream.channel import bearer
+    from prefixgate.upstream.channel import bearer, post_for_json
 
     model = channel.upstream_model(channel.models[0]) if channel.models else None
     url = channel.base_url + "/chat/completions"
@@ -131,18 +131,7 @@ async def probe(channel, transport) -> Evidence:
         body = _probe_body(model)
         usage = None
         for _ in range(2):
-            resp = await transport.open(
-                url,
-                body,
-                timeouts=channel.timeouts,
-                extra_headers=bearer(channel),
-                tls=channel.tls,
-            )
-            chunks = []
-            while (chunk := await resp.next(channel.timeouts.idle)) is not None:
-                chunks.append(chunk)
-            await resp.aclose()
-            usage = msgspec.json.decode(b"".join(chunks)).get("usage") or {}
+            usage = (await post_for_json(transport, channel, url, body)).get("usage") or {}
     except Exception as exc:  # noqa: BLE001 - a failed probe is evidence of nothing
         return Evidence(UNKNOWN, "probe", f"the probe failed: {type(exc).__name__}: {exc}")
     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None

@@ -20,6 +20,7 @@ from prefixgate.record.segments import (
     segments_of_chat,
     segments_openai,
 )
+from prefixgate.upstream.order import render_order
 
 
 class _SeenHashes:
@@ -67,7 +68,7 @@ class Capturer:
         )
         known = self._seen
         api_in = "openai" if rec.endpoint == "chat" else "anthropic"
-        tools_first = channel.render_order == "tools_first"
+        tools_first = render_order(channel) == "tools_first"
         objects: list[dict] | None = None
 
         def decoded() -> list[dict]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prefixgate.config import ChannelConfig
+from prefixgate.upstream.order import render_order
 
 from .health import HealthChecker
 
@@ -149,7 +150,7 @@ class ChannelRouter:
             down = [u for u in all_urls if u not in urls] if len(urls) < len(all_urls) else []
             blocks: PromptBlocks | None = None
             if ch.routing == "prefix" and prompt is not None:
-                blocks = prompt_blocks(prompt(ch), ch.routing_block_size, ch.render_order)
+                blocks = prompt_blocks(prompt(ch), ch.routing_block_size, render_order(ch))
             ordered = await self._order(ch, urls, key, blocks)
             healthy += [Target(ch, u, blocks) for u in ordered]
             unhealthy += [Target(ch, u, blocks) for u in order_session(down, key)]

@@ -19,6 +19,7 @@ from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.upstream import order as render_orders
 
 log = logging.getLogger("prefixgate")
 
@@ -66,6 +67,9 @@ def create_app(
             await start()
         await gateway.router.start()  # active health checks, shared routing state
         tasks = []
+        learning = await render_orders.start(config.channels, gateway.upstream)
+        if learning is not None:
+            tasks.append(learning)
         store = config.store
         if store is not None and store.retention_days:
             tasks.append(asyncio.create_task(_prune_forever(store.dsn, store.retention_days)))

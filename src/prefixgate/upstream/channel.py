@@ -120,3 +120,19 @@ async def _read_json(resp: UpstreamResponse, first: bytes, idle: float) -> dict:
     if not isinstance(obj, dict):
         raise UpstreamError("upstream sent a JSON value that is not an object")
     return obj
+
+
+async def post_for_json(transport, channel, url: str, body: bytes):
+    """``POST body`` to one of the channel's upstream URLs through ``transport`` (with the
+    channel's key, timeouts and TLS) and the answer's decoded JSON; raises what the
+    transport raises, or :class:`msgspec.DecodeError`."""
+    resp = await transport.open(
+        url, body, timeouts=channel.timeouts, extra_headers=bearer(channel), tls=channel.tls
+    )
+    chunks = []
+    try:
+        while (chunk := await resp.next(channel.timeouts.idle)) is not None:
+            chunks.append(chunk)
+    finally:
+        await resp.aclose()
+    return msgspec.json.decode(b"".join(chunks))
