@@ -18,6 +18,7 @@ knows its size.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ import random
 import secrets
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -160,10 +162,52 @@ def fill(dsn: str, n: int, batch: int = 20_000) -> float:
     return time.perf_counter() - t0
 
 
-def analyse(dsn: str, runs: int = 2) -> dict:
+class ServerCPU:
+    """The CPU seconds the Postgres server spends for one database (its backends and
+    parallel workers, read from ``/proc`` while they live: the server runs on this machine),
+    sampled every 50 ms from a thread; None where ``/proc`` does not show them."""
+
+    def __init__(self, admin: str, database: str) -> None:
+        self.admin, self.database = admin, database
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self.visible = True
+
+    def _poll(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            while not self._stop.is_set():
+                pids = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.database,)
+                ).fetchall()
+                for (pid,) in pids:
+                    try:
+                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        self.visible = False
+                        continue
+                    self.seen[pid] = (int(fields[11]) + int(fields[12])) / tick
+                self._stop.wait(0.05)
+
+    def __enter__(self) -> ServerCPU:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float | None:
+        return round(sum(self.seen.values()), 2) if self.visible else None
+
+
+def analyse(dsn: str, runs: int = 2, server: tuple[str, str] | None = None) -> dict:
     """The whole diagnosis, timed (the best of ``runs``: wall time, and this process's CPU
     time, which on a busy machine says what the doctor itself costs; for SQLite that is
-    the database's work too, for Postgres not); and its largest aggregation alone."""
+    the database's work too; for Postgres the server's CPU for the database is added,
+    ``server``: (admin DSN, database)); and its largest aggregation alone."""
     with open_store(dsn) as store:
         t0 = time.perf_counter()
         cells = slices.load_cells(store, None, None)
@@ -171,15 +215,21 @@ def analyse(dsn: str, runs: int = 2) -> dict:
         t1 = time.perf_counter()
         found = breakers.load(store, cells=cells)
         breakers_s = time.perf_counter() - t1
-    walls, cpus = [], []
+    walls, cpus, servers = [], [], []
     for _ in range(runs):
-        w, c = time.perf_counter(), time.process_time()
-        d = diagnose(dsn)
-        walls.append(time.perf_counter() - w)
-        cpus.append(time.process_time() - c)
+        meter = ServerCPU(*server) if server else contextlib.nullcontext()
+        with meter:
+            w, c = time.perf_counter(), time.process_time()
+            d = diagnose(dsn)
+            walls.append(time.perf_counter() - w)
+            cpus.append(time.process_time() - c)
+        if server:
+            servers.append(meter.seconds)
     return {
         "diagnose_s": round(min(walls), 2),
         "diagnose_cpu_s": round(min(cpus), 2),
+        "server_cpu_s": min(servers) if servers and None not in servers else None,
+        "load_average": round(os.getloadavg()[0], 1),
         "slice_group_by_s": round(group_by, 2),
         "breakers_s": round(breakers_s, 2),
         "cells": len(cells),
@@ -219,7 +269,8 @@ def main() -> None:
                 if name is not None:
                     with psycopg.connect(dsn, autocommit=True) as conn:
                         conn.execute("ANALYZE requests")
-                results[backend] = {"fill_s": round(fill_s, 1), **analyse(dsn)}
+                server = (args.pg, name) if name is not None else None
+                results[backend] = {"fill_s": round(fill_s, 1), **analyse(dsn, server=server)}
             finally:
                 if name is not None:
                     with psycopg.connect(args.pg, autocommit=True) as conn:
@@ -229,7 +280,8 @@ def main() -> None:
             print(
                 f"{backend}: {args.records:,} records (filled in {r['fill_s']:.0f} s); "
                 f"diagnose {r['diagnose_s']:.2f} s (goal ≤ 10 s; this process's CPU "
-                f"{r['diagnose_cpu_s']:.2f} s): slice GROUP BY {r['slice_group_by_s']:.2f} s, "
+                f"{r['diagnose_cpu_s']:.2f} s, the server's {r['server_cpu_s']} s, load "
+                f"average {r['load_average']}): slice GROUP BY {r['slice_group_by_s']:.2f} s, "
                 f"breakers on its cells {r['breakers_s']:.2f} s",
                 flush=True,
             )

@@ -139,9 +139,17 @@ def load(
         cells = load_cells(store, since, until)
     upstreams = _upstreams(cells)
     where, params = query.window(since, until)
+    # What the break cost: the tokens re-sent after it, but no more than the upstream
+    # reports uncached (another session may have put the same bytes in the cache: two
+    # clocks read in the same second).
+    lost = (
+        "CASE WHEN cached_tokens IS NOT NULL"
+        " AND prompt_tokens - cached_tokens < prompt_tokens * change_lost"
+        " THEN prompt_tokens - cached_tokens ELSE prompt_tokens * change_lost END"
+    )
     sql = (
         "SELECT channel, upstream_model, client, compared, change_segment, change_class,"
-        " COUNT(*), COUNT(DISTINCT session_id), SUM(prompt_tokens * change_lost),"
+        f" COUNT(*), COUNT(DISTINCT session_id), SUM({lost}),"
         " SUM(prompt_tokens * change_at), MAX(CAST(change AS TEXT))"
         f" FROM requests WHERE {query.OK} AND change_class IS NOT NULL{where}"
         " GROUP BY channel, upstream_model, client, compared, change_segment, change_class"
