@@ -150,7 +150,7 @@ def gateway_config(port: int, upstream: str, store_dir: Path | None, name: str =
     if store_dir is not None:
         store = {
             "dsn": f"sqlite:///{store_dir}/{name}.db",
-            "spool_path": str(store_dir / f"{name}.spool.jsonl"),
+            "journal_path": str(store_dir / f"{name}.journal"),
         }
     return {
         "server": {"host": "127.0.0.1", "port": port},

@@ -6,7 +6,8 @@
 - ``"stream": false``: one JSON chat completion (content-length, keep-alive);
 - ``"stream": true``: a short SSE stream (role, 4 content chunks, finish, usage, [DONE]),
   chunked, each event its own write; a model whose name ends in ``-long`` gets 256
-  content chunks (the per-chunk relay cost).
+  content chunks (the per-chunk relay cost), one ending in ``-slow`` 64 chunks 50 ms apart
+  (a stream that trickles, as a model decoding does).
 The first content text is always ``Hello``: the load generator times the first token by it.
 ``GET /health`` and ``GET /v1/models`` answer 200. Anything else is 404.
 
@@ -19,6 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
+import subprocess
+import sys
+import time
 
 import msgspec
 
@@ -30,6 +35,8 @@ class _Req(msgspec.Struct):
 
 _decode_req = msgspec.json.Decoder(_Req).decode
 _encode = msgspec.json.encode
+
+SLOW_GAP = 0.05  # seconds between the events of a ``-slow`` stream
 
 USAGE = {
     "prompt_tokens": 12000,
@@ -115,7 +122,8 @@ class _Cache:
     def stream(self, model: str) -> list[bytes]:
         r = self.streams.get(model)
         if r is None:
-            r = self.streams[model] = _stream(model, 256 if model.endswith("-long") else 4)
+            n = 256 if model.endswith("-long") else 64 if model.endswith("-slow") else 4
+            r = self.streams[model] = _stream(model, n)
         return r
 
 
@@ -166,13 +174,49 @@ class FakeUpstream(asyncio.Protocol):
     async def _send_stream(self, model: str) -> None:
         t = self.transport
         t.write(_SSE_HEAD)
+        gap = SLOW_GAP if model.endswith("-slow") else 0
         for part in self.cache.stream(model):
             if t.is_closing():
                 return
             t.write(part)
-            await asyncio.sleep(0)  # each event its own write, as a real server sends them
+            await asyncio.sleep(gap)  # each event its own write, as a real server sends them
         self.busy = False
         self._parse()
+
+
+class Running:
+    """This server in a process of its own, pinned to ``cpu``, for the benchmarks that
+    measure against it: ``with Running(cpu) as up: up.url``."""
+
+    def __init__(self, cpu: int | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cpu = cpu
+
+    def __enter__(self) -> Running:
+        cmd = [sys.executable, __file__, "--port", str(self.port)]
+        if self.cpu is not None:
+            cmd += ["--cpu", str(self.cpu)]
+        self.proc = subprocess.Popen(cmd)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise SystemExit("the fake upstream did not start") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 async def serve(host: str, port: int) -> None:

@@ -69,8 +69,8 @@ def make_records(n: int) -> list[Record]:
     ]
 
 
-async def run_writer(store_factory, records: list[Record], spool: Path) -> dict:
-    writer = RecordWriter(store_factory, spool_path=spool)
+async def run_writer(store_factory, records: list[Record], journal: Path) -> dict:
+    writer = RecordWriter(store_factory, journal=journal)
     await writer.start()
     t0 = time.perf_counter()
     for i, record in enumerate(records):
@@ -85,7 +85,7 @@ async def run_writer(store_factory, records: list[Record], spool: Path) -> dict:
         "seconds": elapsed,
         "records_per_s": len(records) / elapsed,
         "written": stats.written,
-        "spooled": stats.spooled,
+        "left_in_journal": stats.pending,
         "dropped": stats.dropped,
     }
 
@@ -93,7 +93,7 @@ async def run_writer(store_factory, records: list[Record], spool: Path) -> dict:
 def bench_sqlite(records: list[Record]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
-        result = asyncio.run(run_writer(lambda: SqliteStore(path), records, Path(tmp) / "spool"))
+        result = asyncio.run(run_writer(lambda: SqliteStore(path), records, Path(tmp) / "journal"))
         with SqliteStore(path) as store:
             result["stored"] = store.count()
     return result
@@ -107,7 +107,7 @@ def bench_postgres(records: list[Record], admin_dsn: str) -> dict:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             result = asyncio.run(
-                run_writer(lambda: PostgresStore(dsn), records, Path(tmp) / "spool")
+                run_writer(lambda: PostgresStore(dsn), records, Path(tmp) / "journal")
             )
         with PostgresStore(dsn) as store:
             result["stored"] = store.count()

@@ -149,7 +149,7 @@ def main() -> None:
             }
         ],
         "keys": [{"name": "soak", "key_sha256": hashlib.sha256(KEY.encode()).hexdigest()}],
-        "store": {"dsn": f"sqlite:///{work}/soak.db", "spool_path": str(work / "spool.jsonl")},
+        "store": {"dsn": f"sqlite:///{work}/soak.db", "journal_path": str(work / "journal")},
     }
     (work / "gw.json").write_text(json.dumps(config))  # YAML is a superset of JSON
     log = open(work / "gateway.log", "wb")  # noqa: SIM115 (outlives this block)

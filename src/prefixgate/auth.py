@@ -73,12 +73,17 @@ class Authenticator:
             r.digest: Principal(r.name, r.owner, tuple(r.models)) for r in rows if r.active
         }
 
-    async def refresh_from_store(self, dsn: str, interval: float = 5.0) -> None:
-        """Reload the store's keys every ``interval`` seconds, until cancelled."""
+    async def refresh_from_store(
+        self, dsn: str, interval: float = 5.0, timeouts: tuple[float, float] | None = None
+    ) -> None:
+        """Reload the store's keys every ``interval`` seconds, until cancelled; a stalled
+        store fails a round after ``timeouts`` (statement, lock) seconds."""
         from prefixgate.store import open_store
 
+        statement, lock = timeouts or (None, None)
+
         def load():
-            with open_store(dsn) as store:
+            with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
                 store.migrate()
                 return store.list_keys()
 

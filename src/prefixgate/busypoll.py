@@ -13,7 +13,12 @@ open, a callback re-schedules itself with ``call_soon``, which makes the loop po
 zero timeout instead of blocking. A busy loop pays nothing more (the callback runs once
 per loop turn), an idle one stops polling when the window closes, and a budget caps the
 time spent polling at ``share`` of each second of wall time, so a steady trickle of
-events (a few slow streams) cannot keep a core spinning. Disabled with ``0``.
+events (a few slow streams) cannot keep a core spinning.
+
+Off by default (``busy_poll_us: 0``): it buys a tenth of a millisecond a request at low
+load and costs CPU while streams trickle (``benchmarks/busypoll.py`` measures both in one
+run; docs/performance.md has the figures). An opt-in for a latency-bound deployment with
+a core to spare.
 """
 
 from __future__ import annotations

@@ -63,9 +63,15 @@ def main() -> None:
     show_default=True,
     help="HTTP server: the gateway's own (docs/performance.md), or uvicorn as a fallback.",
 )
+@click.option(
+    "--access-log",
+    is_flag=True,
+    default=False,
+    help="One log line per request (as server.access_log: true).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(
-    config_path, upstream, model, host, port, store_dsn, workers, http_impl, log_level
+    config_path, upstream, model, host, port, store_dsn, workers, http_impl, access_log, log_level
 ) -> None:
     """Run the gateway.
 
@@ -92,7 +98,13 @@ def serve(
                 config = config.model_copy(update=overrides)
         else:
             config = quick_config(upstream, model, host or "127.0.0.1", port or 8787, store_dsn)
-    except ConfigError as exc:
+        if access_log:
+            server = config.server.model_copy(update={"access_log": True})
+            config = config.model_copy(update={"server": server})
+        config.admin_digest()
+        for key in config.keys:
+            key.digest()  # a key_env that is not set is a config error, said now
+    except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if config.open_access and config.server.host not in LOOPBACK:
         raise click.ClickException(
@@ -102,57 +114,117 @@ def serve(
     if config.open_access:
         log.warning("no API keys configured: accepting any key (loopback only)")
     from prefixgate.serve import process as serving
+    from prefixgate.serve.report import bind_error
 
-    if workers == 1:
-        serving.run(_serve(config, http_impl=http_impl))
-        return
-    log.info("prefixgate: %d worker processes", workers)
+    where = (config.server.host, config.server.port)
+    edge = _Edge(config, http_impl, workers, serving.raise_open_files())
+    try:
+        if workers == 1:
+            try:
+                sock = serving.bind(*where)
+            except OSError as exc:
+                raise click.ClickException(bind_error(*where, exc)) from None
+            serving.run(_serve(config, sock, edge=edge, report=True))
+            return
+        log.info("prefixgate: %d worker processes", workers)
 
-    def worker(sock, i: int) -> None:
-        cfg = config
-        if cfg.store is not None:  # one spool file per worker: they append independently
-            spool = f"{cfg.store.spool_path or 'prefixgate-spool.jsonl'}.{i}"
-            cfg = cfg.model_copy(
-                update={"store": cfg.store.model_copy(update={"spool_path": spool})}
-            )
-        serving.run(_serve(cfg, sock, http_impl=http_impl))
+        def worker(sock, i: int) -> None:  # each claims its own slot in the record journal
+            serving.run(_serve(config, sock, edge=edge, report=i == 0))
 
-    sys.exit(serving.run_workers(workers, config.server.host, config.server.port, worker))
+        try:
+            status = serving.run_workers(workers, *where, worker)
+        except OSError as exc:
+            raise click.ClickException(bind_error(*where, exc)) from None
+        sys.exit(status)
+    except KeyboardInterrupt:  # SIGINT before the server's own handler was in place
+        sys.exit(130)
 
 
-async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
-    from prefixgate.serve.app import build_app
-    from prefixgate.serve.process import bind, http_server, uvicorn_server
+class _Edge:
+    """How ``serve`` runs its HTTP server: which one, the open-file limit it raised at
+    start, and the edge's bounds from ``server:`` (the connection cap lowered to what the
+    open files allow)."""
 
-    log = logging.getLogger("prefixgate")
+    def __init__(self, config, http_impl: str, workers: int, open_files: tuple[int, int]):
+        from prefixgate.serve.edge import EdgeLimits
+        from prefixgate.serve.process import connection_cap
+
+        s = config.server
+        self.http_impl, self.workers, self.open_files = http_impl, workers, open_files
+        self.limits = EdgeLimits(
+            head_timeout=s.head_timeout,
+            body_timeout=s.body_timeout,
+            body_min_rate=s.body_min_rate,
+            keepalive=s.keepalive,
+            max_connections=connection_cap(s.max_connections, open_files[1]),
+        )
+
+
+async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
+    from prefixgate.serve.app import build_app, refusal_app
+    from prefixgate.serve.process import http_server, uvicorn_server
+    from prefixgate.serve.report import check_upstreams, start_block
+
     sims = []
+    embedded = None
     if config.embedded_upstream:
         from prefixgate.upstream_sim import SimSettings, start_embedded
 
-        sim_url, sims = await start_embedded(SimSettings(block_size=64))
-        channels = (config.channels[0].model_copy(update={"base_url": sim_url}),)
+        embedded, sims = await start_embedded(SimSettings(block_size=64))
+        channels = (config.channels[0].model_copy(update={"base_url": embedded}),)
         config = config.model_copy(update={"channels": channels})
-        log.info("embedded simulated upstream at %s", sim_url)
+    checks = [] if (embedded or not report) else await check_upstreams(config)
+    host = config.server.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+
+    def started() -> None:
+        if report:
+            block = start_block(
+                config,
+                url,
+                http_impl=edge.http_impl,
+                workers=edge.workers,
+                open_files=edge.open_files,
+                max_connections=edge.limits.max_connections,
+                checks=checks,
+                embedded=embedded,
+            )
+            click.echo(block, err=True)
+
     app = build_app(config)
-    sock = sock if sock is not None else bind(config.server.host, config.server.port)
     limits = config.limits
-    if http_impl == "uvicorn":
-        server = uvicorn_server(app, log_level="warning", graceful=30)
+    refusal = refusal_app(edge.limits.max_connections)
+    header_bound = max(1024 * 1024, 2 * limits.max_header_bytes)
+    if edge.http_impl == "uvicorn":
+        server = uvicorn_server(
+            app,
+            log_level="warning",
+            graceful=30,
+            edge=edge.limits,
+            refusal=refusal,
+            max_header_bytes=header_bound,
+            on_started=started,
+        )
     else:
         server = http_server(
             app,
             graceful=30,
             max_body=limits.max_body_bytes,
-            max_header_bytes=max(1024 * 1024, 2 * limits.max_header_bytes),
+            max_header_bytes=header_bound,
             busy_poll_us=config.server.busy_poll_us,
             busy_poll_share=config.server.busy_poll_share,
+            edge=edge.limits,
+            refusal=refusal,
+            on_started=started,
         )
-    log.info("prefixgate listening on http://%s:%s", config.server.host, sock.getsockname()[1])
     try:
         await server.serve(sockets=[sock])
     finally:
-        for s in sims:
+        for s in sims:  # stopped and awaited: a task left running is cancelled noisily
             s.should_exit = True
+        tasks = [s.config.app.state.serve_task for s in sims]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
 
 
 # -- upstream-sim --------------------------------------------------------------------------
@@ -217,13 +289,27 @@ async def _serve(config, sock=None, *, http_impl: str = "prefixgate") -> None:
     default=None,
     help="Never report cached tokens (vLLM without --enable-prompt-tokens-details).",
 )
+@click.option(
+    "--kv-events-config",
+    default=None,
+    help="Publish KV events as vLLM does: vLLM's JSON (endpoint, replay_endpoint, topic, "
+    'buffer_steps), plus "encoding": map|array|map-batch. Replica i: ports + i.',
+)
+@click.option(
+    "--strict-models/--any-model",
+    "strict_models",
+    default=None,
+    help="Refuse a model not in --model with vLLM's 404, as vLLM does (default: any).",
+)
 @click.option("--log-level", default="info", show_default=True)
-def upstream_sim(host, port, replicas, log_level, **opts) -> None:
+def upstream_sim(host, port, replicas, log_level, strict_models, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
     chained block hashes, last-token rule and LRU, with vLLM's usage fields and /metrics."""
     from prefixgate.upstream_sim import serve_upstreams, settings_from_options
 
     _setup_logging(log_level)
+    if strict_models is not None:
+        opts["accept_any_model"] = not strict_models
     settings = settings_from_options(**opts)
 
     def ready(urls) -> None:

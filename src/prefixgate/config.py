@@ -16,6 +16,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prefixgate.events.endpoints import Endpoints, check_endpoint, subscriber_endpoints
+
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
 RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix"]
 RenderOrder = Literal["tools_first", "system_first", "auto"]
@@ -66,6 +68,68 @@ class TLSConfig(_Model):
         return ctx
 
 
+class KvEventsEndpoint(_Model):
+    """One replica's event addresses, as given to its engine's ``--kv-events-config``."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str | None = None  # None: the section's
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, v: str | None) -> str | None:
+        return v if v is None else check_endpoint(v)
+
+
+class KvEventsConfig(_Model):
+    """The engines' KV-cache events (``events/``): where each replica publishes them.
+
+    ``endpoint``/``replay_endpoint``/``topic`` are the engine's own settings; the gateway
+    takes the other side (``events/endpoints.py``). A channel with several replicas gives
+    ``replicas`` (one entry per URL, in the order base_url, replicas...), or an endpoint
+    with ``*`` that each engine binds on its own host.
+    """
+
+    endpoint: str | None = None
+    replay_endpoint: str | None = None
+    topic: str = ""
+    replicas: tuple[KvEventsEndpoint, ...] = ()
+    block_size: int | None = Field(default=None, ge=1)  # None: the engines' own
+    max_blocks: int = Field(default=200_000, ge=1)  # per replica and medium
+    stale_after: float = Field(default=30.0, gt=0)  # seconds
+    replay_timeout: float = Field(default=2.0, gt=0)  # seconds
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, v: str | None) -> str | None:
+        return v if v is None else check_endpoint(v)
+
+    def endpoints_for(self, urls: tuple[str, ...]) -> dict[str, Endpoints]:
+        """The subscriber's side for each replica URL; ``ValueError`` if ambiguous."""
+        if self.replicas:
+            if len(self.replicas) != len(urls):
+                raise ValueError(
+                    f"kv_events.replicas has {len(self.replicas)} entries for {len(urls)} "
+                    "replicas (base_url, then replicas, in order)"
+                )
+            items = [
+                (url, r.endpoint, r.replay_endpoint, self.topic if r.topic is None else r.topic)
+                for url, r in zip(urls, self.replicas, strict=True)
+            ]
+        elif self.endpoint is None:
+            raise ValueError("kv_events needs an endpoint (or one per replica in replicas)")
+        else:
+            items = [(url, self.endpoint, self.replay_endpoint, self.topic) for url in urls]
+        out = {url: subscriber_endpoints(ep, rep, topic, url) for url, ep, rep, topic in items}
+        seen = [e.events for e in out.values()]
+        if len(set(seen)) != len(seen):
+            raise ValueError(
+                "kv_events: two replicas would share one event address; give each replica "
+                "its own endpoint (kv_events.replicas) or an endpoint with * on distinct hosts"
+            )
+        return out
+
+
 class ChannelConfig(_Model):
     name: str
     kind: Literal["openai", "anthropic"] = "openai"
@@ -97,6 +161,13 @@ class ChannelConfig(_Model):
     health_check_interval: float | None = Field(default=None, gt=0)  # None: no active probe
     health_path: str = "/health"
     health_timeout: float = Field(default=2.0, gt=0)
+    kv_events: KvEventsConfig | None = None  # the engines' KV-cache events (events/)
+
+    @model_validator(mode="after")
+    def _kv_events(self) -> ChannelConfig:
+        if self.kv_events is not None:
+            self.kv_events.endpoints_for(self.urls())
+        return self
 
     @field_validator("routing_shared")
     @classmethod
@@ -171,7 +242,39 @@ class StoreConfig(_Model):
     # Memory for the sessions' latest requests, which each request is compared with to
     # find what breaks its prefix (record/changes.py); 0 turns the comparison off.
     change_memory_mb: float = Field(64.0, ge=0)
-    spool_path: str | None = None
+    # The record journal (record/journal.py): a directory where each record is appended as
+    # its answer completes, until the store has it; each process writes its own slot in
+    # it. null: no journal (records wait for the store in memory; a crash loses them).
+    journal_path: str | None = "prefixgate-journal"
+    # Past this size the journal takes no more records (logged) until the store catches up.
+    journal_max_mb: float = Field(default=1024.0, gt=0)
+    # A stalled store is a failed store: a statement fails after statement_timeout, a lock
+    # wait after lock_timeout (SQLite: its busy timeout); the writer retries later while
+    # records wait in the journal. Seconds.
+    statement_timeout: float = Field(default=5.0, gt=0)
+    lock_timeout: float = Field(default=2.0, gt=0)
+    # Shutdown gives the store at most this long to take what is pending; the rest stays
+    # in the journal for the next start. Seconds.
+    close_timeout: float = Field(default=5.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, raw: object) -> object:
+        if isinstance(raw, dict) and "spool_path" in raw:
+            raise ValueError(
+                "spool_path is gone: records go to a journal directory, store.journal_path"
+            )
+        return raw
+
+    @field_validator("dsn")
+    @classmethod
+    def _known_store(cls, v: str) -> str:
+        # What store.open_store takes; said at start rather than at the first record.
+        if not v.startswith(("postgresql://", "postgres://", "sqlite:")) and not v.endswith(
+            (".db", ".sqlite", ".sqlite3")
+        ):
+            raise ValueError("want sqlite:///path.db, a .db path, or postgresql://…")
+        return v
 
 
 class Limits(_Model):
@@ -187,10 +290,22 @@ class ServerConfig(_Model):
     host: str = "127.0.0.1"
     port: int = 8787
     # After each socket event, keep polling for this long instead of sleeping (busypoll.py):
-    # the next packet is read when it lands, not after the idle core wakes up. 0: off.
-    busy_poll_us: float = Field(default=200.0, ge=0, le=100_000)
+    # the next packet is read when it lands, not after the idle core wakes up. 0: off (the
+    # default: it costs CPU while streams trickle; docs/performance.md has both figures).
+    busy_poll_us: float = Field(default=0.0, ge=0, le=100_000)
     # At most this share of each second is spent polling.
     busy_poll_share: float = Field(default=0.5, gt=0, le=1)
+    # The bounded edge (serve/edge.py), on both HTTP servers. A request head must arrive
+    # within head_timeout s of its first byte; a body must not pause for body_timeout s and,
+    # after its first body_timeout s, must average body_min_rate bytes/s (0: no floor).
+    head_timeout: float = Field(default=30.0, gt=0)
+    body_timeout: float = Field(default=30.0, gt=0)
+    body_min_rate: float = Field(default=1024.0, ge=0)
+    keepalive: float = Field(default=5.0, gt=0)  # s an idle connection is kept
+    # Open client connections per process; past it, 503 in the route's error shape. Lowered
+    # at start to what the open-file limit can serve.
+    max_connections: int = Field(default=10_000, ge=1)
+    access_log: bool = False  # one log line per request (prefixgate.access)
 
 
 class DashboardConfig(_Model):

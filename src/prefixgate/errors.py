@@ -83,6 +83,13 @@ class NotFound(GatewayError):
     kind = "not_found_error"
 
 
+class Unavailable(GatewayError):
+    """The gateway itself cannot take the request now (its connection cap): retry later."""
+
+    status = 503
+    kind = "overloaded_error"
+
+
 class RateLimited(GatewayError):
     status = 429
     kind = "rate_limit_error"

@@ -64,8 +64,8 @@ class Gateway:
         self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
         self._model_lists: dict[str, tuple[float, list[str]]] = {}  # channel -> (until, ids)
         self._background: set[asyncio.Task] = set()
-        # Requests taken and not yet recorded: an answer's record is closed just after
-        # its last byte went out, so a client can be a moment ahead.
+        # Requests taken and not yet recorded (a stream's record closes as its last
+        # chunk is written, so a client reading the stream can be a moment ahead).
         self.open_records = 0
 
     # -- entry points ------------------------------------------------------------------

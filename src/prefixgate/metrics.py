@@ -25,19 +25,19 @@ class _WriterCollector:
             return
         s = stats()
         for name, value, doc in (
-            ("prefixgate_record_queue_depth", s.queue_depth, "Records waiting for the writer."),
+            ("prefixgate_record_pending", s.pending, "Records not yet in the store."),
             ("prefixgate_records_written", s.written, "Records written to the store."),
             (
-                "prefixgate_records_spooled",
-                s.spooled,
-                "Records spooled while the store was unreachable.",
+                "prefixgate_records_dropped",
+                s.dropped,
+                "Records dropped (the journal full or failing).",
             ),
-            ("prefixgate_records_dropped", s.dropped, "Records dropped (queue full)."),
             (
-                "prefixgate_record_spool_pending",
-                s.spool_pending,
-                "Spooled records not yet replayed.",
+                "prefixgate_records_rejected",
+                s.rejected,
+                "Records the store refused for their data.",
             ),
+            ("prefixgate_record_journal_bytes", s.journal_bytes, "Bytes in the record journal."),
             ("prefixgate_store_up", int(s.store_ok), "1 when the last store write succeeded."),
         ):
             g = GaugeMetricFamily(name, doc)

@@ -33,6 +33,7 @@ def test_public_surface() -> None:
         "RemoteTokenizer",
         "RenderError",
         "Renderer",
+        "StoredBlocks",
         "Tokenizer",
         "TokenizerError",
         "canonical_json",

@@ -48,15 +48,15 @@ def test_an_unknown_model_upstream_is_the_clients_404_and_ejects_no_replica(gate
 
     upstream.script = script
     gw = _two_channels(gateway, upstream)
-    client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
-    for _ in range(5):
-        with pytest.raises(anthropic.NotFoundError) as caught:
-            client.messages.create(**MSG)
-        assert caught.value.body["error"]["type"] == "not_found_error"
-        assert "does not exist" in caught.value.body["error"]["message"]
-    chat = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
-    with pytest.raises(openai.NotFoundError):
-        chat.chat.completions.create(**CHAT)
+    with anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0) as client:
+        for _ in range(5):
+            with pytest.raises(anthropic.NotFoundError) as caught:
+                client.messages.create(**MSG)
+            assert caught.value.body["error"]["type"] == "not_found_error"
+            assert "does not exist" in caught.value.body["error"]["message"]
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as chat:
+        with pytest.raises(openai.NotFoundError):
+            chat.chat.completions.create(**CHAT)
     assert calls == ["first"] * 6  # never retried on the other channel
     settled(gw.gateway)
     assert [r.status for r in gw.records] == [404] * 6
@@ -112,13 +112,13 @@ def test_garbage_as_the_first_event_fails_over_before_any_byte(gateway, upstream
 def test_every_answer_names_its_record(gateway, upstream):
     upstream.script = lambda b: Reply(text="ok")
     gw = gateway()
-    client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
-    msg = client.messages.create(**MSG)
-    with client.messages.stream(**MSG) as stream:
-        stream.until_done()
-        streamed_id = stream.response.headers["request-id"]
-    chat = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
-    completion = chat.chat.completions.create(**CHAT)
+    with anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0) as client:
+        msg = client.messages.create(**MSG)
+        with client.messages.stream(**MSG) as stream:
+            stream.until_done()
+            streamed_id = stream.response.headers["request-id"]
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as chat:
+        completion = chat.chat.completions.create(**CHAT)
     bad = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m"})
     assert bad.status_code == 400
     settled(gw.gateway)

@@ -13,6 +13,7 @@ import pytest
 
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
+from tests.conftest import settled
 from tests.fakes import Reply
 
 GOOD_MSG = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
@@ -297,11 +298,14 @@ def test_failover_to_next_channel_before_first_byte(upstream):
         def submit(self, rec):
             recs.append(rec)
 
-    with ServerThread(create_app(config, recorder=R())) as srv:
+    app = create_app(config, recorder=R())
+    with ServerThread(app) as srv:
         r = httpx.post(srv.url + "/v1/messages", json={**GOOD_MSG, "stream": True})
         assert r.status_code == 200 and "event: message_stop" in r.text
+        settled(app.state.gateway)  # the record closes just after the last byte
         assert recs[-1].channel == "live" and recs[-1].retries == 1
         r = httpx.post(srv.url + "/v1/chat/completions", json=GOOD_CHAT)
+        settled(app.state.gateway)
         assert r.status_code == 200 and recs[-1].channel == "live"
 
 

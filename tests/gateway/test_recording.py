@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -35,7 +34,7 @@ def test_records_reach_the_store_with_segments(upstream, tmp_path):
     config = parse_config(
         {
             "channels": [{"name": "main", "base_url": upstream.url, "capture_text": True}],
-            "store": {"dsn": dsn, "spool_path": str(tmp_path / "spool.jsonl")},
+            "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
         }
     )
     upstream.script = lambda b: Reply(
@@ -98,7 +97,7 @@ def _start_gateway(
     cfg = {
         "server": {"host": "127.0.0.1", "port": port},
         "channels": [{"name": "main", "base_url": upstream_url}],
-        "store": {"dsn": dsn, "spool_path": str(tmp_path / "spool.jsonl")},
+        "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
     }
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -198,9 +197,9 @@ def test_sigterm_under_load_loses_no_record(upstream, tmp_path, backend, request
 class _Proxy:
     """A TCP proxy to Postgres that the test can cut and restore."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], port: int | None = None) -> None:
         self.target = target
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.up = True
         self._conns: list[socket.socket] = []
         self._lsock = socket.create_server(("127.0.0.1", self.port))
@@ -269,10 +268,10 @@ def test_store_cut_mid_run_then_back_loses_no_record(upstream, tmp_path, pg_data
         t = threading.Thread(target=lambda: statuses.extend(asyncio.run(_load(url, n))))
         t.start()
         t.join(60)
-        time.sleep(0.5)  # the writer fails and spools
-        assert (tmp_path / "spool.jsonl").exists()
+        time.sleep(0.5)  # the writer fails: the records wait in the journal
+        assert journal_lines(tmp_path / "journal") >= n
         proxy.restore()
-        time.sleep(4)  # the writer retries (every 2 s) and replays the spool
+        time.sleep(4)  # the writer retries (every 2 s) and stores them
         _sigterm(proc)
     finally:
         proxy.close()
@@ -281,21 +280,22 @@ def test_store_cut_mid_run_then_back_loses_no_record(upstream, tmp_path, pg_data
         recs = list(store.iter_records())
     assert len(recs) == n + 4
     assert len({r.request_id for r in recs}) == n + 4
-    spool = tmp_path / "spool.jsonl"
-    assert not spool.exists() or spool.read_bytes().strip() == b""
+    assert not (tmp_path / "journal").exists()  # everything stored: nothing left behind
 
 
-def test_spool_left_at_exit_is_replayed_on_next_start(upstream, tmp_path):
-    """Store unreachable for a whole run: records spool; the next start replays them."""
+def journal_lines(journal: Path) -> int:
+    """Records in a journal directory (every slot, every segment)."""
+    return sum(p.read_bytes().count(b"\n") for p in journal.glob("*/*.jsonl"))
+
+
+def test_journal_left_at_exit_is_stored_on_next_start(upstream, tmp_path):
+    """Store unreachable for a whole run: the records stay in the journal; the next
+    start stores them."""
     dead = "postgresql://postgres@127.0.0.1:9/nowhere?connect_timeout=1"
     proc, url = _start_gateway(tmp_path, upstream.url, dead)
     assert asyncio.run(_load(url, 6)) == [200] * 6
     _sigterm(proc)
-    lines = (tmp_path / "spool.jsonl").read_bytes().splitlines()
-    assert (
-        sum(len(json.loads(line)) if line.startswith(b"[") else 1 for line in lines if line.strip())
-        >= 1
-    )
+    assert journal_lines(tmp_path / "journal") == 6
     dsn = f"sqlite:///{tmp_path / 'r.db'}"
     proc, url = _start_gateway(tmp_path, upstream.url, dsn)
     time.sleep(1)

@@ -53,13 +53,14 @@ def stack():
 
 def test_both_entry_points_fail_over_the_same_way(stack):
     srv, sent, recorder, gateway = stack
-    msg = anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0).messages.create(
-        model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
-    )
-    chat = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
-    completion = chat.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hi"}]
-    )
+    with anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0) as client:
+        msg = client.messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0) as chat:
+        completion = chat.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
     assert msg.content[0].text == "ok" and completion.choices[0].message.content == "ok"
     # The second request skips the ejected channel: it failed a moment ago.
     assert sent == [

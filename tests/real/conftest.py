@@ -74,6 +74,17 @@ def vllm_no_strip(vllm_python, tiny_model, say) -> Iterator[harness.VllmServer]:
 
 
 @pytest.fixture(scope="session")
+def vllm_kv_events(vllm_python, tiny_model, say) -> Iterator[tuple[harness.VllmServer, dict]]:
+    """vLLM publishing its KV-cache events, with a KV cache of only ``KV_EVENTS_BLOCKS``
+    blocks (so a few sessions evict each other); yields the server and the event settings
+    it was given (its ``--kv-events-config``)."""
+    events = harness.kv_events_config()
+    extra = harness.kv_events_args(events, harness.KV_EVENTS_BLOCKS)
+    for server in _serve(vllm_python, tiny_model, say, "vllm-kv-events", extra_args=extra):
+        yield server, events
+
+
+@pytest.fixture(scope="session")
 def claude_exe(say) -> harness.Path:
     _skip_if_asked()
     return harness.ensure_claude_code(say)

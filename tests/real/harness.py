@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -217,6 +218,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+KV_EVENTS_BLOCKS = 48  # the KV cache of the events server: 1536 tokens
+
+
+def kv_events_config() -> dict:
+    """vLLM's ``--kv-events-config`` as the issue observed it: the engine connects its PUB
+    socket to a concrete address (the subscriber binds it) and binds its replay ROUTER."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{free_port()}",
+        "replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
+        "topic": "kv-events",
+    }
+
+
+def kv_events_args(events: dict, num_blocks: int) -> tuple[str, ...]:
+    """Server arguments for events and a KV cache of ``num_blocks`` blocks (the window
+    shrinks to fit: vLLM refuses a window its cache cannot hold)."""
+    window = num_blocks * BLOCK_SIZE - 2 * BLOCK_SIZE
+    return (
+        "--kv-events-config",
+        json.dumps(events),
+        "--num-gpu-blocks-override",
+        str(num_blocks),
+        "--max-model-len",  # after the default one: the last wins
+        str(window),
+    )
 
 
 class VllmServer:

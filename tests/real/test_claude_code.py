@@ -75,7 +75,7 @@ def stack(tmp_path: Path, **sim) -> Iterator[tuple[str, str, RecordingUpstream]]
         config = parse_config(
             {
                 "channels": [{"name": "sim", "base_url": up.url + "/v1", "capture_text": True}],
-                "store": {"dsn": dsn, "spool_path": str(tmp_path / "spool.jsonl")},
+                "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
             }
         )
         with ServerThread(build_app(config)) as gw:

@@ -118,7 +118,7 @@ def gateway(server: harness.VllmServer, tmp_path: Path, *, strip: bool = True) -
                     "timeouts": {"first_byte": 120, "idle": 120},
                 }
             ],
-            "store": {"dsn": dsn, "spool_path": str(tmp_path / "spool.jsonl")},
+            "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
         }
     )
     with ServerThread(build_app(config)) as srv:

@@ -146,9 +146,12 @@ def test_config_refuses_out_of_range_windows(value):
         )
 
 
-def test_config_default_busy_polls():
-    cfg = parse_config({"channels": [{"name": "a", "base_url": "http://127.0.0.1:1/v1"}]})
-    assert cfg.server.busy_poll_us > 0 and 0 < cfg.server.busy_poll_share <= 1
+def test_busy_polling_is_off_by_default_and_opt_in():
+    channels = [{"name": "a", "base_url": "http://127.0.0.1:1/v1"}]
+    cfg = parse_config({"channels": channels})
+    assert cfg.server.busy_poll_us == 0 and 0 < cfg.server.busy_poll_share <= 1
+    cfg = parse_config({"channels": channels, "server": {"busy_poll_us": 200}})
+    assert cfg.server.busy_poll_us == 200
 
 
 def test_a_busy_polling_gateway_serves_both_apis_and_records(upstream):

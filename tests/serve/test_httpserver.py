@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import gc
 import os
 import socket
 import threading
@@ -893,6 +894,32 @@ def test_unterminated_header_line_past_max_header_bytes_is_refused(limited):
     with Conn(limited.port, timeout=1.0) as c:
         c.send_until_reset(b"GET / HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * (100 * LIMIT))
         assert c.read_response().status == 431
+
+
+def test_a_refused_connection_is_freed_without_the_cyclic_collector(limited):
+    """An endless header line's buffer goes with its connection, not at the next full
+    collection (which a serving process's high GC threshold makes rare)."""
+
+    def alive() -> list:
+        return [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, httpserver.HTTPProtocol) and o.server is limited.server
+        ]
+
+    gc.collect()
+    gc.disable()
+    try:
+        with Conn(limited.port, timeout=1.0) as c:
+            c.send_until_reset(b"GET / HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * (100 * LIMIT))
+            assert c.read_response().status == 431
+            c.wait_closed()
+        deadline = time.monotonic() + TIMEOUT
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert alive() == []
+    finally:
+        gc.enable()
 
 
 def test_upgrade_request_is_answered_in_http11_and_the_connection_goes_on(probe, srv):

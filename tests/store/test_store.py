@@ -10,10 +10,11 @@ import pytest
 
 from prefixgate.record.model import Change, Record, Segment
 from prefixgate.record.shape import Shape
-from prefixgate.store import Store, StoreError, open_store, schema, sql
+from prefixgate.store import Store, StoreDataError, StoreError, open_store, schema, sql
 from prefixgate.store.postgres import PostgresStore
 from prefixgate.store.sql import SqlStore
 from prefixgate.store.sqlite import SqliteStore
+from tests.conftest import pg_schema_dsn
 
 T0 = 1_700_000_000.0
 
@@ -269,3 +270,47 @@ def test_unreachable_postgres_is_a_store_error_without_secrets() -> None:
         s.migrate()
     assert "hunter2secret" not in str(info.value)
     s.close()
+
+
+def test_a_locked_table_fails_the_write_after_the_lock_timeout(dsn: str) -> None:
+    """A stalled store is a failed store: another session holds the requests table (or
+    the SQLite write lock) and the write fails with a StoreError instead of waiting."""
+    with open_store(dsn) as s:
+        s.migrate()
+    with open_store(dsn, statement_timeout=30, lock_timeout=0.2) as s:
+        if dsn.startswith("sqlite:///"):
+            holder = sqlite3.connect(dsn.removeprefix("sqlite:///"), isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")
+        else:
+            holder = psycopg.connect(dsn)
+            holder.execute("LOCK TABLE requests IN ACCESS EXCLUSIVE MODE")
+        try:
+            with pytest.raises(StoreError, match="lock|locked"):
+                s.write_batch([full_record(1)])
+        finally:
+            holder.rollback()
+            holder.close()
+        s.write_batch([full_record(1)])  # the same store works once the lock is gone
+        assert s.count() == 1
+
+
+@pytest.mark.postgres
+def test_a_slow_postgres_statement_fails_after_the_statement_timeout(pg_database: str) -> None:
+    with open_store(pg_schema_dsn(pg_database), statement_timeout=0.2) as s:
+        with pytest.raises(StoreError, match="statement timeout"):
+            s.query("SELECT pg_sleep(30)")
+        assert s.query("SHOW statement_timeout") == [("200ms",)]
+
+
+def test_a_value_the_store_cannot_hold_is_a_data_error(store: Store, dsn: str) -> None:
+    """Bad data is told apart from a failing store: retrying would fail the same way."""
+    store.migrate()
+    bad = (
+        full_record(1, requested_model="a\x00b")
+        if dsn.startswith("postgres")
+        else full_record(1, prompt_tokens=1 << 70)
+    )
+    with pytest.raises(StoreDataError):
+        store.write_batch([bad])
+    store.write_batch([full_record(2)])
+    assert store.count() == 1

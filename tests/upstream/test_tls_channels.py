@@ -87,8 +87,8 @@ def test_a_channel_with_its_ca_bundle_and_client_certificate_is_served(pki, mtls
     }
     srv, _ = _gateway(mtls_upstream.url, tls)
     try:
-        client = anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0)
-        msg = client.messages.create(**MSG)
+        with anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0) as client:
+            msg = client.messages.create(**MSG)
         assert msg.content[0].text == "over tls"
         # The model list of a channel that serves any model comes over the same TLS.
         models = httpx.get(srv.url + "/v1/models").json()

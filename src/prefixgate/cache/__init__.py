@@ -6,7 +6,7 @@ chained block hashes --pool/prefix_cache--> hit (``cached_tokens``), LRU state, 
 
 from .blocks import BlockHash, chain_seed, hash_blocks, hit_tokens_cap, num_blocks, num_full_blocks
 from .pool import BlockPool, Handle
-from .prefix_cache import CacheResult, Lease, PrefixCache
+from .prefix_cache import CacheResult, Lease, PrefixCache, StoredBlocks
 from .render import (
     ChatRenderer,
     JinjaChatTemplate,
@@ -38,6 +38,7 @@ __all__ = [
     "RemoteTokenizer",
     "RenderError",
     "Renderer",
+    "StoredBlocks",
     "Tokenizer",
     "TokenizerError",
     "canonical_json",

@@ -120,6 +120,11 @@ class BlockPool:
             n += 1
         return n
 
+    def copies(self) -> dict[Hashable, int]:
+        """Each cached hash and the number of blocks holding it (what an engine's events
+        describe: one store per block cached, one removal per block dropped)."""
+        return {h: len(bids) for h, bids in self._cached.items()}
+
     def free_order(self) -> list[Hashable | None]:
         """Hashes of the free blocks in eviction order (next victim first); for tests
         and inspection."""

@@ -19,7 +19,12 @@ them.
 
 Counters are plain ints named after vLLM's Prometheus counters: ``requests``, ``queries``
 (prompt tokens looked up), ``hits`` (prompt tokens served from cache), plus
-``evicted_blocks``. Every method is guarded by one lock, so the cache can be shared by
+``evicted_blocks``.
+
+Hooks, for a cache that tells what it does as an engine's KV events do: ``on_evict(hash)``
+for each cached block dropped, ``on_store(StoredBlocks)`` for each run of blocks newly
+cached with their token ids (blocks of ``begin_blocks`` leases have no tokens and are not
+reported). A block cached twice (the last-token rule recomputes one) is reported twice. Every method is guarded by one lock, so the cache can be shared by
 threads and by an asyncio server; hashing happens outside the lock.
 """
 
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 from .blocks import Tokens, hash_blocks, num_blocks, num_full_blocks
 from .pool import BlockPool, Handle
 
-__all__ = ["CacheResult", "Lease", "PrefixCache"]
+__all__ = ["CacheResult", "Lease", "PrefixCache", "StoredBlocks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,17 @@ class CacheResult:
 
     prompt_tokens: int
     cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlocks:
+    """Blocks newly cached, in chain order: their hashes, their tokens (``block_size``
+    each), the hash of the block before them (``None``: they start a chain, under ``salt``)."""
+
+    parent: Hashable | None
+    hashes: list[Hashable]
+    token_ids: list[int]
+    salt: str | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -70,10 +86,12 @@ class PrefixCache:
         salt: str | None = None,
         *,
         on_evict: Callable[[Hashable], None] | None = None,
+        on_store: Callable[[StoredBlocks], None] | None = None,
     ) -> None:
         self.block_size = block_size
         self.salt = salt
         self.pool = BlockPool(block_size, capacity_tokens, on_evict=on_evict)
+        self.on_store = on_store
         self._lock = threading.Lock()
         self.requests = 0
         self.queries = 0
@@ -127,6 +145,11 @@ class PrefixCache:
         lease = self.begin_blocks(hashes, len(tokens))
         lease.salt = salt
         lease.tail = [int(t) for t in tokens[len(hashes) * self.block_size :]]
+        if self.on_store is not None:
+            hit, added = lease.handle.hit_blocks, lease.handle.num_hashed - lease.handle.hit_blocks
+            self._stored(
+                hashes[hit - 1] if hit else None, hashes[hit : hit + added], tokens, hit, salt
+            )
         return lease
 
     def begin_blocks(self, block_hashes: Sequence[Hashable], num_tokens: int) -> Lease:
@@ -149,6 +172,7 @@ class PrefixCache:
         """The request finished: cache the full blocks its output completed (if given),
         then free its blocks tail-first."""
         new_hashes: list[bytes] = []
+        computed: list[int] = []
         extra = 0
         if output_tokens is not None and len(output_tokens) > 1:
             if lease.tail is None:
@@ -163,9 +187,14 @@ class PrefixCache:
             total = lease.prompt_tokens + len(output_tokens) - 1
             extra = num_blocks(total, self.block_size) - len(lease.block_hashes) - len(new_hashes)
         with self._lock:
+            before = lease.handle.num_hashed
             if new_hashes or extra:
                 self.pool.extend(lease.handle, new_hashes, extra_blocks=extra)
+            added = lease.handle.num_hashed - before
             self.pool.release(lease.handle)
+        if added and self.on_store is not None:
+            parent = lease.block_hashes[-1] if lease.block_hashes else None
+            self._stored(parent, new_hashes[:added], computed, 0, lease.salt)
 
     def process(
         self,
@@ -190,6 +219,21 @@ class PrefixCache:
             self.pool.clear()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _stored(
+        self,
+        parent: Hashable | None,
+        hashes: Sequence[Hashable],
+        tokens: Tokens,
+        first: int,
+        salt: str | None,
+    ) -> None:
+        """Report ``hashes``, the blocks from block ``first`` of ``tokens`` on."""
+        if not hashes or self.on_store is None:
+            return
+        b = self.block_size
+        ids = [int(t) for t in tokens[first * b : (first + len(hashes)) * b]]
+        self.on_store(StoredBlocks(parent, list(hashes), ids, salt if parent is None else None))
 
     def _salt(self, salt: str | None) -> str | None:
         return self.salt if salt is None else salt

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from prefixgate.errors import GatewayError
@@ -46,7 +47,7 @@ class Endpoint:
     error_bytes: Callable[[GatewayError], bytes]
     request_id_header: str
     kinds: tuple[str, ...]
-    prompt: Callable[[Exchange, ChannelConfig], list]
+    prompt: Callable[[Exchange, ChannelConfig], dict]
     steps: tuple
 
 
@@ -64,6 +65,7 @@ class Exchange:
         "body",
         "targets",
         "target",
+        "hygienic",
         "prepared",
         "out",
         "url",
@@ -92,6 +94,7 @@ class Exchange:
         self.body: Any = None  # decoded: a MessagesBody or a chat dict
         self.targets: list[Target] = []  # the failover order
         self.target: Target | None = None  # the one being tried
+        self.hygienic: dict[str, Any] = {}  # channel -> the typed request after hygiene
         self.prepared: dict[str, dict] = {}  # channel -> its upstream request, made once
         self.out: dict | None = None  # the upstream request for ``target``
         self.url = ""
@@ -179,6 +182,11 @@ async def run(x: Exchange) -> Response:
         raise GatewayError("the request's steps ended without an answer")
     except GatewayError as err:
         return x.fail(err)
+    except ClientDisconnect:
+        # The client left while its body was arriving (or the server timed the body out):
+        # nobody to answer; the record says 499.
+        x.finish()
+        return Response(status_code=499)
     except asyncio.CancelledError:
         # The server cancels a request whose client left: the upstream request is closed
         # on the way out (the failing step's own cleanup); the record says so.

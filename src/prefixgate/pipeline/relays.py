@@ -288,11 +288,10 @@ def chat_stream(x: Exchange) -> StreamingResponse:
 class Stream(StreamingResponse):
     """A relay's SSE response.
 
-    The relay calls ``end(usage)`` before it yields its last chunk: that chunk goes out
-    with the end of the body in one write, and the relay's cleanup (closing the upstream,
-    finishing the record) runs after it, once the client has the whole answer, not on its
-    clock. The exchange is also closed when the client leaves before the body started (the
-    generator then never runs its own cleanup) or during the last write."""
+    The relay calls ``end(usage)`` before it yields its last chunk: the record is finished
+    (journaled) then, and that chunk goes out with the end of the body in one write; closing
+    the upstream runs after it. The exchange is also closed when the client leaves before
+    the body started (the generator then never runs its own cleanup) or mid-stream."""
 
     def __init__(self, content, x: Exchange) -> None:
         super().__init__(
@@ -303,7 +302,10 @@ class Stream(StreamingResponse):
         self.usage: Usage | None = None
 
     def end(self, usage: Usage) -> None:
+        """The answer is whole: finish the record now, before its last chunk goes out,
+        so that a client holding the whole answer implies a journaled record."""
         self.last, self.usage = True, usage
+        self.x.finish(usage)
 
     async def stream_response(self, send) -> None:
         await send(
@@ -322,16 +324,14 @@ class Stream(StreamingResponse):
 
 
 class Answer(Response):
-    """A whole JSON answer. Its record is finished after the body went out, off the
-    client's clock (also when the client left meanwhile: the upstream's work and usage are
-    recorded all the same)."""
+    """A whole JSON answer. Its record is finished (journaled) just before the body goes
+    out, so a client that has the answer implies a record that survives a crash; the
+    upstream's work and usage are recorded even if the client left meanwhile."""
 
     def __init__(self, body: bytes, x: Exchange, usage: Usage) -> None:
         super().__init__(body, media_type="application/json", headers=x.id_headers())
         self.x, self.usage = x, usage
 
     async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.x.finish(self.usage)
+        self.x.finish(self.usage)
+        await super().__call__(scope, receive, send)

@@ -128,21 +128,29 @@ class Failover:
 
 async def hygiene(x: Exchange) -> None:
     """The channel's prefix-protecting transforms (:data:`prefixgate.hygiene.STEPS`), on
-    the typed request, before it is converted (see :func:`upstream_chat_request`)."""
+    the typed request, for an ``openai`` channel (the vendor's own API gets the request as
+    it came)."""
     if x.channel.kind == "openai":
-        upstream_chat_request(x, x.channel)
+        hygienic_request(x, x.channel)
+
+
+def hygienic_request(x: Exchange, ch):
+    """The typed request after the channel's hygiene steps, once per channel."""
+    typed = x.hygienic.get(ch.name)
+    if typed is None:
+        typed = x.hygienic[ch.name] = hygiene_steps.apply_typed(x.body.typed, ch)
+    return typed
 
 
 def upstream_chat_request(x: Exchange, ch) -> dict:
-    """The OpenAI chat request a channel receives for an Anthropic request: hygiene, then
-    conversion, once per channel (the ``prefix`` policy and the send share it)."""
+    """The OpenAI chat request a channel receives for an Anthropic request, converted once
+    per channel from its hygienic request (the ``prefix`` policy and the send share it)."""
     out = x.prepared.get(ch.name)
     if out is None:
-        typed = hygiene_steps.apply_typed(x.body.typed, ch)
         options = ConvertOptions(
             ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
         )
-        out = x.prepared[ch.name] = convert(typed, options)
+        out = x.prepared[ch.name] = convert(hygienic_request(x, ch), options)
     return out
 
 

@@ -1,44 +1,52 @@
-"""The record writer: one asynchronous, batched writer, off the request path.
+"""The record writer: each record into the journal as its answer completes, then into the
+store in batches, off the request path.
 
-``submit()`` appends to an in-memory queue and returns; a background task groups records
-into batches (up to ``batch_size``, or whatever arrived within ``flush_interval``) and
-writes each batch in a worker thread. When the store fails, the batch is appended to a
-local spool file (JSON lines, fsync'd) and the store is retried every ``retry_interval``;
-once it answers, the spool is replayed in order and truncated, before newer batches. A
-spool left by a previous run is replayed at start. Stores are idempotent per request_id,
-so a batch written twice (a crash between the store's commit and the spool's truncation)
-is stored once.
+``submit()`` appends the record to the journal (``record/journal.py``: one ``os.write``,
+which survives the process being killed) and returns. A background task takes batches
+off the backlog (up to ``batch_size``, or whatever arrived within ``flush_interval``) and
+writes each to the store in a worker thread; a stored batch is committed, and journal
+segments wholly stored are deleted. When the store fails (unreachable, or a statement or
+lock wait past its timeout: a stalled store is a failed store), nothing moves: the records
+wait in the journal, and the store is tried again every ``retry_interval``. What a
+previous run left in the journal (a crash, a shutdown while the store was down) is stored
+first. Stores write each ``request_id`` once, so replaying a stored record stores nothing.
 
-Records are lost only when the queue is full (``dropped``) or when the spool cannot be
-written either (``lost``).
+``close()`` gives the store at most ``close_timeout`` to take what is pending, then
+stops: the rest is already on disk, for the next start. A store call that hangs is left
+behind in its (daemon) thread; it never holds up the process's exit.
 
-The store and spool calls run in the writer's own worker thread, at a lowered CPU priority
-(nice +10, on Linux): on a busy core, the event loop's thread then gets the CPU first
-when a packet lands, instead of waiting out the writer's time slice (p99 at c32 with a
-store: 57 -> 46 ms, docs/performance.md). Should the queue grow past a few batches,
-batches go through a second thread at the process's own priority until it is caught up:
-an unprivileged process cannot take a lowered priority back.
+Records are lost only when the journal refuses them (past ``journal_max_bytes``, or the
+disk failing: ``dropped``, logged), and when the store refuses the data itself (a value
+it cannot hold: ``rejected``, logged with the request id; the rest of the batch is
+stored). Without a journal (``journal=None``) records wait in a bounded queue in memory
+and a crash loses them.
+
+The store calls run in the writer's own worker thread, at a lowered CPU priority (nice
++10, on Linux): on a busy core, the event loop's thread then gets the CPU first when a
+packet lands, instead of waiting out the writer's time slice (p99 at c32 with a store:
+57 -> 46 ms, docs/performance.md). Should the backlog grow past a few batches, batches go
+through a second thread at the process's own priority until it is caught up: an
+unprivileged process cannot take a lowered priority back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import os
+import queue
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 import msgspec
 
+from prefixgate.record.backlog import Batch, open_backlog
 from prefixgate.record.model import Record
-from prefixgate.store.base import Store
+from prefixgate.store.base import Store, StoreDataError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +54,12 @@ StoreFactory = Callable[[], Store]
 
 
 class WriterStats(msgspec.Struct, frozen=True):
-    queued: int  # accepted by submit()
-    written: int  # committed to the store
-    spooled: int  # appended to the spool file (a record may be spooled once per outage)
-    dropped: int  # refused by submit() because the queue was full (or writer closed)
-    lost: int  # neither stored nor spooled (the spool file failed too)
-    queue_depth: int
-    spool_pending: int  # records in the spool waiting for the store
+    submitted: int  # taken by submit(): in the journal (without one, the queue)
+    written: int  # committed to the store (a record replayed after a crash counts again)
+    dropped: int  # refused by submit(): the journal full or failing, the queue full, closed
+    rejected: int  # refused by the store for their data (logged)
+    pending: int  # not yet in the store (a previous run's backlog included)
+    journal_bytes: int
     store_ok: bool
 
 
@@ -74,11 +81,14 @@ class RecordWriter:
         self,
         store: Store | StoreFactory,
         *,
+        journal: str | os.PathLike[str] | None = "prefixgate-journal",
+        journal_max_bytes: int = 1 << 30,
+        journal_segment_bytes: int = 0,
         batch_size: int = 500,
         flush_interval: float = 0.2,
-        queue_max: int = 100_000,
-        spool_path: str | os.PathLike[str] = "prefixgate-spool.jsonl",
+        queue_max: int = 10_000,
         retry_interval: float = 2.0,
+        close_timeout: float = 5.0,
     ) -> None:
         if isinstance(store, Store):
             self._store: Store | None = store
@@ -89,165 +99,194 @@ class RecordWriter:
         self._migrated = False
         self.batch_size = batch_size
         self.flush_interval = flush_interval
-        self.queue_max = queue_max
         self.retry_interval = retry_interval
-        self.spool_path = Path(spool_path)
-        self._queue: collections.deque[Record] = collections.deque()
-        self._wake = asyncio.Event()
+        self.close_timeout = close_timeout
+        # queue_max: the records kept in memory (the journal's mirrored tail, or the queue)
+        self._backlog = open_backlog(
+            journal,
+            max_records=queue_max,
+            max_bytes=journal_max_bytes,
+            segment_bytes=journal_segment_bytes,
+        )
+        self._wake = asyncio.Event()  # a record came (when idle) or a batch is full
+        self._stop = asyncio.Event()  # close() was called
         self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        self._closing = self._closed = False
         self._retry_at = 0.0  # monotonic time before which the store is not tried again
-        self._spool_pending = 0
-        self._inflight: list[Record] = []  # the batch being stored or spooled
-        self._encoder = msgspec.json.Encoder()
-        self._decoder = msgspec.json.Decoder(Record)
-        self.queued = self.written = self.spooled = self.dropped = self.lost = 0
-        self._threads: dict[bool, ThreadPoolExecutor] = {}  # behind? -> its worker thread
+        self.submitted = self.written = self.dropped = self.rejected = 0
+        self._threads: dict[bool, _Worker] = {}  # behind? -> its worker thread
+
+    @classmethod
+    def from_config(cls, store) -> RecordWriter:
+        """The writer of a ``store:`` section (config.StoreConfig)."""
+        from prefixgate.store import open_store
+
+        dsn, statement, lock = store.dsn, store.statement_timeout, store.lock_timeout
+        return cls(
+            lambda: open_store(dsn, statement_timeout=statement, lock_timeout=lock),
+            journal=store.journal_path,
+            journal_max_bytes=int(store.journal_max_mb * (1 << 20)),
+            close_timeout=store.close_timeout,
+        )
 
     # -- request path ------------------------------------------------------------------
     def submit(self, record: Record) -> None:
-        """Queue a record for writing. Never blocks, never raises. Call it from the event
-        loop's thread."""
+        """Journal a record for the store. Never blocks on the store, never raises. Call
+        it from the event loop's thread, once the record's answer is complete."""
         try:
-            if self._closing or len(self._queue) >= self.queue_max:
+            if self._closed or not self._backlog.append(record):
                 self.dropped += 1
                 return
-            self._queue.append(record)
-            self.queued += 1
-            n = len(self._queue)
+            self.submitted += 1
+            n = self._backlog.pending
             if n == 1 or n >= self.batch_size:
                 self._wake.set()
-        except Exception:  # pragma: no cover - the request path must never see an error
+        except Exception:  # the request path must never see an error
+            log.exception("record writer: a record could not be journaled")
             self.dropped += 1
 
     def stats(self) -> WriterStats:
         return WriterStats(
-            queued=self.queued,
+            submitted=self.submitted,
             written=self.written,
-            spooled=self.spooled,
             dropped=self.dropped,
-            lost=self.lost,
-            queue_depth=len(self._queue),
-            spool_pending=self._spool_pending,
+            rejected=self.rejected,
+            pending=self._backlog.pending,
+            journal_bytes=self._backlog.bytes,
             store_ok=self._retry_at == 0.0,
         )
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the background task; first replay any spool a previous run left."""
+        """Open the journal (taking over what a previous run left in it) and start the
+        background task, which stores that backlog first."""
         if self._task is not None:
             return
-        self._spool_pending = await self._off(self._count_spool)
-        if self._spool_pending:
-            await self._replay_spool_safely()
+        backlog = await self._off(self._backlog.open)
+        if backlog:
+            log.info(
+                "record journal %s: %d records from an earlier run go to the store first",
+                self._backlog.where,
+                backlog,
+            )
         self._task = asyncio.create_task(self._run(), name="prefixgate-record-writer")
 
-    async def close(self, timeout: float = 10.0) -> None:
-        """Write everything queued (to the store, or to the spool if the store fails or
-        ``timeout`` runs out), then close the store if the writer built it from a factory.
-        Used on shutdown (SIGTERM)."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Store what is pending within ``timeout`` (default ``close_timeout``), then stop;
+        whatever the store did not take stays in the journal for the next start. Also
+        closes the store if the writer built it from a factory. Used on shutdown."""
+        deadline = time.monotonic() + (self.close_timeout if timeout is None else timeout)
         self._closing = True
+        self._stop.set()
         self._wake.set()
+        idle = True
         if self._task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
-            except TimeoutError:
+                async with asyncio.timeout(_left(deadline)):
+                    await asyncio.shield(self._task)
+            except TimeoutError:  # the store hangs: its thread is left behind
+                idle = False
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
             self._task = None
-        if self._queue or self._inflight:  # never started, or timed out: keep the rest on disk
-            rest = self._inflight + list(self._queue)
-            self._inflight = []
-            self._queue.clear()
-            await self._off(self._spool, rest)
-        if self._factory is not None and self._store is not None:
+        self._closed = True
+        left = self._backlog.close()
+        if left:
+            log.warning(
+                "record writer stopped with %d records not in the store; they are in %s",
+                left,
+                self._backlog.where if self._backlog.where != "memory" else "no journal: lost",
+            )
+        if idle and self._factory is not None and self._store is not None:
             # A store the writer built is the writer's to close; a given one is the caller's.
             store, self._store = self._store, None
             with contextlib.suppress(Exception):
-                await self._off(store.close)
+                async with asyncio.timeout(max(_left(deadline), 0.5)):
+                    await self._off(store.close)
         self._stop_threads()
 
     # -- worker threads ----------------------------------------------------------------
-    def _off(self, fn, *args):
+    def _off(self, fn, *args) -> asyncio.Future[Any]:
         """``fn(*args)`` in a worker thread, awaited: the lowered-priority one, or the one
-        at the process's priority while the queue is more than a few batches behind."""
-        behind = len(self._queue) > 4 * self.batch_size
-        pool = self._threads.get(behind)
-        if pool is None:
-            pool = self._threads[behind] = ThreadPoolExecutor(
-                1,
-                thread_name_prefix="prefixgate-records" + ("-catch-up" if behind else ""),
-                initializer=None if behind else _lower_priority,
+        at the process's priority while the backlog is more than a few batches behind."""
+        behind = self._backlog.pending > 4 * self.batch_size
+        worker = self._threads.get(behind)
+        if worker is None:
+            worker = self._threads[behind] = _Worker(
+                "prefixgate-records" + ("-catch-up" if behind else ""), lowered=not behind
             )
-        return asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        return worker.call(fn, *args)
 
     def _stop_threads(self) -> None:
         threads, self._threads = self._threads, {}
-        for pool in threads.values():
-            pool.shutdown(wait=False)
+        for worker in threads.values():
+            worker.stop()
 
     # -- background task ---------------------------------------------------------------
     async def _run(self) -> None:
-        queue = self._queue
+        backlog = self._backlog
         while True:
-            if not queue:
+            if not backlog.pending:
                 if self._closing:
-                    break
-                self._wake.clear()
-                idle = self.retry_interval if self._spool_pending else None
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(idle):
-                        await self._wake.wait()
-                if not queue and self._spool_pending and self._may_try():
-                    await self._replay_spool_safely()
+                    return
+                await self._sleep(None, self._wake)
                 continue
-            if len(queue) < self.batch_size and not self._closing:
+            wait = self._retry_at - time.monotonic()
+            if wait > 0:  # the store failed a moment ago
+                if self._closing:
+                    return  # what is pending is in the journal already
+                await self._sleep(wait, self._stop)
+                continue
+            if backlog.pending < self.batch_size and not self._closing:
                 # Let a batch fill up for flush_interval; submit() wakes us when it is full.
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.flush_interval):
-                        await self._wake.wait()
-            n = min(len(queue), self.batch_size)
-            batch = self._inflight = [queue.popleft() for _ in range(n)]
+                await self._sleep(self.flush_interval, self._wake)
             try:
-                await self._write(batch)
-            except Exception:  # a bug, not an outage: keep the writer alive
-                log.exception("record writer lost a batch of %d records", len(batch))
-                self.lost += len(batch)
-            self._inflight = []
-        if self._spool_pending:  # a last chance for what the spool holds
-            await self._replay_spool_safely()
+                await self._write_next()
+            except Exception as exc:  # a bug, not an outage: keep the writer alive
+                log.exception("record writer failed")
+                self._store_failed(exc)
 
-    def _may_try(self) -> bool:
-        return time.monotonic() >= self._retry_at
+    async def _sleep(self, timeout: float | None, event: asyncio.Event) -> None:
+        if event is self._wake:
+            event.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
-    async def _write(self, batch: list[Record]) -> None:
-        if self._spool_pending:
-            # Older records wait in the spool: they go first, to keep the order.
-            if self._may_try():
-                await self._replay_spool()
-            if self._spool_pending:
-                await self._off(self._spool, batch)
-                return
-        elif not self._may_try():
-            await self._off(self._spool, batch)
+    async def _write_next(self) -> None:
+        backlog = self._backlog
+        batch = backlog.take(self.batch_size)
+        if batch is None:
+            batch = await self._off(backlog.load, self.batch_size, backlog.snapshot())
+        if batch.records and not await self._store_batch(batch):
             return
-        if await self._store_batch(batch):
-            return
-        await self._off(self._spool, batch)
+        done = backlog.commit(batch)
+        if done:
+            await self._off(backlog.delete, done)
 
-    async def _store_batch(self, batch: list[Record]) -> bool:
+    async def _store_batch(self, batch: Batch) -> bool:
         try:
-            await self._off(self._write_sync, batch)
+            rejected = await self._off(self._write_sync, batch.records)
         except Exception as exc:
             self._store_failed(exc)
             return False
-        self.written += len(batch)
+        if self._retry_at:
+            log.warning("record store is back; %d records to store", self._backlog.pending)
         self._retry_at = 0.0
+        self.written += len(batch.records) - len(rejected)
+        if rejected:
+            self.rejected += len(rejected)
+            log.error(
+                "record store refused %d records for their data; not stored: %s",
+                len(rejected),
+                ", ".join(f"{r.request_id} ({why})" for r, why in rejected),
+            )
         return True
 
-    def _write_sync(self, batch: list[Record]) -> None:
+    def _write_sync(self, records: list[Record]) -> list[tuple[Record, str]]:
+        """Write a batch; when the store refuses its data, each record alone, to find the
+        ones it refuses (returned, with the reason) and store the rest."""
         store = self._store
         if store is None:
             if self._factory is None:
@@ -257,11 +296,27 @@ class RecordWriter:
         if not self._migrated:
             store.migrate()
             self._migrated = True
-        store.write_batch(batch)
+        try:
+            store.write_batch(records)
+            return []
+        except StoreDataError as exc:
+            if len(records) == 1:
+                return [(records[0], str(exc))]
+        refused = []
+        for record in records:
+            try:
+                store.write_batch([record])
+            except StoreDataError as exc:
+                refused.append((record, str(exc)))
+        return refused
 
     def _store_failed(self, exc: Exception) -> None:
         if self._retry_at == 0.0:
-            log.warning("record store failed, spooling to %s: %s", self.spool_path, exc)
+            log.warning(
+                "record store failed, records wait in the journal %s: %s",
+                self._backlog.where,
+                exc if isinstance(exc, StoreError) else repr(exc),
+            )
         self._retry_at = time.monotonic() + self.retry_interval
         if self._factory is not None and self._store is not None:
             # Build a fresh store (new connection, maybe new settings) on the next try.
@@ -269,85 +324,47 @@ class RecordWriter:
             with contextlib.suppress(Exception):
                 store.close()
 
-    # -- spool -------------------------------------------------------------------------
-    def _spool(self, batch: list[Record]) -> None:
-        """Append a batch to the spool file, fsync'd (runs in a worker thread)."""
-        data = b"".join(self._encoder.encode(r) + b"\n" for r in batch)
-        try:
-            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.spool_path, "ab") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as exc:
-            self.lost += len(batch)
-            log.error(
-                "record spool %s failed, %d records lost: %s", self.spool_path, len(batch), exc
-            )
-            return
-        self.spooled += len(batch)
-        self._spool_pending += len(batch)
 
-    def _count_spool(self) -> int:
-        try:
-            with open(self.spool_path, "rb") as f:
-                return sum(1 for line in f if line.strip())
-        except FileNotFoundError:
-            return 0
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
-    async def _replay_spool_safely(self) -> None:
-        try:
-            await self._replay_spool()
-        except Exception:  # e.g. the spool file unreadable: it stays for the next run
-            log.exception("replaying record spool %s failed", self.spool_path)
-            self._retry_at = time.monotonic() + self.retry_interval
 
-    async def _replay_spool(self) -> None:
-        """Write the spool to the store in order, batch by batch; truncate it when all is
-        written, or keep only the unwritten rest when the store fails midway."""
-        try:
-            f = open(self.spool_path, "rb")  # noqa: SIM115 - closed below, across awaits
-        except FileNotFoundError:
-            self._spool_pending = 0
-            return
-        with f:
-            while True:
-                start = f.tell()
-                batch = await self._off(self._read_batch, f)
-                if not batch:
-                    break
-                if not await self._store_batch(batch):
-                    if start > 0:  # drop what is written; nothing to do if nothing was
-                        await self._off(self._keep_rest, f, start)
-                    return
-                self._spool_pending = max(0, self._spool_pending - len(batch))
-        with open(self.spool_path, "r+b") as f:
-            f.truncate(0)
-            os.fsync(f.fileno())
-        self._spool_pending = 0
+class _Worker:
+    """One daemon thread running calls in order, each awaited as a future. A daemon (not
+    an executor's thread, which the interpreter joins at exit): a store call stuck on a
+    hung server never holds the process up once it means to exit."""
 
-    def _read_batch(self, f: BinaryIO) -> list[Record]:
-        batch: list[Record] = []
-        while line := f.readline():
-            if not line.strip():
-                continue
+    def __init__(self, name: str, *, lowered: bool) -> None:
+        self._calls: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, args=(lowered,), name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, fn, *args) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._calls.put((fn, args, future, loop))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    def _run(self, lowered: bool) -> None:
+        if lowered:
+            _lower_priority()
+        while (item := self._calls.get()) is not None:
+            fn, args, future, loop = item
             try:
-                batch.append(self._decoder.decode(line))
-            except msgspec.DecodeError:  # a torn last line from a crash: skip it
-                log.warning("skipping an unreadable line in record spool %s", self.spool_path)
-                continue
-            if len(batch) >= self.batch_size:
-                break
-        return batch
+                result, error = fn(*args), None
+            except BaseException as exc:  # handed to the awaiting task
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, future, result, error)
 
-    def _keep_rest(self, f: BinaryIO, start: int) -> None:
-        """Rewrite the spool with its lines from byte ``start`` on (atomically)."""
-        f.seek(start)
-        tmp = self.spool_path.with_name(self.spool_path.name + ".tmp")
-        with open(tmp, "wb") as out:
-            while chunk := f.read(1 << 20):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.spool_path)
-        self._spool_pending = self._count_spool()
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -14,11 +15,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixgate.config import Config
-from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound
+from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.serve.edge import send_refusal
 from prefixgate.upstream import order as render_orders
 
 log = logging.getLogger("prefixgate")
@@ -30,6 +32,7 @@ def create_app(
     gateway = Gateway(
         config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter
     )
+    events = _engine_events(config)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -66,20 +69,30 @@ def create_app(
         if start is not None:
             await start()
         await gateway.router.start()  # active health checks, shared routing state
+        if events is not None:
+            await events.start()  # the engines' KV events (opens in the background)
         tasks = []
         learning = await render_orders.start(config.channels, gateway.upstream)
         if learning is not None:
             tasks.append(learning)
         store = config.store
         if store is not None and store.retention_days:
-            tasks.append(asyncio.create_task(_prune_forever(store.dsn, store.retention_days)))
+            tasks.append(asyncio.create_task(_prune_forever(store, store.retention_days)))
         if store is not None and config.store_keys:
-            tasks.append(asyncio.create_task(gateway.auth.refresh_from_store(store.dsn)))
+            tasks.append(
+                asyncio.create_task(
+                    gateway.auth.refresh_from_store(
+                        store.dsn, timeouts=(store.statement_timeout, store.lock_timeout)
+                    )
+                )
+            )
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
+            if events is not None:
+                await events.aclose()
             await gateway.router.aclose()
             close = getattr(gateway.recorder, "close", None)
             if close is not None:
@@ -104,12 +117,24 @@ def create_app(
         routes += dashboard_routes(gateway, config.store.dsn)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
+    app.state.events = events  # EngineEvents, or None when no channel has kv_events
     hot = {
         "/v1/messages": gateway.messages,
         "/v1/chat/completions": gateway.chat,
         "/chat/completions": gateway.chat,
     }
-    return HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+    outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+    return AccessLog(outer) if config.server.access_log else outer
+
+
+def _engine_events(config: Config):
+    """The hub of the engines' KV events, when a channel has ``kv_events`` (pyzmq is only
+    loaded then)."""
+    if not any(ch.kv_events is not None for ch in config.channels):
+        return None
+    from prefixgate.events import EngineEvents
+
+    return EngineEvents.from_config(config)
 
 
 class HotRoutes:
@@ -201,12 +226,80 @@ def _http_error(status: int, message: str) -> GatewayError:
     return err
 
 
-async def _prune_forever(dsn: str, days: float, every: float = 3600.0) -> None:
-    """Retention: delete records older than ``days``, hourly, off the event loop."""
+def refusal_app(limit: int):
+    """The answer past the connection cap (``serve/edge.py``): 503 in the route's error
+    shape, so that an SDK says what happened, and retries."""
+    err = Unavailable(f"the gateway is at its connection limit ({limit}); retry shortly")
+
+    async def refuse(scope, receive, send) -> None:
+        if scope["type"] == "http":
+            shape = _shape_of(Headers(scope=scope), scope["path"])
+            await send_refusal(send, shape(err), b"application/json")
+
+    return refuse
+
+
+class AccessLog:
+    """One line per request on ``prefixgate.access`` (``server.access_log``, ``serve
+    --access-log``): client, method, path (never the query string, which may carry a
+    secret), status, bytes sent, seconds until the last byte, the request id when the
+    answer has one; ``incomplete`` when the answer was cut."""
+
+    log = logging.getLogger("prefixgate.access")
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    def __getattr__(self, name: str):
+        return getattr(self.app, name)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        seen = {"status": 0, "bytes": 0, "id": "", "done": False}
+
+        async def logged(message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name in (b"request-id", b"x-request-id"):
+                        seen["id"] = " " + value.decode("latin-1")
+            elif message["type"] == "http.response.body":
+                seen["bytes"] += len(message.get("body", b""))
+                seen["done"] = not message.get("more_body", False)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, logged)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            self.log.info(
+                '%s:%s "%s %s HTTP/%s" %d %d %.3fs%s%s',
+                client[0],
+                client[1],
+                scope["method"],
+                scope["path"],
+                scope["http_version"],
+                seen["status"],
+                seen["bytes"],
+                time.perf_counter() - t0,
+                seen["id"],
+                "" if seen["done"] else " incomplete",
+            )
+
+
+async def _prune_forever(store_config, days: float, every: float = 3600.0) -> None:
+    """Retention: delete records older than ``days``, hourly, off the event loop. A lock
+    held elsewhere fails the round (``lock_timeout``) rather than hold a thread, which
+    the interpreter would wait for at exit; the delete itself may take minutes."""
     from prefixgate.store import open_store
 
     def prune() -> int:
-        with open_store(dsn) as store:
+        with open_store(
+            store_config.dsn, statement_timeout=600.0, lock_timeout=store_config.lock_timeout
+        ) as store:
             return store.prune(days * 86400.0)
 
     while True:
@@ -226,12 +319,9 @@ def build_app(config: Config, **kw) -> Starlette:
     if config.store is not None:
         from prefixgate.record.capture import Capturer
         from prefixgate.record.writer import RecordWriter
-        from prefixgate.store import open_store
 
-        dsn = config.store.dsn
         if recorder is None:
-            spool = config.store.spool_path or "prefixgate-spool.jsonl"
-            recorder = RecordWriter(lambda: open_store(dsn), spool_path=spool)
+            recorder = RecordWriter.from_config(config.store)
         if capture is None and config.store.capture_segments:
             capture = Capturer(int(config.store.change_memory_mb * 1024 * 1024))
     return create_app(config, recorder=recorder, capture=capture, **kw)

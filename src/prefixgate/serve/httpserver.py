@@ -21,16 +21,18 @@ What it does:
   ``graceful`` seconds, then cancels what is left.
 
 Header lines past ``max_header_bytes`` in all get 431 here (the app may set a lower,
-route-shaped limit of its own); a request target past 64 KiB gets 414; a malformed request
-gets 400 and the connection is closed. An ``Upgrade`` (websocket, h2c) is not taken: the
-request is answered in HTTP/1.1. Like uvicorn, no timeout applies to a request that is
-still arriving: the keep-alive timer runs only between requests.
+route-shaped limit of its own); a request target past 64 KiB gets 414; a malformed request,
+an HTTP/1.1 one without ``Host`` or any with two, gets 400 and the connection is closed. An
+``Upgrade`` (websocket, h2c) is not taken: the request is answered in HTTP/1.1. A request
+head or body still arriving has a deadline, idle connections are closed, and past a number
+of connections new ones are refused (``edge.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import email.utils
 import logging
 import signal
@@ -44,6 +46,7 @@ from urllib.parse import unquote
 import httptools
 
 from prefixgate import busypoll
+from prefixgate.serve.edge import ANSWERING, BODY, HEAD, IDLE, Edge, EdgeLimits, host_error, plain
 
 log = logging.getLogger("prefixgate.http")
 
@@ -75,16 +78,6 @@ class _Date:
             cls.second = now
             cls.value = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
         return cls.value
-
-
-def _plain(status: int, text: str) -> bytes:
-    body = text.encode()
-    return (
-        _status_line(status)
-        + b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-        + b"content-length: %d\r\n\r\n" % len(body)
-        + body
-    )
 
 
 class _Request:
@@ -222,6 +215,8 @@ class _Request:
 class HTTPProtocol(asyncio.Protocol):
     """One client connection."""
 
+    edge_watch = None  # the edge sweep's notes
+
     def __init__(self, server: Server) -> None:
         self.server = server
         self.loop = server.loop
@@ -235,7 +230,7 @@ class HTTPProtocol(asyncio.Protocol):
         self.read_paused = False
         self._drain: asyncio.Future | None = None
         self.closed = False
-        self.idle_timer: asyncio.TimerHandle | None = None
+        self.requests = 0  # requests begun on this connection
         self._url = bytearray()
         self._headers: list[tuple[bytes, bytes]] = []
         self._header_bytes = 0
@@ -252,12 +247,15 @@ class HTTPProtocol(asyncio.Protocol):
         self.client = tuple(peer[:2]) if isinstance(peer, tuple) else None
         sock = transport.get_extra_info("sockname")
         self.sockname = tuple(sock[:2]) if isinstance(sock, tuple) else None
-        self._arm_idle()
+        verdict = self.server.edge.admit()
+        if verdict == 1:  # past the connection cap: answered by the refusal, then closed
+            self.app = self.server.edge.refusal
+        elif verdict == 2:
+            self.close()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.server.connections.discard(self)
-        self._disarm_idle()
         for req in (self.current, self.parsing, *self.pipeline):
             if req is None:
                 continue
@@ -269,6 +267,10 @@ class HTTPProtocol(asyncio.Protocol):
         self.pipeline.clear()
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
+        # The parser and this protocol refer to each other: left to the cyclic collector
+        # (a high threshold here, process.GC_THRESHOLD), a refused endless header line's
+        # megabyte in the parser's buffer outlived its connection for many connections.
+        self.parser = None
 
     def eof_received(self) -> bool:
         return False  # a half-closed client is a gone client: close
@@ -301,19 +303,21 @@ class HTTPProtocol(asyncio.Protocol):
             self.closed = True
             self.transport.close()
 
-    def _arm_idle(self) -> None:
-        self._disarm_idle()
-        self.idle_timer = self.loop.call_later(self.server.keepalive, self._idle_expired)
+    # -- the edge sweep (edge.py) -------------------------------------------------------
+    def edge_state(self) -> tuple[int, int, int]:
+        if self.current is not None or self.read_paused:
+            return ANSWERING, self.requests, 0
+        if self._in_head:
+            return HEAD, self.requests, 0
+        req = self.parsing
+        if req is not None:
+            return BODY, self.requests, req.body_size
+        return IDLE, self.requests, 0
 
-    def _disarm_idle(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
-
-    def _idle_expired(self) -> None:
-        self.idle_timer = None
-        if self.current is None and self.parsing is None:
-            self.close()
+    def edge_expire(self, status: int | None, text: str) -> None:
+        if status is not None and self.current is None:
+            self.write(plain(status, text))
+        self.close()
 
     def shutdown(self) -> None:
         """Server stopping: close now if idle, else after the request in flight."""
@@ -327,7 +331,6 @@ class HTTPProtocol(asyncio.Protocol):
     # -- reading -----------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         busypoll.touch(self.loop)
-        self._disarm_idle()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -350,10 +353,11 @@ class HTTPProtocol(asyncio.Protocol):
 
     def _refuse(self, status: int, text: str) -> None:
         if self.current is None:
-            self.write(_plain(status, text))
+            self.write(plain(status, text))
         self.close()
 
     def on_message_begin(self) -> None:
+        self.requests += 1
         self._url = bytearray()
         self._headers = []
         self._header_bytes = 0
@@ -404,13 +408,23 @@ class HTTPProtocol(asyncio.Protocol):
             "state": dict(server.state),
         }
         req = _Request(self, scope, parser.should_keep_alive())
-        self.parsing = req
+        hosts = 0
         for name, value in self._headers:
             if name == b"content-length":
                 if value.isdigit() and int(value) > server.max_body:
-                    self._overflow(req)
+                    req.too_large = True
+            elif name == b"host":
+                hosts += 1
             elif name == b"expect" and value.lower() == b"100-continue":
                 req.expect_continue = True
+        if hosts != 1:
+            problem = host_error(hosts, scope["http_version"])
+            if problem is not None:
+                self._refuse(400, problem)
+                raise httptools.HttpParserCallbackError(problem)
+        self.parsing = req
+        if req.too_large:
+            self._overflow(req)
         if req.expect_continue and not req.too_large and self.current is None:
             req.expect_continue = False
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the body is read before the app runs
@@ -473,13 +487,13 @@ class HTTPProtocol(asyncio.Protocol):
             if not req.response_done:  # else: after the answer (a background task)
                 if (not req.started or req.head) and not self.closed:
                     # Nothing of the answer was written yet (the head waits for the body).
-                    self.write(_plain(500, "Internal Server Error"))
+                    self.write(plain(500, "Internal Server Error"))
                 self.close()
         else:
             if not req.response_done and not self.closed:
                 if not req.started:
                     log.error("the ASGI app returned without a response")
-                    self.write(_plain(500, "Internal Server Error"))
+                    self.write(plain(500, "Internal Server Error"))
                 self.close()  # an unfinished response cannot be framed any more
         finally:
             if self.current is req and (self.closed or not req.response_done):
@@ -500,9 +514,7 @@ class HTTPProtocol(asyncio.Protocol):
                 self.read_paused = False
                 self.transport.resume_reading()
             parsing = self.parsing
-            if parsing is None:
-                self._arm_idle()
-            elif parsing.expect_continue and not parsing.too_large:
+            if parsing is not None and parsing.expect_continue and not parsing.too_large:
                 # Waiting for its 100 Continue, held while the previous answer went out.
                 parsing.expect_continue = False
                 self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -510,32 +522,39 @@ class HTTPProtocol(asyncio.Protocol):
 
 class Server:
     """An ASGI app served on given sockets: ``await Server(app).serve([sock])``;
-    ``should_exit = True`` stops it gracefully."""
+    ``should_exit = True`` stops it gracefully. ``edge``: the client side's bounds (its
+    ``keepalive`` overrides theirs); ``refusal``: the ASGI app that answers past the
+    connection cap."""
 
     def __init__(
         self,
         app,
         *,
         graceful: float = 5.0,
-        keepalive: float = 5.0,
+        keepalive: float | None = None,
         max_body: int = 64 * 1024 * 1024,
         max_header_bytes: int = 1024 * 1024,
         lifespan: bool = True,
         on_started: Callable[[], None] | None = None,
         busy_poll_us: float = 0.0,
         busy_poll_share: float = 0.5,
+        edge: EdgeLimits | None = None,
+        refusal=None,
     ) -> None:
         self.app = app
+        edge = edge or EdgeLimits()
+        if keepalive is not None:
+            edge = dataclasses.replace(edge, keepalive=keepalive)
         self.busy_poll_us = busy_poll_us  # busypoll.py; 0: off
         self.busy_poll_share = busy_poll_share
         self.graceful = graceful
-        self.keepalive = keepalive
         self.max_body = max_body
         self.max_header_bytes = max_header_bytes
         self.lifespan = lifespan
         self.on_started = on_started
         self.state: dict = {}
         self.connections: set[HTTPProtocol] = set()
+        self.edge = Edge(edge, refusal, self.connections)
         self.started = False
         self.should_exit = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -555,6 +574,7 @@ class Server:
                             lambda: HTTPProtocol(self), sock=sock, backlog=2048
                         )
                     )
+                self.edge.start(self.loop)
                 self.started = True
                 if self.on_started is not None:
                     self.on_started()
@@ -562,6 +582,7 @@ class Server:
                     await asyncio.sleep(0.1)
                 await self._drain()
             finally:
+                await self.edge.stop()
                 if life is not None:
                     await life.shutdown()
                 busypoll.uninstall(self.loop)

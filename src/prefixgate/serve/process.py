@@ -1,13 +1,16 @@
 """Running ASGI apps: in a background thread (tests, demo, benchmarks) or in the current
-event loop (the CLI), on the project's own HTTP server (``httpserver``); the simulated
-upstreams run on uvicorn."""
+event loop (the CLI), on the project's own HTTP server (``httpserver``) or on uvicorn (the
+simulated upstreams, and ``serve --http uvicorn``), both with the bounded edge
+(``edge.py``); the open-file limit a server starts with."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import os
+import resource
 import signal
 import socket
 import threading
@@ -17,6 +20,14 @@ from collections.abc import Callable, Coroutine
 import uvicorn
 
 from prefixgate.serve import httpserver
+from prefixgate.serve.edge import Edge, EdgeLimits
+from prefixgate.serve.uvicorn_edge import EdgeHttpToolsProtocol
+
+# File descriptors kept for what is not a client connection: the listening sockets, the
+# store, logs, the embedded upstream. Each client connection may hold one upstream
+# connection too, and the refused ones over the cap (a tenth more) one each.
+_FD_RESERVE = 128
+_FDS_PER_CONNECTION = 2.1
 
 # The collector's first-generation threshold for a serving process (Python's default is
 # 700). A decoded 50 KB agent request is thousands of dicts and lists: with the default the
@@ -119,13 +130,27 @@ def run_workers(
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server (the simulated upstreams run on it), but a graceful stop on
+    """uvicorn's server with the bounded edge (``uvicorn_edge``); a graceful stop on
     SIGTERM/SIGINT exits with status 0 instead of re-raising the signal once the drain is
     done."""
 
+    edge: Edge | None = None
+    on_started: Callable[[], None] | None = None
+
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
+        if self.edge is not None:
+            self.edge.start(asyncio.get_running_loop())
         _freeze_gc()
+        if self.started and self.on_started is not None:
+            self.on_started()
+
+    async def shutdown(self, sockets=None) -> None:
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            if self.edge is not None:
+                await self.edge.stop()
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -134,16 +159,51 @@ class Server(uvicorn.Server):
             self._captured_signals.clear()
 
 
-def uvicorn_server(app, *, log_level: str = "warning", **kw) -> uvicorn.Server:
+def uvicorn_server(
+    app,
+    *,
+    log_level: str = "warning",
+    edge: EdgeLimits | None = None,
+    refusal=None,
+    max_header_bytes: int = 1024 * 1024,
+    on_started: Callable[[], None] | None = None,
+    **kw,
+) -> Server:
+    limits = edge or EdgeLimits()
     config = uvicorn.Config(
         app,
         log_level=log_level,
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=kw.pop("graceful", 5),
+        timeout_keep_alive=limits.keepalive,
         **kw,
     )
-    return Server(config)
+    server = Server(config)
+    server.edge = Edge(limits, refusal, server.server_state.connections)
+    server.on_started = on_started
+    # The request target counts in the head's bound, as in the own server (64 KiB of it).
+    config.http = functools.partial(
+        EdgeHttpToolsProtocol, edge=server.edge, max_head_bytes=max_header_bytes + 64 * 1024
+    )
+    return server
+
+
+def raise_open_files() -> tuple[int, int]:
+    """The soft open-file limit raised to the hard one (a gateway holds two descriptors a
+    connection: the client's and the upstream's); returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def connection_cap(configured: int, open_files: int) -> int:
+    """The connection cap in force: the configured one, lowered to what ``open_files``
+    descriptors can serve without running out (EMFILE) on the upstream side."""
+    return min(configured, max(16, int((open_files - _FD_RESERVE) / _FDS_PER_CONNECTION)))
 
 
 def _freeze_gc() -> None:
@@ -154,25 +214,16 @@ def _freeze_gc() -> None:
         gc.freeze()
 
 
-def http_server(
-    app,
-    *,
-    graceful: float = 5,
-    max_body: int = 64 * 1024 * 1024,
-    max_header_bytes: int = 1024 * 1024,
-    busy_poll_us: float = 0.0,
-    busy_poll_share: float = 0.5,
-) -> httpserver.Server:
-    """The gateway's own HTTP server (``httpserver``) for ``app``."""
-    return httpserver.Server(
-        app,
-        graceful=graceful,
-        max_body=max_body,
-        max_header_bytes=max_header_bytes,
-        on_started=_freeze_gc,
-        busy_poll_us=busy_poll_us,
-        busy_poll_share=busy_poll_share,
-    )
+def http_server(app, *, on_started: Callable[[], None] | None = None, **kw) -> httpserver.Server:
+    """The gateway's own HTTP server (``httpserver``) for ``app``; ``kw`` are its
+    settings (graceful, max_body, max_header_bytes, busy polling, edge, refusal)."""
+
+    def started() -> None:
+        _freeze_gc()
+        if on_started is not None:
+            on_started()
+
+    return httpserver.Server(app, on_started=started, **kw)
 
 
 class ServerThread:

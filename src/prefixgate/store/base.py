@@ -47,6 +47,11 @@ class StoreError(Exception):
     """The store failed (unreachable, full, corrupt). Never carries a DSN or a password."""
 
 
+class StoreDataError(StoreError):
+    """The store refused the data itself (a value its types cannot hold, say a NUL
+    character in a Postgres text): trying again later would fail the same way."""
+
+
 class Store(abc.ABC):
     """Where records go. Implementations: SQLite (default) and Postgres."""
 
@@ -146,18 +151,27 @@ class Store(abc.ABC):
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 
-def open_store(dsn: str) -> Store:
+def open_store(
+    dsn: str, *, statement_timeout: float | None = None, lock_timeout: float | None = None
+) -> Store:
     """Open (without migrating) the store named by ``dsn``.
 
     - ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, or a bare path ending
       in ``.db``/``.sqlite``/``.sqlite3``;
     - ``sqlite://:memory:`` (or ``sqlite:///:memory:``) for a private in-memory database;
     - ``postgresql://…`` / ``postgres://…``: any libpq connection URI.
+
+    ``statement_timeout`` and ``lock_timeout`` (seconds) bound how long one statement may
+    run and wait for a lock, so that a stalled store fails instead of hanging its caller
+    (the record writer: its records then wait in the journal). Postgres sets both on each
+    session; SQLite has no statement timeout and takes ``lock_timeout`` as its busy
+    timeout (10 s when not given).
     """
     if dsn.startswith(("postgresql://", "postgres://")):
         from prefixgate.store.postgres import PostgresStore
 
-        return PostgresStore(dsn)
+        return PostgresStore(dsn, statement_timeout=statement_timeout, lock_timeout=lock_timeout)
+    busy_ms = 10_000 if lock_timeout is None else int(lock_timeout * 1000)
     if dsn.startswith("sqlite:"):
         rest = dsn.removeprefix("sqlite:")
         if rest in ("//:memory:", "///:memory:", ":memory:"):
@@ -170,9 +184,9 @@ def open_store(dsn: str) -> Store:
             raise StoreError("sqlite DSN has no path")
         from prefixgate.store.sqlite import SqliteStore
 
-        return SqliteStore(path)
+        return SqliteStore(path, busy_timeout_ms=busy_ms)
     if dsn.endswith(SQLITE_SUFFIXES):
         from prefixgate.store.sqlite import SqliteStore
 
-        return SqliteStore(dsn)
+        return SqliteStore(dsn, busy_timeout_ms=busy_ms)
     raise StoreError("unknown store DSN scheme (want sqlite:///…, a .db path or postgresql://…)")

@@ -2,6 +2,10 @@
 thread). Several gateway replicas may write to one database; migrations are serialised
 with an advisory lock. The connection is opened lazily and reopened after a failure, so a
 store built while the server is down starts working once it is back.
+
+A statement and lock timeout, when given, are set on each session: a table locked by
+someone else, or a server that stopped answering queries, then fails the statement after
+that long instead of holding the calling thread without end.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from prefixgate.store.base import StoreError
+from prefixgate.store.base import StoreDataError, StoreError
 from prefixgate.store.sql import SqlStore
 
 # pg_advisory_xact_lock key for migrations ("pgat").
@@ -23,10 +27,26 @@ class PostgresStore(SqlStore):
     dialect = "postgres"
     ph = "%s"
 
-    def __init__(self, dsn: str, *, connect_timeout: int = 5) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        connect_timeout: int = 5,
+        statement_timeout: float | None = None,
+        lock_timeout: float | None = None,
+    ) -> None:
         super().__init__()
         self._dsn = dsn  # may hold a password: never printed
         self._connect_timeout = connect_timeout
+        # Session settings (name, value in ms), set on each new connection.
+        self._session = [
+            (name, str(max(1, round(seconds * 1000))))
+            for name, seconds in (
+                ("statement_timeout", statement_timeout),
+                ("lock_timeout", lock_timeout),
+            )
+            if seconds is not None
+        ]
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
 
@@ -46,12 +66,17 @@ class PostgresStore(SqlStore):
         if conn is None or conn.closed or conn.broken:
             if conn is not None:
                 conn.close()
-            self._conn = None
+            self._conn = conn = None
             try:
                 conn = psycopg.connect(
                     self._dsn, autocommit=True, connect_timeout=self._connect_timeout
                 )
+                if self._session:
+                    calls = ", ".join(["set_config(%s, %s, false)"] * len(self._session))
+                    conn.execute(f"SELECT {calls}", [v for pair in self._session for v in pair])
             except psycopg.Error as exc:
+                if conn is not None:
+                    conn.close()
                 # libpq's message names host and port, never the password.
                 raise StoreError(f"cannot connect to Postgres store: {_first_line(exc)}") from exc
             self._conn = conn
@@ -67,7 +92,12 @@ class PostgresStore(SqlStore):
             except psycopg.Error as exc:
                 if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                     conn.close()
-                raise StoreError(f"Postgres store failed: {_first_line(exc)}") from exc
+                error = (
+                    StoreDataError
+                    if isinstance(exc, psycopg.DataError | psycopg.IntegrityError)
+                    else StoreError
+                )
+                raise error(f"Postgres store failed: {_first_line(exc)}") from exc
 
     def _has_table(self, cur: Any, name: str) -> bool:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))

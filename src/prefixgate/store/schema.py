@@ -12,7 +12,7 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     it arrived with; ``segments_out`` is then NULL to halve the row (read it as
     ``CASE WHEN segments_out_same THEN segments_in ELSE segments_out END``).
     ``captured`` says the request's segment texts were stored. ``request_id`` is unique, so
-    writing a record twice (a replayed spool) stores it once.
+    writing a record twice (a record replayed from the journal) stores it once.
 
 ``segment_texts``
     Content-addressed segment texts: ``hash`` (primary key), ``last_seen`` (the latest

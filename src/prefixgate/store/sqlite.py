@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefixgate.store.base import StoreError
+from prefixgate.store.base import StoreDataError, StoreError
 from prefixgate.store.sql import SqlStore
 
 
@@ -56,7 +56,11 @@ class SqliteStore(SqlStore):
             except sqlite3.Error as exc:
                 if self._conn.in_transaction:
                     self._conn.rollback()
-                raise StoreError(f"SQLite store failed: {exc}") from exc
+                data = isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError)
+                error = StoreDataError if data else StoreError
+                raise error(f"SQLite store failed: {exc}") from exc
+            except OverflowError as exc:  # an integer past 64 bits: the data, not the store
+                raise StoreDataError(f"SQLite store failed: {exc}") from exc
             finally:
                 cur.close()
 

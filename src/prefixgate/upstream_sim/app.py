@@ -78,7 +78,14 @@ class UpstreamSim:
             else ChatRenderer(settings.render_order)  # type: ignore[arg-type]
         )
         self.tokenizer = get_tokenizer(settings.tokenizer)
-        self.cache = PrefixCache(settings.block_size, settings.capacity_tokens)
+        self.events, self._emitter = _event_publisher(settings)
+        emitter = self._emitter
+        self.cache = PrefixCache(
+            settings.block_size,
+            settings.capacity_tokens,
+            on_evict=None if emitter is None else emitter.evicted,
+            on_store=None if emitter is None else emitter.stored,
+        )
         self.metrics = SimMetrics(self.model_name, self.cache)
         self.created = int(time.time())
 
@@ -130,6 +137,7 @@ class UpstreamSim:
 
     def begin(self, tokens: list[int], salt: str | None) -> Lease:
         lease = self.cache.begin(tokens, salt=salt)
+        self.publish_events()
         m = self.metrics
         m.running += 1
         m.prompt_tokens += lease.prompt_tokens
@@ -138,10 +146,17 @@ class UpstreamSim:
 
     def end(self, lease: Lease, output_ids: list[int], reason: str, started: float) -> None:
         self.cache.end(lease, output_tokens=output_ids)
+        self.publish_events()
         m = self.metrics
         m.running -= 1
         reason = "stop" if reason == "tool_calls" else reason
         m.finish(reason, len(output_ids), time.monotonic() - started)
+
+    def publish_events(self) -> None:
+        """One batch of KV events for what the last step stored and evicted, as vLLM
+        publishes one per scheduler step."""
+        if self.events is not None and self._emitter is not None:
+            self.events.publish(self._emitter.take())
 
     def usage(self, lease: Lease, completion_tokens: int) -> dict[str, Any]:
         return usage_body(
@@ -336,9 +351,20 @@ class UpstreamSim:
                 )
 
 
+def _event_publisher(settings: SimSettings):
+    """The KV-event publisher and the cache's emitter, when events are asked for (pyzmq is
+    loaded only then)."""
+    if settings.kv_events is None:
+        return None, None
+    from prefixgate.events.emitter import CacheEventEmitter
+    from prefixgate.events.publisher import EventPublisher
+
+    return EventPublisher(settings.kv_events), CacheEventEmitter(settings.block_size)
+
+
 def create_upstream_app(settings: SimSettings | None = None) -> Starlette:
     """The ASGI app of one simulated upstream; ``app.state.cache`` is its PrefixCache and
-    ``app.state.sim`` its :class:`UpstreamSim`."""
+    ``app.state.sim`` its :class:`UpstreamSim` (``.events``: its KV-event publisher)."""
     sim = UpstreamSim(settings or SimSettings())
 
     @contextlib.asynccontextmanager
@@ -356,6 +382,8 @@ def create_upstream_app(settings: SimSettings | None = None) -> Starlette:
             close = getattr(sim.tokenizer, "close", None)
             if callable(close):
                 close()
+            if sim.events is not None:
+                sim.events.close()
 
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),

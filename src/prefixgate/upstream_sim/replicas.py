@@ -101,7 +101,7 @@ def start_upstreams_in_thread(
     started: list[SimUpstream] = []
     try:
         for i in range(replicas):
-            srv = SimUpstream(settings, host, port + i if port else 0)
+            srv = SimUpstream(settings.for_replica(i), host, port + i if port else 0)
             try:
                 srv.start()
             except BaseException:
@@ -152,7 +152,10 @@ def _build(settings: SimSettings, host: str, port: int, replicas: int, log_level
         for sock in socks:
             sock.close()
         raise
-    servers = [uvicorn_server(create_upstream_app(settings), log_level=log_level) for _ in socks]
+    servers = [
+        uvicorn_server(create_upstream_app(settings.for_replica(i)), log_level=log_level)
+        for i in range(len(socks))
+    ]
     urls = [f"http://{host}:{sock.getsockname()[1]}" for sock in socks]
     return socks, servers, urls
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prefixgate.events.publisher import PublisherSettings
 
 __all__ = ["SimSettings", "settings_from_options"]
 
@@ -36,6 +39,9 @@ class SimSettings:
     stream_chunk_tokens: int = 2  # output tokens per content chunk
     nested_errors: bool = False  # newer vLLM: {"error": {...}}
     log_interval_s: float = 0.0  # >0: log vLLM-like stats lines this often
+    # publish the cache's stores and evictions as vLLM's KV events (events/publisher.py);
+    # also vLLM's --kv-events-config JSON (a str or dict), plus "encoding": map|array|map-batch
+    kv_events: PublisherSettings | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.models, str):
@@ -58,6 +64,10 @@ class SimSettings:
         self.vllm_version = str(self.vllm_version)
         if not re.fullmatch(r"\d+(\.\d+)*", self.vllm_version):
             raise ValueError(f"vllm_version must look like 0.32, not {self.vllm_version!r}")
+        if isinstance(self.kv_events, str | dict):
+            from prefixgate.events.publisher import PublisherSettings
+
+            self.kv_events = PublisherSettings.from_engine_config(self.kv_events)
 
     @property
     def reports_zero_cached(self) -> bool:
@@ -65,11 +75,18 @@ class SimSettings:
         parts = tuple(int(x) for x in self.vllm_version.split("."))
         return parts >= ZERO_CACHED_SINCE
 
+    def for_replica(self, i: int) -> SimSettings:
+        """The settings of the ``i``-th replica: its event ports offset by ``i``."""
+        if self.kv_events is None or i == 0:
+            return self
+        return dataclasses.replace(self, kv_events=self.kv_events.offset(i))
+
 
 _OPTION_ALIASES = {
     "prefill_rate": "prefill_tokens_per_s",
     "decode_rate": "decode_tokens_per_s",
     "model": "models",
+    "kv_events_config": "kv_events",
 }
 
 
