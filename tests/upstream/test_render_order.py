@@ -84,3 +84,23 @@ def test_a_configured_order_is_kept_and_an_upstream_without_tokenize_is_said(tmp
 
         assert asyncio.run(attempt()) is None
     assert order_of(ch).order == "tools_first" and order_of(ch).source.startswith("assumed")
+
+
+def test_a_real_template_that_puts_the_tools_inside_the_system_turn(tmp_path):
+    """A Qwen-style template (the tools listed after the system text, in the system turn):
+    learned from the template's rendering, whatever the simulator's own setting says."""
+    template = tmp_path / "chat.jinja"
+    template.write_text(
+        "{%- if messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
+        "{%- if tools %}\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+        "{%- endif %}<|im_end|>\n{%- endif %}"
+        "{%- for m in messages[1:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    )
+    sim = SimSettings(
+        render_order="tools_first", chat_template=str(template), max_model_len=1_048_576
+    )
+    with ServerThread(create_upstream_app(sim)) as upstream:
+        got, kinds = _serve_one(upstream.url, f"sqlite:///{tmp_path / 'q.db'}")
+    assert got == {"order": "system_first", "source": "tokenize"}
+    assert kinds.index("system") < kinds.index("tool")
