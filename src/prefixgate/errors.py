@@ -41,8 +41,10 @@ class PromptTooLong(InvalidRequest):
     """The upstream refused the prompt for its context window (N tokens > M maximum).
 
     ``at_least``: the upstream's N is only a lower bound (vLLM 0.32 stops counting at the
-    window); ``estimated``: N is the gateway's own estimate of the whole prompt, said so
-    after the figures (a client such as Claude Code reads the figures to compact enough)."""
+    window); ``estimated_from``: N is the gateway's own estimate of the whole prompt, the
+    upstream having stopped at that bound. The message stays exactly Anthropic's wording
+    (Claude Code matches it to compact reactively); ``note`` says what N is, for the
+    record."""
 
     code = "context_length_exceeded"
 
@@ -55,13 +57,13 @@ class PromptTooLong(InvalidRequest):
         at_least: bool = False,
         estimated_from: int | None = None,
     ) -> None:
-        message = f"prompt is too long: {prompt_tokens} tokens > {max_tokens} maximum"
-        if estimated_from is not None:
-            message += (
-                f" (the gateway's estimate of the whole prompt; the upstream stopped counting "
-                f"at {estimated_from})"
-            )
-        super().__init__(message)
+        super().__init__(f"prompt is too long: {prompt_tokens} tokens > {max_tokens} maximum")
+        self.note = (
+            f"{prompt_tokens} is the gateway's estimate of the whole prompt; the upstream "
+            f"stopped counting at {estimated_from}"
+            if estimated_from is not None
+            else ""
+        )
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.raw = raw

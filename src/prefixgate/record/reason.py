@@ -36,7 +36,8 @@ def scrub(message: str | None) -> str | None:
 def failed(rec: Record, err: GatewayError) -> None:
     """Mark ``rec`` failed with ``err``: its status, kind and reason."""
     rec.status, rec.error_type = err.status, err.kind
-    rec.error_message = scrub(err.message)
+    note = getattr(err, "note", "")  # what a figure in the message is (an estimate)
+    rec.error_message = scrub(f"{err.message} ({note})" if note else err.message)
 
 
 __all__ = ["MAX_CHARS", "failed", "scrub"]
