@@ -448,8 +448,8 @@ def test_too_many_messages_tools_and_blocks(gateway):
 
 def test_a_lower_bound_is_replaced_by_the_whole_prompts_estimate(gateway, upstream):
     """vLLM 0.32 stops counting at the window ("at least 16385"): the client is told the
-    gateway's estimate of the whole prompt in Anthropic's exact wording (so Claude Code
-    compacts enough); the record says it is an estimate."""
+    whole prompt's count in Anthropic's exact wording (so Claude Code compacts enough) —
+    the upstream's /tokenize count, else the gateway's estimate; the record says which."""
     gw = gateway()
     msg = (
         "This model's maximum context length is 16384 tokens. However, your prompt contains "
@@ -464,7 +464,16 @@ def test_a_lower_bound_is_replaced_by_the_whole_prompts_estimate(gateway, upstre
     m = re.fullmatch(r"prompt is too long: (\d+) tokens > 16384 maximum", text)
     assert m and 100_000 <= int(m.group(1)) <= 140_000  # ≈ 500k chars / 4, not 16385
     reason = gw.records[-1].error_message
-    assert reason.startswith(text) and "estimate" in reason and "16385" in reason
+    assert reason.startswith(text) and "estimated by the gateway" in reason and "16385" in reason
+    # an upstream with vLLM's /tokenize counts the prompt itself: its count is relayed
+    upstream.tokenize_count = 102_001
+    r = httpx.post(gw.url + "/v1/messages", json=long)
+    assert _assert_anthropic_error(r, 400, "invalid_request_error")["error"]["message"] == (
+        "prompt is too long: 102001 tokens > 16384 maximum"
+    )
+    assert "/tokenize" in gw.records[-1].error_message
+    [asked] = [t for t in upstream.tokenized if t["messages"][-1]["content"].startswith("word")]
+    assert asked["model"] and "max_tokens" not in asked
     # a count the upstream gave whole is relayed as it is
     upstream.script = lambda b: Reply(
         status=400,

@@ -14,7 +14,7 @@ import msgspec
 
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.sse import SSEDecoder
-from prefixgate.upstream.client import UpstreamResponse, map_status
+from prefixgate.upstream.client import UpstreamResponse, map_status, read_all
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
@@ -129,10 +129,4 @@ async def post_for_json(transport, channel, url: str, body: bytes):
     resp = await transport.open(
         url, body, timeouts=channel.timeouts, extra_headers=bearer(channel), tls=channel.tls
     )
-    chunks = []
-    try:
-        while (chunk := await resp.next(channel.timeouts.idle)) is not None:
-            chunks.append(chunk)
-    finally:
-        await resp.aclose()
-    return msgspec.json.decode(b"".join(chunks))
+    return msgspec.json.decode(await read_all(resp, channel.timeouts.idle))

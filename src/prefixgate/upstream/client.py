@@ -229,6 +229,17 @@ class UpstreamResponse:
             self._pool.release(self._conn)
 
 
+async def read_all(resp, idle: float) -> bytes:
+    """The rest of an open response's body; the response is closed after."""
+    chunks = []
+    try:
+        while (chunk := await resp.next(idle)) is not None:
+            chunks.append(chunk)
+    finally:
+        await resp.aclose()
+    return b"".join(chunks)
+
+
 class Upstream:
     """The HTTP client shared by all channels (``http1``: keep-alive pools per upstream),
     made on first use in the serving event loop."""
@@ -337,8 +348,44 @@ class Upstream:
                 body_bytes = await _read_limited(conn, timeouts.idle)
             finally:
                 pool.discard(conn)
-            raise map_status(conn.status, _scrub(body_bytes, headers), conn, request=body)
+            err = map_status(conn.status, _scrub(body_bytes, headers), conn, request=body)
+            if isinstance(err, PromptTooLong) and err.estimated_from is not None:
+                err = await self._counted(err, url, body, timeouts, extra_headers, tls)
+            raise err
         return UpstreamResponse(conn, pool)
+
+    async def _counted(
+        self, err: PromptTooLong, url: str, request: bytes, timeouts, extra_headers, tls
+    ) -> PromptTooLong:
+        """The refused prompt counted by the upstream's own tokenizer (vLLM's
+        ``/tokenize`` with the request's messages and tools) when the upstream's message
+        gave only a bound; ``err`` (the gateway's estimate) when that cannot be had."""
+        from prefixgate.upstream.order import tokenize_url
+
+        if not url.endswith("/chat/completions"):
+            return err
+        try:
+            sent = msgspec.json.decode(request)
+            ask = {k: sent[k] for k in ("model", "messages", "tools") if sent.get(k)}
+            resp = await self.open(
+                tokenize_url(url.removesuffix("/chat/completions")),
+                msgspec.json.encode(ask),
+                timeouts=timeouts,
+                extra_headers=extra_headers,
+                tls=tls,
+            )
+            count = msgspec.json.decode(await read_all(resp, timeouts.idle))["count"]
+        except Exception:  # noqa: BLE001 - no /tokenize, or another shape: the estimate
+            return err
+        if not isinstance(count, int) or count <= err.estimated_from:
+            return err
+        return PromptTooLong(
+            count,
+            err.max_tokens,
+            raw=err.raw,
+            estimated_from=err.estimated_from,
+            counted_by="counted by the upstream tokenizer (/tokenize)",
+        )
 
     async def get_json(
         self,
