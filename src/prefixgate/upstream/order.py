@@ -23,7 +23,7 @@ import msgspec
 log = logging.getLogger("prefixgate")
 
 FALLBACK = "tools_first"
-RETRY_S = 30.0  # after a failed attempt
+RETRY_S = 30.0  # after a failed attempt (doubling up to REFRESH_S)
 REFRESH_S = 600.0  # after a learned one (the upstream may have been restarted with another model)
 
 
@@ -34,6 +34,7 @@ class Learned:
 
 
 _learned: dict[tuple[str, str], Learned] = {}  # (channel name, base_url) -> what was learned
+_told: set[tuple[str, str]] = set()  # channels whose failure was logged (once, not every retry)
 
 
 def render_order(channel) -> str:
@@ -112,20 +113,27 @@ async def learn(channel, transport) -> Learned | None:
             )
             lists.append(doc["tokens"])
     except Exception as exc:  # noqa: BLE001 - an upstream without /tokenize tells nothing
-        log.info("channel %s: render order not learned (%s)", channel.name, exc)
+        _not_learned(channel, f"render order not learned ({exc}); assuming {FALLBACK}")
         return None
     order = order_from_tokens(*lists)
     if order is None:
-        log.info("channel %s: /tokenize does not show where the tools go", channel.name)
+        _not_learned(channel, f"/tokenize does not show where the tools go; assuming {FALLBACK}")
         return None
     got = _learned[(channel.name, channel.base_url)] = Learned(order, "tokenize")
     log.info("channel %s: the upstream renders %s (learned from /tokenize)", channel.name, order)
     return got
 
 
+def _not_learned(channel, why: str) -> None:
+    key = (channel.name, channel.base_url)
+    log.log(logging.DEBUG if key in _told else logging.INFO, "channel %s: %s", channel.name, why)
+    _told.add(key)
+
+
 async def start(channels, transport, first_wait: float = 2.0) -> asyncio.Task | None:
-    """:func:`learn_forever` as a task, after waiting up to ``first_wait`` seconds for the
-    first round (so the first requests are placed in the learned order)."""
+    """Learn the order of every ``auto`` channel: the first round now (waiting at most
+    ``first_wait`` seconds, so the first requests are placed in the learned order), then
+    a task that asks again every few minutes, and sooner while a channel is not learned."""
     auto = [ch for ch in channels if ch.kind == "openai" and ch.render_order == "auto"]
     if not auto:
         return None
@@ -137,7 +145,9 @@ async def start(channels, transport, first_wait: float = 2.0) -> asyncio.Task | 
 
 
 async def _again(auto, transport) -> None:
+    retry = RETRY_S
     while True:
         learned = all(_learned.get((ch.name, ch.base_url)) is not None for ch in auto)
-        await asyncio.sleep(REFRESH_S if learned else RETRY_S)
+        await asyncio.sleep(REFRESH_S if learned else retry)
+        retry = RETRY_S if learned else min(retry * 2, REFRESH_S)
         await asyncio.gather(*(learn(ch, transport) for ch in auto))
