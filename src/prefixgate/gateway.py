@@ -27,6 +27,8 @@ from prefixgate.protocol.common import decode_body
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
 from prefixgate.routing.channels import ChannelRouter, Target
+from prefixgate.spend.keeper import BudgetKeeper
+from prefixgate.spend.prices import PriceTable
 from prefixgate.upstream import Upstream
 from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
 from prefixgate.upstream.order import render_order
@@ -60,6 +62,9 @@ class Gateway:
         self.capture = capture
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)
+        self.prices = PriceTable.from_config(config.prices) if config.prices else None
+        self.budgets = BudgetKeeper(config, self.prices) if _has_budgets(config) else None
+        self.telemetry = None  # telemetry.Telemetry when config.telemetry (started by the app)
         self.failures = LogThrottle(log, interval=10.0)
         self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
         self._model_lists: dict[str, tuple[float, list[str]]] = {}  # channel -> (until, ids)
@@ -193,6 +198,11 @@ class Gateway:
             self.capture(*args)
         except Exception:  # the capture must never break the request path
             log.exception("segment capture failed (request %s)", request_id)
+
+
+def _has_budgets(config: Config) -> bool:
+    """Budgets in the config, or keys in the store (which may carry their own)."""
+    return bool(config.store_keys or config.budgets.owners or any(k.budgets for k in config.keys))
 
 
 def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:

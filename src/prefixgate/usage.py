@@ -18,6 +18,7 @@ class Usage:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    cache_creation_tokens: int | None = None  # reported by Anthropic-style upstreams only
 
     @classmethod
     def from_openai(cls, usage: object) -> Usage:

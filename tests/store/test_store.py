@@ -12,7 +12,6 @@ from prefixgate.record.model import Change, Record, Segment
 from prefixgate.record.shape import Shape
 from prefixgate.store import Store, StoreDataError, StoreError, open_store, schema, sql
 from prefixgate.store.postgres import PostgresStore
-from prefixgate.store.sql import SqlStore
 from prefixgate.store.sqlite import SqliteStore
 from tests.conftest import pg_schema_dsn
 
@@ -82,6 +81,9 @@ def full_record(i: int, **over) -> Record:
                 text_chars=6000,
             ),
         ),
+        cache_creation_tokens=512 + i,
+        cost_nano=123_456_789 + i,
+        cost_saved_nano=98_765 + i,
         segments_in=seg_in,
         segments_out=seg_out,
     )
@@ -110,7 +112,7 @@ def test_migrate_from_scratch_is_idempotent(store: Store, dsn: str) -> None:
     assert store.count() == 0
 
 
-def _write_v1(store: SqlStore, record: Record) -> None:
+def _write_v1(store, record: Record) -> None:
     """A record as a version-1 gateway wrote it: only the columns migration 1 made."""
     n = len(schema.SCALAR_COLUMNS) + len(schema.SEGMENT_COLUMNS)
     cols = schema.COLUMNS[:n]
@@ -130,6 +132,7 @@ def test_migrate_from_version_1_keeps_data(store: Store, dsn: str) -> None:
     assert store.migrate() == schema.LATEST_VERSION
     [back] = store.iter_records()
     assert back.request_id == "req-0" and back.change is None and back.error_message is None
+    assert back.cost_nano is None
     # a second process opening the migrated database finds nothing to do
     with open_store(dsn) as other:
         assert other.migrate() == schema.LATEST_VERSION

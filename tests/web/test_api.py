@@ -218,3 +218,40 @@ def test_a_failed_request_shows_its_reason(tmp_path):
         v = request_detail(store, "failed-1")
     assert v["error_message"] == "prompt is too long: 102001 tokens > 16384 maximum"
     assert v["change"] is None
+
+
+def test_usage_groups_cost_by_owner(tmp_path):
+    from prefixgate.config import parse_config
+    from prefixgate.record import Record
+    from prefixgate.serve.app import create_app
+    from prefixgate.serve.process import ServerThread
+    from prefixgate.spend.prices import PriceTable
+
+    prices = {"models": {"m": {"input": 1.0, "cached_input": 0.1, "output": 4.0}}}
+    config = parse_config(
+        {
+            "channels": [{"name": "c", "base_url": "http://127.0.0.1:9/v1", "models": ["m"]}],
+            "store": {"dsn": f"sqlite:///{tmp_path}/u.db", "journal_path": str(tmp_path / "j")},
+            "prices": prices,
+        }
+    )
+    table = PriceTable.from_config(config.prices)
+    recs = []
+    for i, (key, owner) in enumerate([("a", "t1"), ("b", "t1"), ("c", "t2")]):
+        r = Record(request_id=f"r{i}", received_at=1e9 + i, key_name=key, key_owner=owner)
+        r.requested_model, r.channel, r.status, r.endpoint = "m", "c", 200, "chat"
+        r.prompt_tokens, r.cached_tokens, r.completion_tokens = 1000, 500 * i, 10
+        table.charge(r)
+        recs.append(r)
+    with open_store(config.store.dsn) as store:
+        store.migrate()
+        store.write_batch(recs)
+    with ServerThread(create_app(config)) as srv:
+        d = get(srv.url, "usage", by="owner")
+        bad = httpx.get(f"{srv.url}/dashboard/api/usage", params={"by": "colour"})
+    rows = {r["group"]: r for r in d["rows"]}
+    assert rows["t1"]["requests"] == 2 and rows["t2"]["requests"] == 1
+    assert rows["t1"]["cost_nano"] == recs[0].cost_nano + recs[1].cost_nano
+    assert d["total"]["saved_nano"] == sum(r.cost_saved_nano for r in recs)
+    assert d["currency"] == "USD"
+    assert bad.status_code == 400 and "cannot group by 'colour'" in bad.json()["error"]

@@ -223,3 +223,20 @@ def test_login_through_the_form_and_logout(browser, tmp_path, demo_stores):
         p.errors = [e for e in p.errors if "401" not in e]  # the login page itself
         pg.close()
         assert p.errors == []
+
+
+def test_usage_page_tables_requests_and_cost_by_group(page):
+    page.open("/usage?by=client")
+    pg = page.page
+    pg.wait_for_selector("#usage table.data tbody tr.total")
+    groups = pg.locator("#usage table.data tbody tr td:first-child").all_inner_texts()
+    assert groups == ["claude-cli", "opencode", "total"] or groups == [
+        "opencode",
+        "claude-cli",
+        "total",
+    ]
+    assert pg.locator(".kpi").count() == 5
+    pg.locator('[data-by="model"]').click()
+    until(pg, lambda: "by=model" in pg.url)
+    until(pg, lambda: pg.locator("#usage h2").inner_text() == "By model")
+    page.shot("usage")

@@ -75,6 +75,11 @@ class Record(msgspec.Struct, kw_only=True):
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    cache_creation_tokens: int | None = None  # cache writes, where an upstream reports them
+    # what it cost (spend/prices.py), in nanos (1e-9) of the price table's currency; None
+    # without a price or without usage
+    cost_nano: int | None = None
+    cost_saved_nano: int | None = None  # what the cached tokens saved against fresh input
     # usage as shown to the client (Anthropic semantics on /v1/messages)
     reported_input_tokens: int | None = None
     reported_cache_read_tokens: int | None = None

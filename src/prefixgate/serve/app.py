@@ -76,6 +76,12 @@ def create_app(
         if learning is not None:
             tasks.append(learning)
         store = config.store
+        if gateway.budgets is not None and store is not None:
+            await _seed_budgets(gateway.budgets, store)
+        if config.telemetry is not None:
+            from prefixgate.telemetry import Telemetry
+
+            gateway.telemetry = Telemetry(config.telemetry, config.channels)
         if store is not None and store.retention_days:
             tasks.append(asyncio.create_task(_prune_forever(store, store.retention_days)))
         if store is not None and config.store_keys:
@@ -99,6 +105,10 @@ def create_app(
                 await close()
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
+            if gateway.budgets is not None:
+                await gateway.budgets.aclose()
+            if gateway.telemetry is not None:
+                await asyncio.to_thread(gateway.telemetry.shutdown)
 
     routes = [
         Route("/v1/messages", gateway.messages, methods=["POST"]),
@@ -288,6 +298,19 @@ class AccessLog:
                 seen["id"],
                 "" if seen["done"] else " incomplete",
             )
+
+
+async def _seed_budgets(keeper, store_config) -> None:
+    """What keys and owners used in the current windows, from the store into the budget
+    ledger (a restart renews nobody's budget); a store that is down is said and passed."""
+    from prefixgate.spend.standing import seed_ledger
+
+    try:
+        await seed_ledger(
+            keeper, store_config.dsn, (store_config.statement_timeout, store_config.lock_timeout)
+        )
+    except Exception as exc:
+        log.warning("budgets: cannot read what was spent from the store: %s", exc)
 
 
 async def _prune_forever(store_config, days: float, every: float = 3600.0) -> None:

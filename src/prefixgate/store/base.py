@@ -25,6 +25,7 @@ class KeyRow:
     models: tuple[str, ...]
     created_at: float
     revoked_at: float | None = None
+    budgets: tuple[str, ...] = ()  # as written: "50 USD/month" (spend/budgets.py)
 
     @property
     def active(self) -> bool:
@@ -99,10 +100,19 @@ class Store(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no query")
 
     def create_key(
-        self, name: str, owner: str | None, digest: str, models: Iterable[str]
+        self,
+        name: str,
+        owner: str | None,
+        digest: str,
+        models: Iterable[str],
+        budgets: Iterable[str] = (),
     ) -> KeyRow:
         """Add an API key by its digest; StoreError if the name or digest exists."""
         raise NotImplementedError(f"{type(self).__name__} has no create_key")
+
+    def set_key_budgets(self, name: str, budgets: Iterable[str]) -> bool:
+        """Replace an active key's budgets; False when there is no active key of that name."""
+        raise NotImplementedError(f"{type(self).__name__} has no set_key_budgets")
 
     def list_keys(self) -> list[KeyRow]:
         """Every key, revoked ones included, by name."""

@@ -20,7 +20,8 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     it instead of scanning every segment list), ``text`` (canonical JSON, redacted).
 
 ``api_keys``
-    Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation.
+    Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation,
+    budgets (a JSON list of lines such as ``"50 USD/month"``).
 
 ``dashboard_sessions``, ``dashboard_logins``
     The dashboard's admin sessions: the SHA-256 digest of each session's random token (never
@@ -82,7 +83,15 @@ SEGMENT_COLUMNS: list[tuple[str, str]] = [
     ("segments_out_same", "bool"),
     ("captured", "bool"),
 ]
-# Columns added to ``requests`` after migration 1, by the migration that added them.
+# Scalar Record fields added by migration 5 (what a request cost, spend/prices.py): the
+# cache writes an upstream reported, the cost and the cost the cache saved, in nanos of
+# the price table's currency (integers: sums are exact).
+COST_COLUMNS: list[tuple[str, str]] = [
+    ("cache_creation_tokens", "int"),
+    ("cost_nano", "int"),
+    ("cost_saved_nano", "int"),
+]
+# Columns added to ``requests`` by migration 6.
 # ``error_message``: the failure's short, scrubbed reason. ``compared``, ``change_*``:
 # the prefix against the session's previous request, found at capture time
 # (record/changes.py): ``change_class`` and ``change_segment`` name the change,
@@ -99,8 +108,11 @@ ADDED_COLUMNS: list[tuple[str, str]] = [
     ("change", "json"),
 ]
 # Every column written for a request, in insert order (``id`` excluded).
-COLUMNS: list[str] = [name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS + ADDED_COLUMNS]
+COLUMNS: list[str] = [
+    name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS + COST_COLUMNS + ADDED_COLUMNS
+]
 SCALAR_NAMES: list[str] = [name for name, _ in SCALAR_COLUMNS]
+COST_NAMES: list[str] = [name for name, _ in COST_COLUMNS]
 
 TYPES: dict[str, dict[str, str]] = {
     "sqlite": {
@@ -164,14 +176,30 @@ def _migration_4(dialect: str) -> list[str]:
 
 
 def _migration_5(dialect: str) -> list[str]:
+    # What each request cost (COST_COLUMNS) and each store key's budgets.
+    t = TYPES[dialect]
+    return [
+        *(f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in COST_COLUMNS),
+        "ALTER TABLE api_keys ADD COLUMN budgets TEXT",
+    ]
+
+
+def _migration_6(dialect: str) -> list[str]:
     # The error reason and the prefix change of each request (ADDED_COLUMNS).
     t = TYPES[dialect]
     return [f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in ADDED_COLUMNS]
 
 
-# Forward migrations; index i holds version i + 1. Migration 1 creates the tables as
-# they first were; later ones add to them.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4, _migration_5]
+# Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
+# first were; later ones add to them.
+MIGRATIONS = [
+    _migration_1,
+    _migration_2,
+    _migration_3,
+    _migration_4,
+    _migration_5,
+    _migration_6,
+]
 LATEST_VERSION = len(MIGRATIONS)
 
 SCHEMA_VERSION_DDL = (
@@ -186,6 +214,7 @@ _SEGMENTS_DECODER = msgspec.json.Decoder(list[Segment])
 _CHANGE_DECODER = msgspec.json.Decoder(Change)
 _FIELD_INDEX = {name: i for i, name in enumerate(Record.__struct_fields__)}
 _SCALAR_INDEX = [_FIELD_INDEX[name] for name in SCALAR_NAMES]
+_COST_INDEX = [_FIELD_INDEX[name] for name in COST_NAMES]
 _STREAM_POS = SCALAR_NAMES.index("stream")
 
 
@@ -211,6 +240,7 @@ def record_row(record: Record) -> tuple[Any, ...]:
     row.append(None if same else encode_segments(record.segments_out))
     row.append(same)
     row.append(bool(record.texts))
+    row += [values[i] for i in _COST_INDEX]
     row.append(record.error_message)
     row.append(record.compared)
     c = record.change
@@ -245,7 +275,9 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
     kwargs["stream"] = bool(kwargs["stream"])
     seg_in = decode_segments(row[n])
     seg_out = list(seg_in) if row[n + 2] and seg_in is not None else decode_segments(row[n + 1])
-    added = dict(zip((name for name, _ in ADDED_COLUMNS), row[n + 4 :], strict=True))
+    kwargs.update(zip(COST_NAMES, row[n + 4 : n + 4 + len(COST_NAMES)], strict=True))
+    names = (name for name, _ in ADDED_COLUMNS)
+    added = dict(zip(names, row[n + 4 + len(COST_NAMES) :], strict=True))
     record = Record(
         **kwargs,
         segments_in=seg_in,

@@ -29,7 +29,12 @@ class SqlStore(SessionQueries, Store):
         self._lock = threading.RLock()
         self._text_seen: dict[str, float] = {}
         cols = ", ".join(schema.COLUMNS)
-        kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS + schema.ADDED_COLUMNS)
+        kinds = dict(
+            schema.SCALAR_COLUMNS
+            + schema.SEGMENT_COLUMNS
+            + schema.COST_COLUMNS
+            + schema.ADDED_COLUMNS
+        )
         values = ", ".join(self._param(kinds[c]) for c in schema.COLUMNS)
         self._insert_request = (
             f"INSERT INTO requests ({cols}) VALUES ({values}) ON CONFLICT (request_id) DO NOTHING"
@@ -185,9 +190,14 @@ class SqlStore(SessionQueries, Store):
 
     # -- API keys --------------------------------------------------------------------
     def create_key(
-        self, name: str, owner: str | None, digest: str, models: Iterable[str]
+        self,
+        name: str,
+        owner: str | None,
+        digest: str,
+        models: Iterable[str],
+        budgets: Iterable[str] = (),
     ) -> KeyRow:
-        row = KeyRow(name, owner, digest, tuple(models), time.time())
+        row = KeyRow(name, owner, digest, tuple(models), time.time(), budgets=tuple(budgets))
         p = self.ph
         with self._transaction(exclusive=True) as cur:
             cur.execute(
@@ -196,17 +206,33 @@ class SqlStore(SessionQueries, Store):
             if cur.fetchone() is not None:
                 raise StoreError(f"a key named {name!r} (or with that digest) exists already")
             cur.execute(
-                f"INSERT INTO api_keys (name, owner, digest, models, created_at, revoked_at)"
-                f" VALUES ({p}, {p}, {p}, {p}, {p}, NULL)",
-                (name, owner, digest, json.dumps(list(row.models)), row.created_at),
+                "INSERT INTO api_keys (name, owner, digest, models, created_at, revoked_at,"
+                f" budgets) VALUES ({p}, {p}, {p}, {p}, {p}, NULL, {p})",
+                (
+                    name,
+                    owner,
+                    digest,
+                    json.dumps(list(row.models)),
+                    row.created_at,
+                    json.dumps(list(row.budgets)),
+                ),
             )
         return row
+
+    def set_key_budgets(self, name: str, budgets: Iterable[str]) -> bool:
+        p = self.ph
+        with self._transaction(exclusive=True) as cur:
+            cur.execute(
+                f"UPDATE api_keys SET budgets = {p} WHERE name = {p} AND revoked_at IS NULL",
+                (json.dumps(list(budgets)), name),
+            )
+            return cur.rowcount > 0
 
     def list_keys(self) -> list[KeyRow]:
         with self._transaction() as cur:
             cur.execute(
-                "SELECT name, owner, digest, models, created_at, revoked_at FROM api_keys"
-                " ORDER BY name"
+                "SELECT name, owner, digest, models, created_at, revoked_at, budgets"
+                " FROM api_keys ORDER BY name"
             )
             return [_key_row(r) for r in cur.fetchall()]
 
@@ -237,8 +263,16 @@ class SqlStore(SessionQueries, Store):
 
 
 def _key_row(row: Sequence[Any]) -> KeyRow:
-    name, owner, digest, models, created_at, revoked_at = row
-    return KeyRow(name, owner, digest, tuple(json.loads(models)), created_at, revoked_at)
+    name, owner, digest, models, created_at, revoked_at, budgets = row
+    return KeyRow(
+        name,
+        owner,
+        digest,
+        tuple(json.loads(models)),
+        created_at,
+        revoked_at,
+        tuple(json.loads(budgets or "[]")),
+    )
 
 
 def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:

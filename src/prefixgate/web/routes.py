@@ -181,6 +181,28 @@ class Dashboard:
             raise BadParam("limit must be a number") from None
         return await self._read(queries.request_log, scope, limit=limit, before=q.get("before"))
 
+    async def usage(self, request: Request) -> Any:
+        """The usage report (spend/report.py) for the scope, grouped by ``by``."""
+        from prefixgate.spend.report import DIMENSIONS, usage_report
+
+        q = request.query_params
+        scope = scope_of(q)
+        by = q.get("by") or "key"
+        if by not in DIMENSIONS:
+            raise BadParam(f"cannot group by {by!r}: want one of {', '.join(DIMENSIONS)}")
+        where, params = scope.where()
+        prices = self.gateway.prices
+        report = await self._read(
+            usage_report,
+            by,
+            where=where,
+            params=params,
+            prices=prices,
+            since=scope.since,
+            until=scope.until,
+        )
+        return report.to_dict()
+
     async def request_detail(self, request: Request) -> Any:
         return await self._read(queries.request_detail, request.path_params["request_id"])
 
@@ -223,6 +245,7 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/upstream", d.page("upstream"), methods=["GET"]),
         Route(p + "/requests", d.page("requests"), methods=["GET"]),
         Route(p + "/requests/{request_id}", d.page("request"), methods=["GET"]),
+        Route(p + "/usage", d.page("usage"), methods=["GET"]),
         Route(p + "/api/meta", d.api(d.meta), methods=["GET"]),
         Route(p + "/api/overview", d.api(d.overview), methods=["GET"]),
         Route(p + "/api/distribution", d.api(d.distribution), methods=["GET"]),
@@ -231,5 +254,6 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/api/requests", d.api(d.requests), methods=["GET"]),
         Route(p + "/api/requests/{request_id}", d.api(d.request_detail), methods=["GET"]),
         Route(p + "/api/texts", d.api(d.texts), methods=["GET"]),
+        Route(p + "/api/usage", d.api(d.usage), methods=["GET"]),
         Route(p + "/static/{name}", d.static_file, methods=["GET"]),
     ]
