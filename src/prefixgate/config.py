@@ -27,7 +27,7 @@ from pydantic import (
 from prefixgate.events.endpoints import Endpoints, check_endpoint, subscriber_endpoints
 
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
-RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix"]
+RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix", "precise"]
 RenderOrder = Literal["tools_first", "system_first", "auto"]
 
 
@@ -113,6 +113,8 @@ class KvEventsConfig(_Model):
     replicas: tuple[KvEventsEndpoint, ...] = ()
     block_size: int | None = Field(default=None, ge=1)  # None: the engines' own
     max_blocks: int = Field(default=200_000, ge=1)  # per replica and medium
+    # removals remembered (with their times) per replica and medium, for the miss ledger
+    history_blocks: int = Field(default=100_000, ge=1)
     stale_after: float = Field(default=30.0, gt=0)  # seconds
     replay_timeout: float = Field(default=2.0, gt=0)  # seconds
 
@@ -164,6 +166,11 @@ class ChannelConfig(_Model):
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
     render_order: RenderOrder = "auto"  # auto: learned from the upstream (upstream/order.py)
+    # The engine's prompt, for the KV events and `routing: precise` (events/tokens.py): its
+    # chat template (a .jinja file or tokenizer_config.json; unset: the simulated upstream's
+    # format in render_order) and its tokenizer ("approx", or "hf:PATH" to tokenizer.json).
+    chat_template: str | None = None
+    tokenizer: str = "approx"
     capture_text: bool = False
     metrics_url: str | None = None
     # Replica choice (docs/routing.md). The thresholds are SGLang cache_aware's defaults.
@@ -184,7 +191,26 @@ class ChannelConfig(_Model):
     def _kv_events(self) -> ChannelConfig:
         if self.kv_events is not None:
             self.kv_events.endpoints_for(self.urls())
+        elif self.routing == "precise":
+            raise ValueError("routing: precise needs kv_events (the engines' KV-cache events)")
         return self
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, v: str) -> str:
+        kind, sep, path = v.partition(":")
+        if v != "approx" and not (kind == "hf" and sep and path):
+            raise ValueError("tokenizer must be 'approx' or 'hf:PATH' (a tokenizer.json)")
+        if kind == "hf" and not Path(path).exists():
+            raise ValueError(f"tokenizer: no such file: {path}")
+        return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"chat_template: no such file: {v}")
+        return v
 
     @field_validator("base_url")
     @classmethod
@@ -253,6 +279,9 @@ class StoreConfig(_Model):
     # Memory for the sessions' latest requests, which each request is compared with to
     # find what breaks its prefix (record/changes.py); 0 turns the comparison off.
     change_memory_mb: float = Field(64.0, ge=0)
+    # The miss ledger of each request (ledger/: where its prompt tokens went), computed
+    # after the request, off its path, into the ``ledgers`` table.
+    ledger: bool = True
     # The record journal (record/journal.py): a directory where each record is appended as
     # its answer completes, until the store has it; each process writes its own slot in
     # it. null: no journal (records wait for the store in memory; a crash loses them).

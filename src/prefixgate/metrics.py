@@ -144,6 +144,13 @@ class GatewayMetrics:
             ("entry",),
             registry=r,
         )
+        self.route_source = Counter(
+            "prefixgate_route_source",
+            "Routing decisions by where the replicas' cache state came from (events, "
+            "estimate, events+estimate).",
+            ("channel", "source"),
+            registry=r,
+        )
         self._totals: dict[tuple, list[int]] = {}
         self._children: dict[tuple, object] = {}
         if writer is not None:
@@ -168,6 +175,8 @@ class GatewayMetrics:
         child(self.requests, *labels, str(rec.status)).inc()
         if rec.retries:
             child(self.retries, labels[1]).inc(rec.retries)
+        if rec.route_source is not None:
+            child(self.route_source, labels[0], rec.route_source).inc()
         if rec.error_type and rec.status >= 500:
             child(self.upstream_errors, labels[0], rec.error_type).inc()
         if rec.prompt_tokens:

@@ -20,7 +20,11 @@ Attributes (the conventions' names, checked against the GenAI registry):
 (seconds), ``gen_ai.request.stream``, ``error.type``; ``gen_ai.usage.cost`` (Langfuse
 reads it as the generation's cost) with ``session.id`` and ``user.id`` (the key); and
 where the prompt broke against the session's previous one (``prefixgate.prefix.*``, from
-the segment capture).
+the segment capture); and the request's miss ledger when the gateway computes one
+(``prefixgate.ledger.<cause>_tokens`` for hit, prefix_changed, evicted, elsewhere,
+partial_block, cold and unknown, with ``prefixgate.ledger.source``, ``changed_segment`` and
+``elsewhere_replica``): the span then waits for the ledger, which is computed after the
+answer, off the request path.
 """
 
 from __future__ import annotations
@@ -118,11 +122,17 @@ class Telemetry:
         for name in _SDK_LOGGERS:
             logging.getLogger(name).addFilter(self._quiet)
 
-    def export(self, rec: Record, traceparent: str | None = None) -> None:
-        """The record's span, built on the loop's next turn (off the answer's clock)."""
-        asyncio.get_running_loop().call_soon(self._span, rec, traceparent)
+    def export(self, rec: Record, traceparent: str | None = None, ledger=None) -> None:
+        """The record's span, built on the loop's next turn (off the answer's clock), with
+        the request's miss ledger when it has one."""
+        asyncio.get_running_loop().call_soon(self._span, rec, traceparent, ledger)
 
-    def _span(self, rec: Record, traceparent: str | None) -> None:
+    def exporter_of(self, rec: Record, traceparent: str | None):
+        """What exports the record's span once its ledger is known (``LedgerWorker.feed``'s
+        ``then``)."""
+        return lambda ledger: self.export(rec, traceparent, ledger)
+
+    def _span(self, rec: Record, traceparent: str | None, ledger=None) -> None:
         try:
             parent = (
                 self.propagator.extract({"traceparent": traceparent}) if traceparent else Context()
@@ -137,6 +147,8 @@ class Telemetry:
             if span.is_recording():
                 span.set_attributes(attributes(rec, self.kinds.get(rec.channel, "openai")))
                 span.set_attributes(change)
+                if ledger is not None:
+                    span.set_attributes(ledger_attributes(ledger))
                 if rec.status >= 400 or rec.status == 0:
                     span.set_status(Status(StatusCode.ERROR, rec.error_type or str(rec.status)))
             span.end(end_time=int((rec.done_at or rec.received_at) * 1e9))
@@ -176,6 +188,18 @@ class Telemetry:
         self.provider.shutdown()
         for name in _SDK_LOGGERS:
             logging.getLogger(name).removeFilter(self._quiet)
+
+
+def ledger_attributes(ledger) -> dict:
+    """The miss ledger (ledger/): where each prompt token went, by cause, as
+    ``prefixgate.ledger.<cause>_tokens``, with its source and what it names."""
+    out = {f"prefixgate.ledger.{cause}_tokens": n for cause, n in ledger.parts().items()}
+    out["prefixgate.ledger.source"] = ledger.source
+    if ledger.changed_segment is not None:
+        out["prefixgate.ledger.changed_segment"] = ledger.changed_segment
+    if ledger.elsewhere_replica is not None:
+        out["prefixgate.ledger.elsewhere_replica"] = ledger.elsewhere_replica
+    return out
 
 
 def attributes(rec: Record, provider: str = "openai") -> dict:

@@ -115,13 +115,17 @@ def test_migrate_from_scratch_is_idempotent(store: Store, dsn: str) -> None:
 def _write_v1(store, record: Record) -> None:
     """A record as a version-1 gateway wrote it: only the columns migration 1 made."""
     n = len(schema.SCALAR_COLUMNS) + len(schema.SEGMENT_COLUMNS)
-    cols = schema.COLUMNS[:n]
     kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS)
-    marks = ", ".join(store._param(kinds[c]) for c in cols)
+    pairs = [
+        (c, v)
+        for c, v in zip(schema.COLUMNS[:n], schema.record_row(record)[:n], strict=True)
+        if c not in schema._ADDED_LATER
+    ]
+    marks = ", ".join(store._param(kinds[c]) for c, _ in pairs)
     with store._transaction(exclusive=True) as cur:
         cur.execute(
-            f"INSERT INTO requests ({', '.join(cols)}) VALUES ({marks})",
-            schema.record_row(record)[:n],
+            f"INSERT INTO requests ({', '.join(c for c, _ in pairs)}) VALUES ({marks})",
+            [v for _, v in pairs],
         )
 
 
@@ -133,10 +137,13 @@ def test_migrate_from_version_1_keeps_data(store: Store, dsn: str) -> None:
     [back] = store.iter_records()
     assert back.request_id == "req-0" and back.change is None and back.error_message is None
     assert back.cost_nano is None
+    assert back.route_source is None
+    store.write_batch([full_record(1, route_source="events")])
+    assert [r.route_source for r in store.iter_records()] == [None, "events"]
     # a second process opening the migrated database finds nothing to do
     with open_store(dsn) as other:
         assert other.migrate() == schema.LATEST_VERSION
-        assert other.count() == 1
+        assert other.count() == 2
 
 
 def test_migrate_refuses_unknown_target(store: Store) -> None:

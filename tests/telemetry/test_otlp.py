@@ -282,3 +282,29 @@ def test_off_by_default_loads_nothing():
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_span_carries_the_requests_miss_ledger(gateway, upstream, receiver, tmp_path):
+    """With a store, each request gets a miss ledger after its answer; its span waits for it
+    and says where every prompt token went, the parts summing to the prompt."""
+    gw = gateway(
+        telemetry={"otlp_endpoint": receiver.url},
+        store={"dsn": f"sqlite:///{tmp_path}/r.db", "journal_path": str(tmp_path / "j")},
+    )
+    upstream.script = lambda body: Reply(text="ok", prompt_tokens=900, completion_tokens=2)
+    o = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+    history = [{"role": "system", "content": "You are terse. " * 200}]
+    for turn in range(3):
+        history.append({"role": "user", "content": f"question {turn} " * 50})
+        o.chat.completions.create(
+            model="m", messages=history, extra_headers={"x-session-id": "sess-ledger"}
+        )
+        history.append({"role": "assistant", "content": "ok"})
+    o.close()
+    spans = wait_spans([gw], receiver, 3)
+    causes = ("hit", "prefix_changed", "evicted", "elsewhere", "partial_block", "cold", "unknown")
+    for span in spans:
+        a = attrs(span)
+        assert a["prefixgate.ledger.source"] == "model"  # no engine events here
+        parts = [a[f"prefixgate.ledger.{c}_tokens"] for c in causes]
+        assert sum(parts) == a["gen_ai.usage.input_tokens"] == 900

@@ -255,3 +255,24 @@ def test_usage_groups_cost_by_owner(tmp_path):
     assert d["total"]["saved_nano"] == sum(r.cost_saved_nano for r in recs)
     assert d["currency"] == "USD"
     assert bad.status_code == 400 and "cannot group by 'colour'" in bad.json()["error"]
+
+
+def test_every_demo_request_has_a_ledger(dashboard, demo_stores):
+    """The demo's gateway has no engine events: its ledgers come from the cache model."""
+    recs = records(demo_stores.incident)
+    for r in recs:
+        ledger = get(dashboard, f"requests/{r.request_id}")["ledger"]
+        assert ledger["source"] == "model"
+        assert sum(ledger["parts"].values()) == r.prompt_tokens
+        assert ledger["hit"] == (r.cached_tokens or 0)
+    changed = [
+        get(dashboard, f"requests/{r.request_id}")["ledger"]
+        for r in recs
+        if r.endpoint == "messages"
+    ]
+    # Claude Code's billing header changes the system prompt every turn
+    assert sum(x["prefix_changed"] for x in changed) > 0
+    assert {x["changed_segment"] for x in changed if x["prefix_changed"]} == {"messages[0]:system"}
+    o = get(dashboard, "overview")["ledger"]
+    assert o["sources"] == {"model": len(recs)}
+    assert sum(o["totals"].values()) == sum(r.prompt_tokens for r in recs)

@@ -80,6 +80,7 @@ def doctor(
         window = {k: parse_time(v) for k, v in (("since", since), ("until", until)) if v}
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    policies = {c.name: c.routing for c in config.channels} if config is not None else None
     probes = None
     if probe:
         from prefixgate.doctor.cache_report import probe_all
@@ -93,6 +94,7 @@ def doctor(
         probes=probes,
         min_loss_share=min_loss_share,
         min_loss_per_day=min_loss_per_day,
+        policies=policies,
         **window,
     )
     click.echo(to_json(d, indent=2) if as_json else render_text(d))

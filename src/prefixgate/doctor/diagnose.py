@@ -8,6 +8,7 @@
 6. upstream health (metrics, engine log), cache report off, usage semantics;
 7. breakers found per session (absolute.py), with the slices as corroboration;
 8. floods of failed requests (failures.py).
+9. the miss ledgers: capacity, routing, the host tier's real contents, calibration.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from prefixgate.doctor import absolute, cache_report, failures, upstream_health, usage_check
 from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import distribution as dist_mod
+from prefixgate.doctor import ledger as ledger_mod
 from prefixgate.doctor import predict as pred_mod
 from prefixgate.doctor import segments as seg_mod
 from prefixgate.doctor import slices as slice_mod
@@ -64,6 +66,7 @@ def diagnose(
     min_loss_per_day: float = brk.MIN_LOSS_PER_DAY,
     channel_metrics: dict[str, str] | None = None,
     probes: dict[str, cache_report.Evidence] | None = None,
+    policies: dict[str, str] | None = None,
 ) -> Diagnosis:
     """Diagnose the records in ``store_dsn`` received in ``[since, until)``.
 
@@ -74,7 +77,8 @@ def diagnose(
     least ``min_loss_share`` of its upstream's prompt tokens or ``min_loss_per_day``
     tokens a day. ``channel_metrics`` names the metrics URL of each channel (among
     ``metrics_urls``) and ``probes`` holds active probes' evidence per channel: both tell
-    a cache report that is off from one with nothing to report."""
+    a cache report that is off from one with nothing to report.
+    ``policies``: each channel's routing policy (what the routing finding improves on)."""
     with open_store(store_dsn) as store:
         d = Diagnosis(
             store=_safe_dsn(store_dsn),
@@ -104,7 +108,8 @@ def diagnose(
         else:
             cells = _records(d, store, since, until, block_hint, evidence)
             _breakers(d, store, cells, since, until, block_hint, min_loss_share, min_loss_per_day)
-    if not d.findings:
+            _ledgers(d, store, since, until, policies)
+    if all(f.kind == "calibration" for f in d.findings):
         d.findings.append(
             Finding(
                 "no_problem",
@@ -239,6 +244,18 @@ def _breakers(
     left = absolute.fold(d.findings, brk.material(found, min_share=share, min_per_day=per_day))
     for b in left:
         d.findings.append(absolute.finding(store, b, since, until, hint))
+
+
+def _ledgers(
+    d: Diagnosis, store: Store, since: float | None, until: float | None, policies
+) -> None:
+    found, host_seen = ledger_mod.findings(store, since, until, policies)
+    if host_seen:  # the engines' events showed the host tier: no guessing from counters
+        guessed = [f for f in d.findings if f.kind == "l2_write_only"]
+        d.findings = [f for f in d.findings if f not in guessed]
+        if guessed:
+            d.notes.append("host tier judged from the engines' KV events, not from counters")
+    d.findings.extend(found)
 
 
 def _overlaps(a: slice_mod.Slice, b: slice_mod.Slice, cells: list[slice_mod.Cell]) -> bool:

@@ -161,8 +161,11 @@ class Exchange:
                 gw.budgets.settle(self.hold, rec)
             gw.metrics.observe(rec)
             gw.recorder.submit(rec)
+            # The ledger is computed later, off the request path; the span waits for it.
+            span = None
             if gw.telemetry is not None:
-                gw.telemetry.export(rec, self.request.headers.get("traceparent"))
+                span = gw.telemetry.exporter_of(rec, self.request.headers.get("traceparent"))
+            gw.ledger.feed(rec, self.out, span)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
 

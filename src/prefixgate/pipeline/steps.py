@@ -207,6 +207,7 @@ async def send(x: Exchange) -> None:
     streaming), so that an upstream that fails before any content can be failed over."""
     gw, target, rec, ch = x.gateway, x.target, x.record, x.channel
     rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, x.out["model"]
+    rec.route_source = target.source
     gw.router.acquire(target, rec.request_id)  # in flight until finish()
     upstream = gw.upstream
     try:

@@ -67,6 +67,9 @@ class Record(msgspec.Struct, kw_only=True):
     upstream_model: str | None = None
     channel: str | None = None
     replica: str | None = None
+    # where the routing policy's view of the replicas' caches came from: "events" (the
+    # engines' KV events), "estimate" (the gateway's own), "events+estimate"; None: no view
+    route_source: str | None = None
     stream: bool = False
     status: int = 0
     error_type: str | None = None

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Record
 
 
@@ -69,6 +70,15 @@ class Store(abc.ABC):
     def write_batch(self, records: list[Record]) -> None:
         """Write records and their texts in one transaction. Idempotent per
         ``request_id``: writing a record again stores nothing new."""
+
+    def write_ledgers(self, ledgers: list[Ledger]) -> None:
+        """Write miss ledgers (:mod:`prefixgate.ledger`) in one transaction; a request's
+        ledger written again stores nothing new."""
+        raise NotImplementedError(f"{type(self).__name__} has no ledgers")
+
+    def get_ledger(self, request_id: str) -> Ledger | None:
+        """The miss ledger of a request, or None."""
+        raise NotImplementedError(f"{type(self).__name__} has no ledgers")
 
     @abc.abstractmethod
     def count(self) -> int:

@@ -29,6 +29,16 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     login attempts per client address (the login form's rate limit). In the store, so every
     worker and every gateway replica accepts a session and counts attempts alike.
 
+``ledgers``
+    The miss ledger of a request (:class:`~prefixgate.ledger.Ledger`), keyed by its
+    ``request_id``: ``source``, its prompt tokens split by cause (``tokens_hit``,
+    ``tokens_prefix_changed``, ``tokens_evicted``, ``tokens_elsewhere``,
+    ``tokens_partial_block``, ``tokens_cold``, ``tokens_unknown``: they sum to
+    ``prompt_tokens``), the first changed segment, the three predictions of the hit
+    (``engine_cached``, ``index_predicted``, ``model_predicted``) and the host tier's part.
+    ``request_at`` is the request's ``received_at`` (the dashboard's time axis, retention).
+    Computed after the record, off the request path; written once per request.
+
 ``schema_version``
     One row per applied migration.
 
@@ -42,6 +52,8 @@ from typing import Any
 
 import msgspec
 
+from prefixgate.ledger.model import CAUSES as LEDGER_CAUSES
+from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Change, Record, Segment
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
@@ -76,7 +88,10 @@ SCALAR_COLUMNS: list[tuple[str, str]] = [
     ("latency_ms", "real"),
     ("ttft_ms", "real"),
     ("retries", "int"),
+    ("route_source", "text"),  # migration 6
 ]
+# The columns migration 6 added: migration 1 creates the table without them.
+_ADDED_LATER = {"route_source"}
 SEGMENT_COLUMNS: list[tuple[str, str]] = [
     ("segments_in", "json"),
     ("segments_out", "json"),
@@ -91,7 +106,7 @@ COST_COLUMNS: list[tuple[str, str]] = [
     ("cost_nano", "int"),
     ("cost_saved_nano", "int"),
 ]
-# Columns added to ``requests`` by migration 6.
+# Columns added to ``requests`` by migration 8.
 # ``error_message``: the failure's short, scrubbed reason. ``compared``, ``change_*``:
 # the prefix against the session's previous request, found at capture time
 # (record/changes.py): ``change_class`` and ``change_segment`` name the change,
@@ -140,7 +155,8 @@ TYPES: dict[str, dict[str, str]] = {
 
 def _migration_1(dialect: str) -> list[str]:
     t = TYPES[dialect]
-    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind in SCALAR_COLUMNS + SEGMENT_COLUMNS)
+    first = [c for c in SCALAR_COLUMNS + SEGMENT_COLUMNS if c[0] not in _ADDED_LATER]
+    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind in first)
     return [
         f"CREATE TABLE requests (\n  id {t['id']},\n  {cols}\n)",
         "CREATE UNIQUE INDEX requests_request_id ON requests (request_id)",
@@ -185,6 +201,41 @@ def _migration_5(dialect: str) -> list[str]:
 
 
 def _migration_6(dialect: str) -> list[str]:
+    # Where routing's view of the replicas' caches came from (routing: precise).
+    return [f"ALTER TABLE requests ADD COLUMN route_source {TYPES[dialect]['text']}"]
+
+
+# The ``ledgers`` table: (column, logical type, Ledger field).
+LEDGER_COLUMNS: list[tuple[str, str, str]] = [
+    ("request_id", "text_notnull", "request_id"),
+    ("request_at", "real_notnull", "received_at"),
+    ("source", "text_notnull", "source"),
+    ("prompt_tokens", "int", "prompt_tokens"),
+    ("block_size", "int", "block_size"),
+    *((f"tokens_{c}", "int", c) for c in LEDGER_CAUSES),
+    ("changed_segment", "text", "changed_segment"),
+    ("changed_index", "int", "changed_index"),
+    ("elsewhere_replica", "text", "elsewhere_replica"),
+    ("engine_cached", "int", "engine_cached"),
+    ("index_predicted", "int", "index_predicted"),
+    ("model_predicted", "int", "model_predicted"),
+    ("host_hit", "int", "host_hit"),
+    ("host_missed", "int", "host_missed"),
+]
+
+
+def _migration_7(dialect: str) -> list[str]:
+    # The miss ledger of each request (ledger/), written after its record.
+    t = TYPES[dialect]
+    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind, _ in LEDGER_COLUMNS)
+    return [
+        f"CREATE TABLE ledgers (\n  {cols}\n)",
+        "CREATE UNIQUE INDEX ledgers_request_id ON ledgers (request_id)",
+        "CREATE INDEX ledgers_request_at ON ledgers (request_at)",
+    ]
+
+
+def _migration_8(dialect: str) -> list[str]:
     # The error reason and the prefix change of each request (ADDED_COLUMNS).
     t = TYPES[dialect]
     return [f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in ADDED_COLUMNS]
@@ -199,8 +250,11 @@ MIGRATIONS = [
     _migration_4,
     _migration_5,
     _migration_6,
+    _migration_7,
+    _migration_8,
 ]
 LATEST_VERSION = len(MIGRATIONS)
+LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table
 
 SCHEMA_VERSION_DDL = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at {real})"
@@ -309,3 +363,19 @@ def segment_hashes(record: Record) -> list[str]:
         for seg in segs or ():
             hashes[seg.hash] = None
     return list(hashes)
+
+
+def ledger_row(ledger: Ledger) -> tuple[Any, ...]:
+    """The ``ledgers`` row of a ledger, in :data:`LEDGER_COLUMNS` order."""
+    return tuple(getattr(ledger, name) for _, _, name in LEDGER_COLUMNS)
+
+
+def row_ledger(row: Sequence[Any]) -> Ledger:
+    """A ledger from a row in :data:`LEDGER_COLUMNS` order."""
+    values = {name: value for (_, _, name), value in zip(LEDGER_COLUMNS, row, strict=True)}
+    for _, kind, name in LEDGER_COLUMNS:
+        if kind == "int" and values[name] is not None:
+            values[name] = int(values[name])
+    for name in ("host_hit", "host_missed", *LEDGER_CAUSES):
+        values[name] = values[name] or 0
+    return Ledger(**values)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Record
 from prefixgate.store import schema
 from prefixgate.store.base import KeyRow, Store, StoreError
@@ -46,6 +47,13 @@ class SqlStore(SessionQueries, Store):
             f" WHERE segment_texts.last_seen < excluded.last_seen - {schema.LAST_SEEN_GRANULARITY}"
         )
         self._select_cols = ", ".join(self._column(c, kinds[c]) for c in schema.COLUMNS)
+        ledger_cols = [name for name, _, _ in schema.LEDGER_COLUMNS]
+        self._insert_ledger = (
+            f"INSERT INTO ledgers ({', '.join(ledger_cols)})"
+            f" VALUES ({', '.join([p] * len(ledger_cols))})"
+            " ON CONFLICT (request_id) DO NOTHING"
+        )
+        self._select_ledger = f"SELECT {', '.join(ledger_cols)} FROM ledgers WHERE request_id = {p}"
 
     # -- backend hooks ---------------------------------------------------------------
     @abc.abstractmethod
@@ -123,6 +131,19 @@ class SqlStore(SessionQueries, Store):
                 seen.clear()
             for h, at, _ in fresh:
                 seen[h] = at
+
+    def write_ledgers(self, ledgers: list[Ledger]) -> None:
+        if not ledgers:
+            return
+        rows = [schema.ledger_row(x) for x in ledgers]
+        with self._transaction(exclusive=True) as cur:
+            cur.executemany(self._insert_ledger, rows)
+
+    def get_ledger(self, request_id: str) -> Ledger | None:
+        with self._transaction() as cur:
+            cur.execute(self._select_ledger, (request_id,))
+            row = cur.fetchone()
+        return None if row is None else schema.row_ledger(row)
 
     # -- reading ---------------------------------------------------------------------
     def count(self) -> int:
@@ -252,6 +273,8 @@ class SqlStore(SessionQueries, Store):
         with self._transaction() as cur:
             cur.execute(f"DELETE FROM requests WHERE received_at < {p}", (cutoff,))
             deleted = cur.rowcount
+            if self._has_table(cur, "ledgers"):
+                cur.execute(f"DELETE FROM ledgers WHERE request_at < {p}", (cutoff,))
             # A request kept (received_at >= cutoff) refreshed its texts' last_seen to at
             # least received_at - granularity, so these texts are referenced by no one left.
             cur.execute(

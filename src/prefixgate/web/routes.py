@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from prefixgate.store import StoreError, open_store
+from prefixgate.web import ledger as ledger_view
 from prefixgate.web import pages, queries
 from prefixgate.web import upstream as upstream_mod
 from prefixgate.web.login import AdminGate
@@ -131,7 +132,13 @@ class Dashboard:
     async def overview(self, request: Request) -> Any:
         scope = scope_of(request.query_params)
         by, _ = dimension_of(request.query_params)
-        return await self._read(queries.overview, scope, by)
+
+        def read(store) -> dict:
+            out = queries.overview(store, scope, by)
+            out["ledger"] = ledger_view.series(store, scope, out["series"])
+            return out
+
+        return await self._read(read)
 
     async def distribution(self, request: Request) -> Any:
         scope = scope_of(request.query_params)
@@ -148,8 +155,14 @@ class Dashboard:
         cached = None if q.get("refresh") else self._doctor.get(key)
         if cached is not None:
             return cached
+        policies = {c.name: c.routing for c in self.gateway.config.channels}
         d = await asyncio.to_thread(
-            diagnose, self.dsn, since=scope.since, until=scope.until, metrics_urls=urls
+            diagnose,
+            self.dsn,
+            since=scope.since,
+            until=scope.until,
+            metrics_urls=urls,
+            policies=policies,
         )
         out = d.to_dict()
         self._doctor.put(key, out)
@@ -204,7 +217,15 @@ class Dashboard:
         return report.to_dict()
 
     async def request_detail(self, request: Request) -> Any:
-        return await self._read(queries.request_detail, request.path_params["request_id"])
+        request_id = request.path_params["request_id"]
+
+        def read(store) -> dict | None:
+            out = queries.request_detail(store, request_id)
+            if out is not None:
+                out["ledger"] = ledger_view.detail(store, request_id)
+            return out
+
+        return await self._read(read)
 
     async def texts(self, request: Request) -> Any:
         hashes = request.query_params.getlist("h")[:64]
