@@ -28,6 +28,7 @@ from prefixgate.pipeline.steps import (
     decode_messages,
     hygiene,
     plan,
+    queue,
     read,
     send,
     upstream_chat_request,
@@ -40,6 +41,7 @@ MESSAGES_STEPS = (
     read,
     decode_messages,
     admit,
+    queue,
     budget,
     plan,
     Failover(hygiene, convert_messages, capture, send),
@@ -51,6 +53,7 @@ CHAT_STEPS = (
     read,
     decode_chat,
     admit,
+    queue,
     budget,
     plan,
     Failover(convert_chat, capture, send),
@@ -73,6 +76,7 @@ MESSAGES = Endpoint(
     kinds=("openai", "anthropic"),
     prompt=_messages_prompt,
     steps=MESSAGES_STEPS,
+    overloaded_status=529,  # Anthropic's overloaded_error
 )
 
 CHAT = Endpoint(
