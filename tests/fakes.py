@@ -109,6 +109,8 @@ class ScriptedUpstream:
         self.cancelled = 0
         self.model_ids: list[str] | None = None  # GET /v1/models: None answers 404
         self.model_listings = 0
+        self.tokenize_count: int | None = None  # POST /tokenize's count: None answers 404
+        self.tokenized: list[dict] = []
         # what the Anthropic-compatible route reports as usage
         self.anthropic_usage = {
             "input_tokens": 10,
@@ -121,8 +123,17 @@ class ScriptedUpstream:
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
             ]
         )
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's ``/tokenize`` (at the server's root), answering ``tokenize_count``."""
+        if self.tokenize_count is None:
+            return JSONResponse({"error": {"message": "no such route"}}, status_code=404)
+        self.tokenized.append(json.loads(await request.body()))
+        n = self.tokenize_count
+        return JSONResponse({"count": n, "max_model_len": 16384, "tokens": [1] * n})
 
     async def models(self, request: Request) -> Response:
         self.model_listings += 1

@@ -277,6 +277,19 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     help="Output length when the request sets no ignore_eos (default 32).",
 )
 @click.option(
+    "--vllm-version",
+    default=None,
+    help="vLLM release whose usage fields are imitated (default 0.32: cached_tokens 0 is "
+    "reported; earlier releases omit prompt_tokens_details when nothing hit).",
+)
+@click.option(
+    "--no-cache-report",
+    "report_cached_tokens",
+    flag_value=False,
+    default=None,
+    help="Never report cached tokens (vLLM without --enable-prompt-tokens-details).",
+)
+@click.option(
     "--kv-events-config",
     default=None,
     help="Publish KV events as vLLM does: vLLM's JSON (endpoint, replay_endpoint, topic, "

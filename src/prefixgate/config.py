@@ -28,7 +28,7 @@ from prefixgate.events.endpoints import Endpoints, check_endpoint, subscriber_en
 
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
 RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix", "precise"]
-RenderOrder = Literal["tools_first", "system_first"]
+RenderOrder = Literal["tools_first", "system_first", "auto"]
 
 
 def _redis_url(v: str) -> str:
@@ -165,7 +165,7 @@ class ChannelConfig(_Model):
     anthropic_messages_exclude_cache: bool = True
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
-    render_order: RenderOrder = "tools_first"
+    render_order: RenderOrder = "auto"  # auto: learned from the upstream (upstream/order.py)
     # The engine's prompt, for the KV events and `routing: precise` (events/tokens.py): its
     # chat template (a .jinja file or tokenizer_config.json; unset: the simulated upstream's
     # format in render_order) and its tokenizer ("approx", or "hf:PATH" to tokenizer.json).
@@ -283,6 +283,9 @@ class StoreConfig(_Model):
     dsn: str = "sqlite:///prefixgate.db"
     retention_days: float | None = None
     capture_segments: bool = True
+    # Memory for the sessions' latest requests, which each request is compared with to
+    # find what breaks its prefix (record/changes.py); 0 turns the comparison off.
+    change_memory_mb: float = Field(64.0, ge=0)
     # The miss ledger of each request (ledger/: where its prompt tokens went), computed
     # after the request, off its path, into the ``ledgers`` table.
     ledger: bool = True

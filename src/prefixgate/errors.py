@@ -38,15 +38,40 @@ class HeadersTooLarge(InvalidRequest):
 
 
 class PromptTooLong(InvalidRequest):
-    """The upstream refused the prompt for its context window (N tokens > M maximum)."""
+    """The upstream refused the prompt for its context window (N tokens > M maximum).
+
+    ``at_least``: the upstream's N is only a lower bound (vLLM 0.32 stops counting at the
+    window); ``estimated_from``: N is the whole prompt's count, the upstream's message having
+    stopped at that bound; ``counted_by`` says who counted it (the upstream's ``/tokenize``,
+    or the gateway's estimate). The message stays exactly Anthropic's wording
+    (Claude Code matches it to compact reactively); ``note`` says what N is, for the
+    record."""
 
     code = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, raw: str = "") -> None:
+    def __init__(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        raw: str = "",
+        *,
+        at_least: bool = False,
+        estimated_from: int | None = None,
+        counted_by: str = "estimated by the gateway",
+    ) -> None:
         super().__init__(f"prompt is too long: {prompt_tokens} tokens > {max_tokens} maximum")
+        self.estimated_from = estimated_from
+        self.note = (
+            # no apostrophes: the record's scrub reads text between two as a quoted value
+            f"{prompt_tokens} {counted_by}, for the whole prompt; the upstream message "
+            f"stopped counting at {estimated_from}"
+            if estimated_from is not None
+            else ""
+        )
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.raw = raw
+        self.at_least = at_least
 
 
 class AuthenticationFailed(GatewayError):

@@ -34,6 +34,7 @@ from prefixgate.spend.keeper import BudgetKeeper
 from prefixgate.spend.prices import PriceTable
 from prefixgate.upstream import Upstream
 from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
+from prefixgate.upstream.order import render_order
 
 if TYPE_CHECKING:
     from prefixgate.events.hub import EngineEvents
@@ -234,7 +235,7 @@ def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
     tokenizer: about 4 characters a token)."""
     from prefixgate.cache import ApproxTokenizer, ChatRenderer
 
-    order = channel.render_order if channel is not None else "tools_first"
+    order = render_order(channel) if channel is not None else "tools_first"
     upstream = anthropic_to_openai({"max_tokens": 1, **body}, ConvertOptions(upstream_model=""))
     text = ChatRenderer(order=order).render(upstream["messages"], upstream.get("tools"))
     return max(1, ApproxTokenizer().count(text))

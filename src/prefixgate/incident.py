@@ -107,7 +107,9 @@ def _spec(sessions: int, turns: int, seed: int) -> TrafficSpec:
     )
 
 
-async def _replay(base_url: str, sessions, concurrency: int, progress) -> None:
+async def replay(base_url: str, sessions, concurrency: int, progress) -> None:
+    """Each session's requests in order, ``concurrency`` sessions at a time; ``progress()``
+    after each answer is read in full."""
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency * 2)
     async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
@@ -156,7 +158,7 @@ def run_phase(
         )
         t0 = time.time()
         with ServerThread(build_app(config)) as gw:
-            asyncio.run(_replay(gw.url, sessions, concurrency, progress))
+            asyncio.run(replay(gw.url, sessions, concurrency, progress))
         seconds = time.time() - t0
     with open_store(dsn) as store:
         records = list(store.iter_records(since=t0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 
 import anthropic
@@ -243,6 +244,10 @@ def test_context_length_error_becomes_prompt_too_long(gateway, upstream):
             client.messages.create(**GOOD_MSG)
     err = _assert_openai_error(httpx.post(gw.url + "/v1/chat/completions", json=GOOD_CHAT), 400)
     assert err["code"] == "context_length_exceeded"
+    # every failed record says why, as the client was told
+    assert [r.error_message for r in gw.records] == [
+        "prompt is too long: 8000 tokens > 4096 maximum"
+    ] * 3
 
 
 def test_max_tokens_clamped_when_only_it_overflows(gateway, upstream):
@@ -328,6 +333,7 @@ def test_failover_on_5xx_and_all_failed(gateway, upstream):
     r = httpx.post(gw.url + "/v1/messages", json=GOOD_MSG)
     body = _assert_anthropic_error(r, 502, "api_error")
     assert "boom" in body["error"]["message"]
+    assert gw.records[-1].error_message == body["error"]["message"]
 
 
 def test_first_byte_timeout(gateway, upstream):
@@ -348,6 +354,7 @@ def test_stream_dies_mid_way_gives_error_event(gateway, upstream):
     assert events[0] == "message_start" and events[-1] == "error"
     assert "message_stop" not in events
     assert gw.records[-1].status >= 500
+    assert gw.records[-1].error_message  # a failure after the first byte has its reason too
 
 
 def test_invalid_json_in_stream(gateway, upstream):
@@ -437,3 +444,45 @@ def test_too_many_messages_tools_and_blocks(gateway):
     _assert_anthropic_error(httpx.post(url, json=msg), 400, "invalid_request_error")
     chat = {"model": "m", "messages": [{"role": "user", "content": "x"}] * 6}
     _assert_openai_error(httpx.post(gw.url + "/v1/chat/completions", json=chat), 400)
+
+
+def test_a_lower_bound_is_replaced_by_the_whole_prompts_estimate(gateway, upstream):
+    """vLLM 0.32 stops counting at the window ("at least 16385"): the client is told the
+    whole prompt's count in Anthropic's exact wording (so Claude Code compacts enough) —
+    the upstream's /tokenize count, else the gateway's estimate; the record says which."""
+    gw = gateway()
+    msg = (
+        "This model's maximum context length is 16384 tokens. However, your prompt contains "
+        "at least 16385 input tokens, which exceeds this limit even without any output tokens."
+    )
+    upstream.script = lambda b: Reply(
+        status=400, error={"object": "error", "message": msg, "type": "BadRequestError"}
+    )
+    long = {**GOOD_MSG, "messages": [{"role": "user", "content": "word " * 100_000}]}
+    r = httpx.post(gw.url + "/v1/messages", json=long)
+    text = _assert_anthropic_error(r, 400, "invalid_request_error")["error"]["message"]
+    m = re.fullmatch(r"prompt is too long: (\d+) tokens > 16384 maximum", text)
+    assert m and 100_000 <= int(m.group(1)) <= 140_000  # ≈ 500k chars / 4, not 16385
+    reason = gw.records[-1].error_message
+    assert reason.startswith(text) and "estimated by the gateway" in reason and "16385" in reason
+    # an upstream with vLLM's /tokenize counts the prompt itself: its count is relayed
+    upstream.tokenize_count = 102_001
+    r = httpx.post(gw.url + "/v1/messages", json=long)
+    assert _assert_anthropic_error(r, 400, "invalid_request_error")["error"]["message"] == (
+        "prompt is too long: 102001 tokens > 16384 maximum"
+    )
+    assert "/tokenize" in gw.records[-1].error_message
+    [asked] = [t for t in upstream.tokenized if t["messages"][-1]["content"].startswith("word")]
+    assert asked["model"] and "max_tokens" not in asked
+    # a count the upstream gave whole is relayed as it is
+    upstream.script = lambda b: Reply(
+        status=400,
+        error={
+            "message": msg.replace("prompt contains at least 16385", "request has 17000"),
+            "type": "BadRequestError",
+        },
+    )
+    r = httpx.post(gw.url + "/v1/messages", json=long)
+    assert _assert_anthropic_error(r, 400, "invalid_request_error")["error"]["message"] == (
+        "prompt is too long: 17000 tokens > 16384 maximum"
+    )

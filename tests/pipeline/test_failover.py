@@ -30,6 +30,8 @@ def stack():
     sent: list[str] = []
 
     def handler(method, url, headers, body):
+        if url.endswith("/tokenize"):  # the gateway learning the render order: none here
+            return FakeReply.json({"error": {"message": "not found"}}, status=404)
         sent.append(url)
         if url.startswith("http://down"):
             return FakeReply.json({"error": {"message": "overloaded"}}, status=503)

@@ -10,6 +10,7 @@ Every test starts its prompts with a fresh nonce, so tests share the server's ca
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,6 +29,8 @@ from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.doctor import diagnose, render_text
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
+from prefixgate.upstream import Upstream
+from prefixgate.upstream.order import learn
 from tests.real import harness
 
 BLOCK = harness.BLOCK_SIZE
@@ -296,7 +299,8 @@ def test_anthropic_sdk_usage_through_the_gateway(vllm, tiny_model, tmp_path, str
 
 
 def test_context_overflow_becomes_the_anthropic_error(vllm, tmp_path):
-    """Claude Code compacts on ``prompt is too long: N tokens > M maximum``."""
+    """Claude Code compacts on ``prompt is too long: N tokens > M maximum``; N is the whole
+    prompt as vLLM's /tokenize counts it, not the bound vLLM's message stops at."""
     long_text = " ".join(f"word{i}" for i in range(20000))
     with gateway(vllm, tmp_path) as (url, _dsn):
         resp = httpx.post(
@@ -312,7 +316,9 @@ def test_context_overflow_becomes_the_anthropic_error(vllm, tmp_path):
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["type"] == "invalid_request_error"
-    assert re.fullmatch(r"prompt is too long: \d+ tokens > 16384 maximum", err["message"]), err
+    m = re.fullmatch(r"prompt is too long: (\d+) tokens > 16384 maximum", err["message"])
+    assert m, err
+    assert int(m.group(1)) > 20000  # 20,000 words: more than the 16,385 vLLM stops at
 
 
 def test_claude_code_max_tokens_fits_the_window(vllm, tmp_path):
@@ -484,3 +490,28 @@ def test_doctor_names_the_billing_header_on_real_traffic(vllm_no_strip, tmp_path
     assert f.facts["slice"]["slice"] == "endpoint=messages"
     assert f.facts["control"]["slice"] == "endpoint=chat"
     assert any("strip_anthropic_billing_header" in x for x in f.fix)
+
+
+def test_the_render_order_is_learned_from_vllms_tokenize(vllm, tiny_model):
+    """The gateway asks vLLM's /tokenize (messages and tools) where the model's template
+    puts the tools; the answer agrees with the template rendered here."""
+    channel = parse_config({"channels": [{"name": "real-vllm", "base_url": vllm.base_url}]})
+    ch = channel.channels[0]
+
+    async def learn_once():
+        transport = Upstream()
+        try:
+            return await learn(ch, transport)
+        finally:
+            await transport.aclose()
+
+    got = asyncio.run(learn_once())
+    assert got is not None and got.source == "tokenize", got
+    template = CacheModel(tiny_model).template
+    messages = [{"role": "system", "content": "SYSTEM-MARK"}, {"role": "user", "content": "u"}]
+    tools = [{"type": "function", "function": {"name": "TOOL_MARK", "parameters": {}}}]
+    text = template.render(messages, tools, True)
+    expected = (
+        "system_first" if text.index("SYSTEM-MARK") < text.index("TOOL_MARK") else "tools_first"
+    )
+    assert got.order == expected

@@ -127,6 +127,7 @@ def _record(i: int, segments: list[Segment], prompt: int) -> Record:
     return Record(
         request_id=f"r{i}",
         received_at=1000.0 + i,
+        status=200,
         prompt_tokens=prompt,
         completion_tokens=50,
         segments_out=segments,
@@ -185,3 +186,30 @@ def test_whole_shipped_traces_unlimited(mooncake_dir: Path, name: str):
         tok_hit,
         tok_total,
     )
+
+
+def test_a_store_replays_only_what_was_served_at_the_block_size_it_shows(tmp_path: Path):
+    """Through the real gateway into a simulated vLLM (block 32), some requests refused
+    for their length: the replay takes the served ones, the block size the records show,
+    and puts the upstream's measured hit rate beside its own."""
+    from prefixgate.traffic import breakers as bk
+    from tests.doctor import live
+
+    dsn, statuses = live.record(
+        bk.CLOCK,
+        f"sqlite:///{tmp_path / 'gw.db'}",
+        block=32,
+        sim={"max_model_len": 24_000},
+        sessions=2,
+        turns=8,
+        ok_only=False,
+    )
+    refused = statuses.count(400)
+    assert refused and 200 in statuses
+    result = run_simulation(dsn)
+    src = result.source
+    assert src["block_size"] == 32 and src["block_size_source"].startswith("from the records")
+    assert src["skipped"] == refused and src["requests"] == statuses.count(200)
+    measured = src["measured"]["hit_rate"]
+    assert abs(result.main.stats.token_hit_rate - measured) < 0.05
+    assert any("Measured on the upstream" in n for n in result.notes)

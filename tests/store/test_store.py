@@ -8,7 +8,8 @@ import sqlite3
 import psycopg
 import pytest
 
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.shape import Shape
 from prefixgate.store import Store, StoreDataError, StoreError, open_store, schema, sql
 from prefixgate.store.postgres import PostgresStore
 from prefixgate.store.sqlite import SqliteStore
@@ -56,6 +57,30 @@ def full_record(i: int, **over) -> Record:
         latency_ms=1534.25,
         ttft_ms=212.5,
         retries=2,
+        error_message="upstream unavailable (503): engine busy",
+        compared="session",
+        change=Change(
+            scope="session",
+            cls="time_of_day",
+            segment="system[1]",
+            upstream="messages[0]:system",
+            kind="system",
+            at_tokens=18_157,
+            lost_tokens=9_000 + i,
+            prompt_estimate=30_000,
+            shape=Shape(
+                cls="time_of_day",
+                char_offset=202,
+                token_offset=50,
+                paragraph=2,
+                line=4,
+                old_chars=8,
+                new_chars=8,
+                old_skeleton="99:99:99",
+                new_skeleton="99:99:99",
+                text_chars=6000,
+            ),
+        ),
         cache_creation_tokens=512 + i,
         cost_nano=123_456_789 + i,
         cost_saved_nano=98_765 + i,
@@ -110,7 +135,8 @@ def test_migrate_from_version_1_keeps_data(store: Store, dsn: str) -> None:
     assert store.migrate() == schema.LATEST_VERSION
     assert store.migrate() == schema.LATEST_VERSION
     [back] = store.iter_records()
-    assert back.request_id == "req-0" and back.cost_nano is None
+    assert back.request_id == "req-0" and back.change is None and back.error_message is None
+    assert back.cost_nano is None
     assert back.route_source is None
     store.write_batch([full_record(1, route_source="events")])
     assert [r.route_source for r in store.iter_records()] == [None, "events"]

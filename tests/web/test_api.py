@@ -126,6 +126,10 @@ def test_request_view_shows_where_the_prefix_changed(dashboard, demo_stores):
     assert seg["kind"] == "system" and v["segments_out"][0]["kind"] == "tools"
     assert change["offset"] >= v["segments_out"][0]["tokens"]
     assert v["captured"]
+    # what changed, found at capture time: its class and shape, never its text
+    c = v["change"]
+    assert (c["cls"], c["segment"], c["known"]) == ("nonce", "system[0]", "billing_header")
+    assert c["shape"]["new_skeleton"] in ("<hex:5>", "99999") and c["lost_tokens"] > 0
     texts = get(dashboard, "texts", h=[seg["hash"], change["prev_hash"]])["texts"]
     assert "cch=" in texts[seg["hash"]] and texts[seg["hash"]] != texts[change["prev_hash"]]
     # The control group only grows: no segment of the previous request changes.
@@ -196,6 +200,29 @@ def test_pages_and_static_files(dashboard):
         assert "https://" not in r.text
     assert httpx.get(f"{dashboard}/dashboard/static/../server.py").status_code == 404
     assert httpx.get(f"{dashboard}/dashboard/static/nope.js").status_code == 404
+
+
+def test_a_failed_request_shows_its_reason(tmp_path):
+    from prefixgate.record.model import Record
+    from prefixgate.web.queries import request_detail
+
+    with open_store(f"sqlite:///{tmp_path / 'f.db'}") as store:
+        store.migrate()
+        store.write_batch(
+            [
+                Record(
+                    request_id="failed-1",
+                    received_at=1.0,
+                    endpoint="messages",
+                    status=400,
+                    error_type="invalid_request_error",
+                    error_message="prompt is too long: 102001 tokens > 16384 maximum",
+                )
+            ]
+        )
+        v = request_detail(store, "failed-1")
+    assert v["error_message"] == "prompt is too long: 102001 tokens > 16384 maximum"
+    assert v["change"] is None
 
 
 def test_usage_groups_cost_by_owner(tmp_path):

@@ -6,7 +6,9 @@
 4. predict: the fix, replayed through the cache model, with a calibration figure;
 5. control: a healthy slice on the same upstream, proof that the upstream works;
 6. upstream health (metrics, engine log), cache report off, usage semantics;
-7. the miss ledgers: capacity, routing, the host tier's real contents, calibration.
+7. breakers found per session (absolute.py), with the slices as corroboration;
+8. floods of failed requests (failures.py).
+9. the miss ledgers: capacity, routing, the host tier's real contents, calibration.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from prefixgate.doctor import absolute, cache_report, failures, upstream_health, usage_check
+from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import distribution as dist_mod
 from prefixgate.doctor import ledger as ledger_mod
 from prefixgate.doctor import predict as pred_mod
 from prefixgate.doctor import segments as seg_mod
 from prefixgate.doctor import slices as slice_mod
-from prefixgate.doctor import upstream_health, usage_check
 from prefixgate.doctor.model import (
     CRITICAL,
     INFO,
@@ -59,14 +62,23 @@ def diagnose(
     metrics_urls: Sequence[str] = (),
     engine_log: str | Path | None = None,
     metrics_snapshots: MetricsInput = None,
+    min_loss_share: float = brk.MIN_LOSS_SHARE,
+    min_loss_per_day: float = brk.MIN_LOSS_PER_DAY,
+    channel_metrics: dict[str, str] | None = None,
+    probes: dict[str, cache_report.Evidence] | None = None,
     policies: dict[str, str] | None = None,
 ) -> Diagnosis:
     """Diagnose the records in ``store_dsn`` received in ``[since, until)``.
 
     ``metrics_snapshots``: Prometheus texts of the upstream(s), each a string or a
     ``(source, text)`` pair; several of one source are read as first/last (deltas).
-    ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file;
-    ``policies`` each channel's routing policy (what the routing finding improves on)."""
+    ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file.
+    A breaker (a segment that changes within sessions) is reported when it costs at
+    least ``min_loss_share`` of its upstream's prompt tokens or ``min_loss_per_day``
+    tokens a day. ``channel_metrics`` names the metrics URL of each channel (among
+    ``metrics_urls``) and ``probes`` holds active probes' evidence per channel: both tell
+    a cache report that is off from one with nothing to report.
+    ``policies``: each channel's routing policy (what the routing finding improves on)."""
     with open_store(store_dsn) as store:
         d = Diagnosis(
             store=_safe_dsn(store_dsn),
@@ -78,12 +90,24 @@ def diagnose(
             slices=[],
             findings=[],
         )
-        block_hint = _upstream(d, metrics_urls, engine_log, metrics_snapshots)
+        urls = list(metrics_urls) + [
+            u for u in (channel_metrics or {}).values() if u not in metrics_urls
+        ]
+        block_hint, counters = _upstream(d, urls, engine_log, metrics_snapshots)
+        evidence: dict[str, cache_report.Evidence] = {}
+        for ch, url in (channel_metrics or {}).items():
+            ev = cache_report.from_metrics(counters[url]) if url in counters else None
+            if ev is not None:
+                evidence[ch] = ev
+        for ch, ev in (probes or {}).items():
+            if ch not in evidence and ev.verdict != cache_report.UNKNOWN:
+                evidence[ch] = ev
         if store.schema_version() == 0:
             d.overall = slice_mod.Rate().as_dict()
             d.notes.append("the store is empty (no schema): nothing recorded yet")
         else:
-            _records(d, store, since, until, block_hint)
+            cells = _records(d, store, since, until, block_hint, evidence)
+            _breakers(d, store, cells, since, until, block_hint, min_loss_share, min_loss_per_day)
             _ledgers(d, store, since, until, policies)
     if all(f.kind == "calibration" for f in d.findings):
         d.findings.append(
@@ -111,7 +135,9 @@ def _safe_dsn(dsn: str) -> str:
 
 def _upstream(
     d: Diagnosis, urls: Sequence[str], log: str | Path | None, snaps: MetricsInput
-) -> int | None:
+) -> tuple[int | None, dict[str, upstream_health.Counters]]:
+    """Findings from the metrics and the engine log; the block size they say, and each
+    source's counters (deltas between its first and last snapshot)."""
     by_source: dict[str, list[upstream_health.Counters]] = {}
     for item in snaps or ():
         source, text = item if isinstance(item, tuple) else ("metrics", item)
@@ -124,11 +150,15 @@ def _upstream(
             continue
         by_source.setdefault(url, []).append(upstream_health.parse_metrics(text))
     block = None
+    summed: dict[str, upstream_health.Counters] = {}
     for source, counters in by_source.items():
         f = upstream_health.metrics_finding(source, counters)
         if f:
             d.findings.append(f)
         block = block or next((c.block_size for c in counters if c.block_size), None)
+        summed[source] = (
+            upstream_health.delta(counters[0], counters[-1]) if len(counters) > 1 else counters[0]
+        )
     if log is not None:
         path = Path(log)
         try:
@@ -142,24 +172,32 @@ def _upstream(
                 d.findings.append(f)
             elif stats.rate_lines == 0:
                 d.notes.append(f"engine log {path.name}: no prefix-cache rate lines found")
-    return block
+    return block, summed
 
 
 # -- records ------------------------------------------------------------------------------
 
 
 def _records(
-    d: Diagnosis, store: Store, since: float | None, until: float | None, block_hint: int | None
-) -> None:
+    d: Diagnosis,
+    store: Store,
+    since: float | None,
+    until: float | None,
+    block_hint: int | None,
+    evidence: dict[str, cache_report.Evidence],
+) -> list[slice_mod.Cell]:
     cells = slice_mod.load_cells(store, since, until)
     overall = slice_mod.total(cells)
     d.overall = overall.as_dict()
     d.days = [{"day": format_day(day), **r.as_dict()} for day, r in slice_mod.by_day(cells).items()]
-    silent = slice_mod.silent_channels(cells)
-    f = upstream_health.cache_report_finding(silent)
-    if f:
-        d.findings.append(f)
-    judged = [c for c in cells if c.channel not in silent]
+    silent = {
+        ch: (n, evidence.get(ch) or cache_report.from_records(store, ch, since, until))
+        for ch, n in slice_mod.silent_channels(cells).items()
+    }
+    d.findings += cache_report.finding(silent)
+    # Absent because nothing hit: counted as 0 cached, judged with the rest.
+    unmeasured = {ch for ch, (_, ev) in silent.items() if ev.verdict != cache_report.NOTHING_HIT}
+    judged = [c for c in cells if c.channel not in unmeasured]
     ranked = slice_mod.rank(judged)
     d.slices = [s.as_dict() for s in ranked[:30]]
     weak = slice_mod.weak(ranked, judged)[:MAX_WEAK]
@@ -167,9 +205,11 @@ def _records(
         d.findings.append(
             _slice_finding(store, s, ranked, judged, since, until, block_hint, weak=True)
         )
-    # Slices that are not (yet) weak can still carry a diagnosable break: one per entry.
+    # Slices that are not (yet) weak can still carry a diagnosable break: one per entry —
+    # unless the capture compared the requests: the breakers find those, per session.
     covered = list(weak)
-    for e in slice_mod.group(judged, ["endpoint"]):
+    compared = any(c.compared is not None for c in cells)
+    for e in [] if compared else slice_mod.group(judged, ["endpoint"]):
         s = next((x for x in ranked if x.same(e)), e)
         if s.rate.requests < slice_mod.MIN_REQUESTS or any(
             _overlaps(s, w, judged) for w in covered
@@ -182,6 +222,28 @@ def _records(
     u = usage_check.check(store, since, until)
     if u:
         d.findings.append(u)
+    for flood in failures.floods(failures.load(store, since, until, cells)):
+        d.findings.append(failures.finding(store, flood, since, until))
+    return cells
+
+
+def _breakers(
+    d: Diagnosis,
+    store: Store,
+    cells: list[slice_mod.Cell],
+    since,
+    until,
+    hint: int | None,
+    share: float,
+    per_day: float,
+) -> None:
+    """Absolute detection (doctor/absolute.py): each material breaker folded into the
+    slice finding that names it, or a finding of its own."""
+    found = brk.load(store, since, until, cells)
+    d.breakers = [b.as_dict() for b in found[:30]]
+    left = absolute.fold(d.findings, brk.material(found, min_share=share, min_per_day=per_day))
+    for b in left:
+        d.findings.append(absolute.finding(store, b, since, until, hint))
 
 
 def _ledgers(
@@ -280,7 +342,7 @@ def _slice_finding(
     _summary_segments(f, seg, dist)
     if cause:
         f.fix = pred_mod.fix_advice(cause, s.channel, seg.volatility if seg else None)
-    _summary_prediction(f, prediction)
+    pred_mod.summarize(f, prediction)
     _summary_control(f, store, s, since, until, block)
     return f
 
@@ -432,27 +494,6 @@ def _summary_segments(
                 ],
             )
         )
-
-
-def _summary_prediction(f: Finding, p: pred_mod.Prediction | None) -> None:
-    if p is None:
-        return
-    f.summary.append(
-        f"predicted hit rate after the fix: {pct(p.predicted_rate)} (replay of {p.requests:,} captured "
-        f"prompts, block {p.block_size}; the same replay as sent gives {pct(p.replay_as_sent)} vs "
-        f"{pct(p.measured_rate)} measured: calibration {p.calibration_points:+.1f} points)"
-    )
-    f.evidence.append(
-        Table(
-            "replay through the cache model",
-            ["replay", "hit rate"],
-            [
-                ["measured (as recorded)", pct(p.measured_rate)],
-                ["model, prompts as sent", pct(p.replay_as_sent)],
-                ["model, fix applied", pct(p.predicted_rate)],
-            ],
-        )
-    )
 
 
 def _summary_control(

@@ -26,7 +26,9 @@ class Finding:
     """One diagnosed problem, evidence first-class.
 
     ``kind`` is a stable machine name (``prefix_broken``, ``per_session_prefix``,
-    ``l2_write_only``, ``cache_report_off``, ``usage_includes_cache``, ``no_problem``);
+    ``l2_write_only``, ``cache_report_off``, ``usage_includes_cache``,
+    ``context_overflow``, ``unknown_model``, ``upstream_unreachable``, ``rate_limited``,
+    ``errors``, ``no_problem``);
     ``facts`` holds the figures behind the text (also machine-readable)."""
 
     kind: str
@@ -68,6 +70,8 @@ class Diagnosis:
     slices: list[dict[str, Any]]
     findings: list[Finding]
     notes: list[str] = field(default_factory=list)
+    # every breaker found, material or not (doctor/breakers.py), most tokens lost first
+    breakers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

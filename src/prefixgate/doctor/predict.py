@@ -22,11 +22,13 @@ import numpy as np
 
 from prefixgate.cache import PrefixCache
 from prefixgate.doctor import segments as sg
+from prefixgate.doctor.model import Finding, Table
+from prefixgate.doctor.report import pct
 from prefixgate.doctor.segments import Captured
 from prefixgate.record.model import Segment
 from prefixgate.record.segments import prefix_tokens
 
-REPLAY_TOKEN_BUDGET = 20_000_000  # prompt tokens replayed (most recent whole sessions)
+REPLAY_TOKEN_BUDGET = 6_000_000  # prompt tokens replayed (most recent whole sessions)
 
 Unit = tuple[int, int]  # (key, estimated tokens)
 Transform = Callable[[Captured], list[Unit]]
@@ -122,6 +124,25 @@ def sorted_tools(req: Captured) -> list[Unit]:
         for s in req.seg_out
         if s.kind != "tool"
     ]
+
+
+def neutralised(out_name: str) -> Transform:
+    """The upstream segment ``out_name`` made constant in every request (its length
+    kept): what the prompt gives once the value that changes in it is stable. A single
+    tool stands for the whole tool list, which is one run in the replay."""
+
+    def apply(req: Captured) -> list[Unit]:
+        tool = any(s.kind == "tool" and s.name == out_name for s in req.seg_out)
+        target = "tools" if tool else out_name
+        return [
+            (key_of("neutral", s.name), s.tokens)
+            if s.name == target
+            else (key_of(s.hash), s.tokens)
+            for s in req.seg_out
+            if s.kind != "tool"
+        ]
+
+    return apply
 
 
 def transform_for(report: sg.SegmentReport) -> Transform | None:
@@ -270,4 +291,26 @@ def predict(reqs: Sequence[Captured], block_size: int, fix: Transform) -> Predic
         base.hit_rate,
         fixed.hit_rate,
         (base.hit_rate - measured) * 100,
+    )
+
+
+def summarize(f: Finding, p: Prediction | None) -> None:
+    """The prediction on a finding: one line and the replay table."""
+    if p is None:
+        return
+    f.summary.append(
+        f"predicted hit rate after the fix: {pct(p.predicted_rate)} (replay of {p.requests:,} captured "
+        f"prompts, block {p.block_size}; the same replay as sent gives {pct(p.replay_as_sent)} vs "
+        f"{pct(p.measured_rate)} measured: calibration {p.calibration_points:+.1f} points)"
+    )
+    f.evidence.append(
+        Table(
+            "replay through the cache model",
+            ["replay", "hit rate"],
+            [
+                ["measured (as recorded)", pct(p.measured_rate)],
+                ["model, prompts as sent", pct(p.replay_as_sent)],
+                ["model, fix applied", pct(p.predicted_rate)],
+            ],
+        )
     )

@@ -23,7 +23,9 @@ SCOPED = ("endpoint", "client", "session_kind", "requested_model", "key_name", "
 # Dimensions compared across the whole store.
 GLOBAL = ("channel", "upstream_model")
 DIMENSIONS = SCOPED + GLOBAL
-_CELL_COLUMNS = ("channel", "upstream_model", *SCOPED)
+# ``compared`` is no dimension of a slice: it splits the cells so that the breakers
+# (doctor/breakers.py) count the requests the capture compared without a scan of their own.
+_CELL_COLUMNS = ("channel", "upstream_model", *SCOPED, "compared")
 
 MIN_REQUESTS = 10  # a slice (or a peer) smaller than this is not judged
 MIN_GAP = 0.10  # weak: at least 10 points below its best peer ...
@@ -42,10 +44,14 @@ class Cell:
     requested_model: str | None
     key_name: str | None
     key_owner: str | None
+    compared: str | None  # how the capture compared these requests (record.compared)
     requests: int
     prompt_tokens: int
     cached_tokens: int
     cached_null: int  # responses without a cached_tokens figure
+    first: float = 0.0  # the first and last received_at
+    last: float = 0.0
+    max_prompt: int = 0  # the largest prompt served
 
     def get(self, column: str) -> str | None:
         return getattr(self, column)
@@ -58,15 +64,18 @@ def load_cells(store: Store, since: float | None, until: float | None) -> list[C
     sql = (
         f"SELECT {query.DAY}, {cols}, COUNT(*), SUM(prompt_tokens),"
         " SUM(COALESCE(cached_tokens, 0)),"
-        " SUM(CASE WHEN cached_tokens IS NULL THEN 1 ELSE 0 END)"
+        " SUM(CASE WHEN cached_tokens IS NULL THEN 1 ELSE 0 END),"
+        " MIN(received_at), MAX(received_at), MAX(prompt_tokens)"
         f" FROM requests WHERE {query.OK}{where}"
         f" GROUP BY {', '.join(str(i) for i in range(1, len(_CELL_COLUMNS) + 2))}"
     )
     out = []
+    k = len(_CELL_COLUMNS) + 1
     for row in query.run(store, sql, params):
-        day, *dims = row[: len(_CELL_COLUMNS) + 1]
-        n, prompt, cached, null = (int(v or 0) for v in row[len(_CELL_COLUMNS) + 1 :])
-        out.append(Cell(int(day), *dims, n, prompt, cached, null))
+        day, *dims = row[:k]
+        n, prompt, cached, null = (int(v or 0) for v in row[k : k + 4])
+        first, last, biggest = float(row[k + 4]), float(row[k + 5]), int(row[k + 6] or 0)
+        out.append(Cell(int(day), *dims, n, prompt, cached, null, first, last, biggest))
     return out
 
 

@@ -257,31 +257,3 @@ def fetch_metrics(url: str, *, timeout: float = 5.0) -> str:
     r = httpx.get(url, timeout=timeout)
     r.raise_for_status()
     return r.text
-
-
-def cache_report_finding(channels: dict[str | None, int]) -> Finding | None:
-    """Channels none of whose responses carried ``cached_tokens``."""
-    if not channels:
-        return None
-    rows = [
-        [ch or "(none)", n, "NULL in every record"] for ch, n in sorted(channels.items(), key=str)
-    ]
-    names = ", ".join(ch or "(none)" for ch in channels)
-    return Finding(
-        kind="cache_report_off",
-        severity=WARNING,
-        title=f"the upstream's cache report is off on channel(s) {names}",
-        summary=[
-            "no response on these channels carried a cached-token figure, so their hit rate "
-            "cannot be measured (and clients see no cache reads); they are left out of the "
-            "slice comparison",
-        ],
-        fix=[
-            "vLLM: start the server with `--enable-prompt-tokens-details`",
-            "SGLang: start the server with `--enable-cache-report`",
-        ],
-        evidence=[
-            Table("requests without cached_tokens", ["channel", "requests", "cached_tokens"], rows)
-        ],
-        facts={"channels": {str(k): v for k, v in channels.items()}},
-    )

@@ -59,6 +59,7 @@ from prefixgate.cache import (
 from prefixgate.cache.blocks import Tokens, hash_blocks
 from prefixgate.cache.render import vllm_messages
 from prefixgate.config import ChannelConfig
+from prefixgate.upstream.order import render_order
 
 if TYPE_CHECKING:
     from prefixgate.upstream import Upstream
@@ -111,17 +112,19 @@ class _Channel:
         self.name = ch.name
         self.tokenizer_spec = ch.tokenizer
         self.template_path = ch.chat_template
-        self.order = ch.render_order
+        self.channel = ch  # its render order: learned from the upstream, at first use
         self._renderer: Any = None
         self._tokenizer: Any = None
         self.special: frozenset[int] = frozenset()
 
     def renderer(self) -> Any:
-        if self._renderer is None:
-            if self.template_path:
+        if self.template_path:
+            if self._renderer is None:
                 self._renderer = JinjaChatTemplate.from_file(self.template_path)
-            else:
-                self._renderer = ChatRenderer(self.order)
+            return self._renderer
+        order = render_order(self.channel)  # learned after the first use, maybe
+        if self._renderer is None or self._renderer.order != order:
+            self._renderer = ChatRenderer(order)
         return self._renderer
 
     def tokenizer(self) -> Any:

@@ -24,6 +24,7 @@ from starlette.responses import Response
 from prefixgate.errors import GatewayError
 from prefixgate.identify import client_of
 from prefixgate.record import Record
+from prefixgate.record.reason import failed
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -129,7 +130,7 @@ class Exchange:
 
     def fail(self, err: GatewayError) -> Response:
         """Answer ``err`` in the client's protocol and finish the record with it."""
-        self.record.status, self.record.error_type = err.status, err.kind
+        failed(self.record, err)
         self.finish()
         return error_response(err, self.endpoint.error_bytes, self.id_headers())
 
@@ -144,6 +145,7 @@ class Exchange:
         gw.open_records -= 1
         if rec.status == 0:
             rec.status, rec.error_type = 499, "client_disconnected"
+            rec.error_message = "the client left before the answer was complete"
         if gw.capture_pending:
             gw.capture_now(rec.request_id)
         gw.router.release(rec.request_id)

@@ -23,6 +23,7 @@ from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.record.reason import failed
 from prefixgate.sse import SSEDecoder
 from prefixgate.upstream.channel import secret_of, stream_error
 from prefixgate.usage import Usage
@@ -146,7 +147,7 @@ def messages_stream(x: Exchange) -> StreamingResponse:
             reply.end(conv.usage)
             yield b"".join(pending)
         except GatewayError as e:
-            rec.status, rec.error_type = e.status, e.kind
+            failed(rec, e)
             pending.append(conv.error(e))
             await x.close(conv.usage)
             yield b"".join(pending)
@@ -220,7 +221,7 @@ def anthropic_passthrough(x: Exchange) -> Response:
                     reply.end(usage)
                 yield out
         except GatewayError as e:
-            rec.status, rec.error_type = e.status, e.kind
+            failed(rec, e)
             await x.close(usage)
             yield anthropic_proto.error_event(e)
         finally:
@@ -274,7 +275,7 @@ def chat_stream(x: Exchange) -> StreamingResponse:
             pending.append(b"data: [DONE]\n\n")
             yield b"".join(pending)
         except GatewayError as e:
-            rec.status, rec.error_type = e.status, e.kind
+            failed(rec, e)
             await x.close(usage)
             pending.append(openai_proto.error_chunk(e))
             yield b"".join(pending)

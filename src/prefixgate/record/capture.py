@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import msgspec
+
 from prefixgate.config import ChannelConfig
 from prefixgate.convert.request import plain
 from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
+from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
 from prefixgate.record.model import Record
 from prefixgate.record.segments import (
     segments_anthropic,
@@ -17,6 +20,7 @@ from prefixgate.record.segments import (
     segments_of_chat,
     segments_openai,
 )
+from prefixgate.upstream.order import render_order
 
 
 class _SeenHashes:
@@ -37,8 +41,13 @@ class _SeenHashes:
 
 
 class Capturer:
-    def __init__(self) -> None:
+    """The capture step's state: text hashes already stored, and the sessions' latest
+    requests (:class:`~prefixgate.record.changes.ChangeTracker`, ``change_budget``
+    bytes) that each request is compared with."""
+
+    def __init__(self, change_budget: int = DEFAULT_BUDGET) -> None:
         self._seen = _SeenHashes()
+        self.changes = ChangeTracker(change_budget)
 
     def __call__(
         self,
@@ -59,7 +68,7 @@ class Capturer:
         )
         known = self._seen
         api_in = "openai" if rec.endpoint == "chat" else "anthropic"
-        tools_first = channel.render_order == "tools_first"
+        tools_first = render_order(channel) == "tools_first"
         objects: list[dict] | None = None
 
         def decoded() -> list[dict]:
@@ -88,7 +97,9 @@ class Capturer:
             # A chat request passed through: the very same messages and tools, in the same
             # order, so the same segments (computing them again would double the cost).
             rec.segments_out = list(rec.segments_in)
+            passthrough = True
         else:
+            passthrough = False
             api_out = "openai" if channel.kind == "openai" else "anthropic"
             first = tools_first if api_out == "openai" else False
             segs = None
@@ -108,3 +119,19 @@ class Capturer:
         if texts:
             rec.texts = texts
             known.add_all(texts)
+        if rec.session_id is not None and self.changes.budget > 0:
+            self.changes.observe(
+                rec,
+                channel.name,
+                body_out.get("model"),
+                raw_in if raw_in is not None else _raw(body_in),
+                None if passthrough else (raw_out if raw_out is not None else _raw(body_out)),
+                by_bytes=channel.kind == "openai",
+            )
+
+
+def _raw(body) -> bytes:
+    """A request's JSON bytes when the caller did not hand them over."""
+    if isinstance(body, MessagesBody):
+        return bytes(body.raw)
+    return msgspec.json.encode(body)

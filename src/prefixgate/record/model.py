@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from prefixgate.record.shape import Shape
+
 
 class Segment(msgspec.Struct, array_like=True, frozen=True):
     """One piece of a request's prompt, in upstream order.
@@ -23,6 +25,28 @@ class Segment(msgspec.Struct, array_like=True, frozen=True):
     hash: str
     chars: int
     tokens: int
+
+
+class Change(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Where a request stopped extending an earlier one, found at capture time: the
+    upstream prompt as sent broke at ``upstream`` (≈ ``at_tokens`` in), and ``segment`` of
+    the request as received is what changed, with the ``shape`` of the change (never its
+    text). ``scope`` is ``session`` (against the previous request of the same session) or
+    ``sessions`` (a session's first request against the previous session's first, same
+    client and upstream: what new sessions cannot share). Token figures are estimates
+    (chars / 4 of the canonical JSON); ``prompt_estimate`` is the whole prompt's, so
+    ``at_tokens / prompt_estimate`` scales to the upstream's count."""
+
+    scope: str
+    cls: str
+    segment: str
+    upstream: str
+    kind: str
+    at_tokens: int
+    lost_tokens: int  # tokens after the break that the earlier request had sent too
+    prompt_estimate: int
+    shape: Shape | None = None
+    known: str | None = None  # a recognised source, e.g. "billing_header"
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -49,6 +73,7 @@ class Record(msgspec.Struct, kw_only=True):
     stream: bool = False
     status: int = 0
     error_type: str | None = None
+    error_message: str | None = None  # short and scrubbed (record/reason.py)
     # raw upstream usage (OpenAI semantics)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -69,5 +94,9 @@ class Record(msgspec.Struct, kw_only=True):
     # capture: segment hashes of the request as received and as sent upstream
     segments_in: list[Segment] | None = None
     segments_out: list[Segment] | None = None
+    # the prefix against the session's previous request: None (not compared), "session"
+    # or "sessions" (compared; see Change.scope); ``change`` is set when it broke
+    compared: str | None = None
+    change: Change | None = None
     # full text of segments (content-addressed by Segment.hash), only when capture is opted in
     texts: dict[str, str] | None = None

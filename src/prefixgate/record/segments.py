@@ -382,6 +382,43 @@ def segments_from_bytes(
     return _segments_of_pieces(api, bytes(shape.tools), shape.messages, shape.system, tools_first)
 
 
+def pieces_of(raw: bytes, segs: list[Segment]) -> list[tuple[Segment, bytes]] | None:
+    """The JSON bytes of each segment of ``segs`` (the segments of the request ``raw``,
+    either API; the whole ``tools`` list left out), as they are in ``raw``; ``None`` when
+    ``raw`` is not of the shape the segments were cut from."""
+    try:
+        shape = _SHAPE.decode(raw)
+        tools_raw = bytes(shape.tools)
+        tools = [bytes(t) for t in _ITEMS.decode(tools_raw)] if tools_raw[:1] == b"[" else []
+        system = bytes(shape.system)
+        blocks = [bytes(b) for b in _ITEMS.decode(system)] if system[:1] == b"[" else []
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    messages = shape.messages or []
+    out: list[tuple[Segment, bytes]] = []
+    k = 0
+    try:
+        for seg in segs:
+            name = seg.name
+            if seg.kind == "tools":
+                continue
+            if seg.kind == "tool":
+                data = tools[k]
+                k += 1
+            elif name.startswith("messages["):
+                data = bytes(messages[int(name[9 : name.index("]")])])
+            elif name == "system":
+                data = system
+            elif name.startswith("system["):
+                data = blocks[int(name[7:-1])]
+            else:
+                return None
+            out.append((seg, data))
+    except (IndexError, ValueError):
+        return None
+    return out
+
+
 def segments_of_chat(body: dict[str, Any], *, tools_first: bool = True) -> list[Segment]:
     """:func:`segments_from_bytes` of the chat request the gateway built (its texts may be
     ``msgspec.Raw``), without encoding it whole and cutting it up again: each tool and

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from prefixgate.config import ChannelConfig
 from prefixgate.logthrottle import LogThrottle
+from prefixgate.upstream.order import render_order
 
 from .health import HealthChecker
 
@@ -173,7 +174,7 @@ class ChannelRouter:
             matched: dict[str, float] | None = None
             source: str | None = None
             if ch.routing == "prefix" and prompt is not None:
-                blocks = prompt_blocks(prompt(ch), ch.routing_block_size, ch.render_order)
+                blocks = prompt_blocks(prompt(ch), ch.routing_block_size, render_order(ch))
                 source = "estimate"
             elif ch.routing == "precise" and prompt is not None and len(urls) > 1:
                 blocks, matched, source = self._precise(ch, urls, prompt(ch), affinity)
@@ -201,7 +202,7 @@ class ChannelRouter:
             except EngineTokensError as err:
                 self._failures.warning(ch.name, "routing: precise on %s: %s", ch.name, err)
         if keys is None:
-            blocks = prompt_blocks(request, ch.routing_block_size, ch.render_order)
+            blocks = prompt_blocks(request, ch.routing_block_size, render_order(ch))
             return blocks, None, "estimate"
         matched: dict[str, float] = {}
         from_events = 0

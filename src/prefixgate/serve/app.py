@@ -21,6 +21,7 @@ from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.serve.edge import send_refusal
+from prefixgate.upstream import order as render_orders
 
 log = logging.getLogger("prefixgate")
 
@@ -91,6 +92,9 @@ def create_app(
         if ledger is not None:
             await ledger.start()
         tasks = []
+        learning = await render_orders.start(config.channels, gateway.upstream)
+        if learning is not None:
+            tasks.append(learning)
         store = config.store
         if gateway.budgets is not None and store is not None:
             await _seed_budgets(gateway.budgets, store)
@@ -391,5 +395,5 @@ def build_app(config: Config, **kw) -> Starlette:
         if recorder is None:
             recorder = RecordWriter.from_config(config.store)
         if capture is None and config.store.capture_segments:
-            capture = Capturer()
+            capture = Capturer(int(config.store.change_memory_mb * 1024 * 1024))
     return create_app(config, recorder=recorder, capture=capture, **kw)

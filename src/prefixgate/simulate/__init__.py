@@ -113,7 +113,7 @@ def load_source(
                 spec = TrafficSpec(sessions=int(sessions), turns=int(turns or spec.turns))
             return load_synthetic(spec, block_size or _DEFAULT_BLOCK_SIZE, progress=cb)
         if _is_store(source):
-            return load_store(source, block_size or _DEFAULT_BLOCK_SIZE, progress=cb)
+            return load_store(source, block_size, progress=cb, default=_DEFAULT_BLOCK_SIZE)
         if source.endswith((".jsonl", ".json")) or Path(source).is_file():
             return load_mooncake(source, block_size or MOONCAKE_BLOCK_SIZE, progress=cb)
         raise ValueError(
@@ -191,10 +191,20 @@ def run_simulation(
             "requests": len(trace.requests),
             "skipped": trace.skipped,
             "block_size": bs,
+            **({"block_size_source": trace.block_source} if trace.block_source else {}),
+            **({"measured": trace.measured} if trace.measured else {}),
         },
         runs,
         sweep=sweep is not None,
     )
+    if trace.measured is not None:
+        m = trace.measured
+        result.notes.append(
+            f"Measured on the upstream for the same {len(trace.requests):,} served requests: "
+            f"hit rate {m['hit_rate']:.1%} ({m['cached_tokens']:,} of {m['prompt_tokens']:,} "
+            f"prompt tokens); the replay's is in the table (block size {bs}, "
+            f"{trace.block_source})."
+        )
     if trace.kind == "mooncake" and bs == MOONCAKE_BLOCK_SIZE:
         result.notes.append(
             "Block hit ratio over ids as given: every id one 512-token block (partial last "

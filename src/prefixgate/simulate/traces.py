@@ -65,7 +65,11 @@ class Trace:
     name: str
     block_size: int
     requests: list[TraceRequest] = field(default_factory=list)
-    skipped: int = 0  # records without segments or a prompt size
+    skipped: int = 0  # records without segments or a prompt size, or not served
+    # a store's records: what the upstream reported for the very requests replayed
+    # (prompt_tokens, cached_tokens, hit_rate), and where the block size came from
+    measured: dict[str, Any] | None = None
+    block_source: str | None = None
 
     @property
     def id_block_size(self) -> int | None:
@@ -167,10 +171,13 @@ def record_tokens(segments: Sequence[Segment], prompt_tokens: int | None) -> np.
 
 
 def records_to_trace(records: Iterable[Record], block_size: int, name: str = "records") -> Trace:
+    """The served records (a 2xx status) with upstream segments, as a trace; beside it
+    the hit rate the upstream reported for those same requests."""
     trace = Trace("store", name, block_size)
     t0: float | None = None
+    prompt = cached = reported = 0
     for rec in records:
-        if not rec.segments_out:
+        if not rec.segments_out or not 200 <= rec.status < 300:
             trace.skipped += 1
             continue
         tokens = record_tokens(rec.segments_out, rec.prompt_tokens)
@@ -182,18 +189,45 @@ def records_to_trace(records: Iterable[Record], block_size: int, name: str = "re
         trace.requests.append(
             TraceRequest(keys, len(tokens), rec.completion_tokens or 0, rec.received_at - t0)
         )
+        if rec.prompt_tokens:
+            prompt += rec.prompt_tokens
+            cached += rec.cached_tokens or 0
+            reported += rec.cached_tokens is not None
+    if prompt:
+        trace.measured = {
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "hit_rate": cached / prompt,
+            "requests_with_cached_figure": reported,
+        }
     return trace
 
 
-def load_store(dsn: str, block_size: int, *, progress: Progress | None = None) -> Trace:
-    """Records of a store (``sqlite:///…``, a ``.db`` path, ``postgresql://…``)."""
+def load_store(
+    dsn: str, block_size: int | None, *, progress: Progress | None = None, default: int = 64
+) -> Trace:
+    """Records of a store (``sqlite:///…``, a ``.db`` path, ``postgresql://…``). Without a
+    ``block_size``, the one the records show: every cached figure is a whole number of
+    the upstream's blocks (``default`` when none is non-zero)."""
+    from prefixgate.doctor.distribution import cached_values, infer_block
     from prefixgate.store import open_store
 
     with open_store(dsn) as store:
+        source = "given"
+        if block_size is None:
+            found = infer_block(cached_values(store, []))
+            block_size = found.block if found else default
+            source = (
+                f"from the records' cached figures ({found.distinct_values} values)"
+                if found
+                else "default (no cached figure to infer it from)"
+            )
         records = store.iter_records()
         if progress is not None:
             records = _counting(records, progress)
-        return records_to_trace(records, block_size, name=_safe_name(dsn))
+        trace = records_to_trace(records, block_size, name=_safe_name(dsn))
+    trace.block_source = source
+    return trace
 
 
 def _counting(items: Iterable[Any], progress: Progress) -> Iterable[Any]:

@@ -54,7 +54,7 @@ import msgspec
 
 from prefixgate.ledger.model import CAUSES as LEDGER_CAUSES
 from prefixgate.ledger.model import Ledger
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.model import Change, Record, Segment
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
 LAST_SEEN_GRANULARITY = 3600.0
@@ -106,8 +106,26 @@ COST_COLUMNS: list[tuple[str, str]] = [
     ("cost_nano", "int"),
     ("cost_saved_nano", "int"),
 ]
+# Columns added to ``requests`` by migration 8.
+# ``error_message``: the failure's short, scrubbed reason. ``compared``, ``change_*``:
+# the prefix against the session's previous request, found at capture time
+# (record/changes.py): ``change_class`` and ``change_segment`` name the change,
+# ``change_at`` and ``change_lost`` are the shares of the prompt before the break and
+# re-sent after it (× ``prompt_tokens`` gives tokens in the database), ``change`` the
+# whole :class:`~prefixgate.record.model.Change` with its shape.
+ADDED_COLUMNS: list[tuple[str, str]] = [
+    ("error_message", "text"),
+    ("compared", "text"),
+    ("change_class", "text"),
+    ("change_segment", "text"),
+    ("change_at", "real"),
+    ("change_lost", "real"),
+    ("change", "json"),
+]
 # Every column written for a request, in insert order (``id`` excluded).
-COLUMNS: list[str] = [name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS + COST_COLUMNS]
+COLUMNS: list[str] = [
+    name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS + COST_COLUMNS + ADDED_COLUMNS
+]
 SCALAR_NAMES: list[str] = [name for name, _ in SCALAR_COLUMNS]
 COST_NAMES: list[str] = [name for name, _ in COST_COLUMNS]
 
@@ -217,6 +235,12 @@ def _migration_7(dialect: str) -> list[str]:
     ]
 
 
+def _migration_8(dialect: str) -> list[str]:
+    # The error reason and the prefix change of each request (ADDED_COLUMNS).
+    t = TYPES[dialect]
+    return [f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in ADDED_COLUMNS]
+
+
 # Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
 # first were; later ones add to them.
 MIGRATIONS = [
@@ -227,6 +251,7 @@ MIGRATIONS = [
     _migration_5,
     _migration_6,
     _migration_7,
+    _migration_8,
 ]
 LATEST_VERSION = len(MIGRATIONS)
 LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table
@@ -240,6 +265,7 @@ SCHEMA_VERSION_DDL = (
 
 _SEGMENTS_ENCODER = msgspec.json.Encoder()
 _SEGMENTS_DECODER = msgspec.json.Decoder(list[Segment])
+_CHANGE_DECODER = msgspec.json.Decoder(Change)
 _FIELD_INDEX = {name: i for i, name in enumerate(Record.__struct_fields__)}
 _SCALAR_INDEX = [_FIELD_INDEX[name] for name in SCALAR_NAMES]
 _COST_INDEX = [_FIELD_INDEX[name] for name in COST_NAMES]
@@ -269,7 +295,31 @@ def record_row(record: Record) -> tuple[Any, ...]:
     row.append(same)
     row.append(bool(record.texts))
     row += [values[i] for i in _COST_INDEX]
+    row.append(record.error_message)
+    row.append(record.compared)
+    c = record.change
+    if c is None:
+        row += [None, None, None, None, None]
+    else:
+        scale = max(c.prompt_estimate, 1)
+        row += [
+            c.cls,
+            c.segment,
+            min(c.at_tokens / scale, 1.0),
+            min(c.lost_tokens / scale, 1.0),
+            _SEGMENTS_ENCODER.encode(c).decode(),
+        ]
     return tuple(row)
+
+
+def decode_change(value: str | bytes | None) -> Change | None:
+    """A ``change`` column as read (JSON text on both backends: Postgres casts it)."""
+    if value is None:
+        return None
+    try:
+        return _CHANGE_DECODER.decode(value)
+    except msgspec.ValidationError:  # written by a later version: unread, not fatal
+        return None
 
 
 def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
@@ -280,7 +330,17 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
     seg_in = decode_segments(row[n])
     seg_out = list(seg_in) if row[n + 2] and seg_in is not None else decode_segments(row[n + 1])
     kwargs.update(zip(COST_NAMES, row[n + 4 : n + 4 + len(COST_NAMES)], strict=True))
-    return Record(**kwargs, segments_in=seg_in, segments_out=seg_out), bool(row[n + 3])
+    names = (name for name, _ in ADDED_COLUMNS)
+    added = dict(zip(names, row[n + 4 + len(COST_NAMES) :], strict=True))
+    record = Record(
+        **kwargs,
+        segments_in=seg_in,
+        segments_out=seg_out,
+        error_message=added["error_message"],
+        compared=added["compared"],
+        change=decode_change(added["change"]),
+    )
+    return record, bool(row[n + 3])
 
 
 def batch_texts(records: Sequence[Record]) -> dict[str, tuple[str, float]]:

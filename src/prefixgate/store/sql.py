@@ -30,7 +30,12 @@ class SqlStore(SessionQueries, Store):
         self._lock = threading.RLock()
         self._text_seen: dict[str, float] = {}
         cols = ", ".join(schema.COLUMNS)
-        kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS + schema.COST_COLUMNS)
+        kinds = dict(
+            schema.SCALAR_COLUMNS
+            + schema.SEGMENT_COLUMNS
+            + schema.COST_COLUMNS
+            + schema.ADDED_COLUMNS
+        )
         values = ", ".join(self._param(kinds[c]) for c in schema.COLUMNS)
         self._insert_request = (
             f"INSERT INTO requests ({cols}) VALUES ({values}) ON CONFLICT (request_id) DO NOTHING"

@@ -14,7 +14,7 @@ import msgspec
 
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.sse import first_event
-from prefixgate.upstream.client import UpstreamResponse, map_status
+from prefixgate.upstream.client import UpstreamResponse, map_status, read_all
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
@@ -119,3 +119,13 @@ async def _read_json(resp: UpstreamResponse, first: bytes, idle: float) -> dict:
     if not isinstance(obj, dict):
         raise UpstreamError("upstream sent a JSON value that is not an object")
     return obj
+
+
+async def post_for_json(transport, channel, url: str, body: bytes):
+    """``POST body`` to one of the channel's upstream URLs through ``transport`` (with the
+    channel's key, timeouts and TLS) and the answer's decoded JSON; raises what the
+    transport raises, or :class:`msgspec.DecodeError`."""
+    resp = await transport.open(
+        url, body, timeouts=channel.timeouts, extra_headers=bearer(channel), tls=channel.tls
+    )
+    return msgspec.json.decode(await read_all(resp, channel.timeouts.idle))

@@ -60,6 +60,7 @@ class ContextOverflow:
 
     maximum: int
     prompt: int  # input tokens (the total requested when the upstream gives no split)
+    at_least: bool = False  # ``prompt`` is a lower bound: the upstream stopped counting
 
     @property
     def prompt_fits(self) -> bool:
@@ -79,12 +80,27 @@ def parse_context_error(message: str) -> ContextOverflow | None:
     maximum = _first_int(_MAXIMUM.search(message))
     if maximum is None:
         return None
-    prompt = _first_int(_PROMPT.search(message))
+    found = _PROMPT.search(message)
+    prompt = _first_int(found)
     if prompt is None:
         prompt = _first_int(_REQUESTED.search(message))
     if prompt is None:
         return None
-    return ContextOverflow(maximum, prompt)
+    return ContextOverflow(maximum, prompt, "at least" in (found.group(0) if found else ""))
+
+
+def estimate_prompt_tokens(request: bytes) -> int | None:
+    """The prompt tokens of an OpenAI chat request, estimated the way the cache model
+    counts without the upstream's tokenizer (its chat rendering, about four characters a
+    token); None for a body of another shape."""
+    from prefixgate.cache import ApproxTokenizer, ChatRenderer
+
+    try:
+        body = msgspec.json.decode(request)
+        messages, tools = body["messages"], body.get("tools")
+        return ApproxTokenizer().count(ChatRenderer().render(messages, tools))
+    except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError):
+        return None
 
 
 def error_message(body: bytes) -> str:
@@ -120,15 +136,26 @@ def _retry_after(resp) -> float | None:
         return None
 
 
-def map_status(status: int, body: bytes, resp=None) -> GatewayError:
+def map_status(
+    status: int, body: bytes, resp=None, *, request: bytes | None = None
+) -> GatewayError:
     """The error of an upstream status; ``resp`` (anything with ``headers``) gives the
-    Retry-After."""
+    Retry-After. ``request``: the body that was sent, to count a prompt the upstream
+    refused without counting it whole."""
     msg = error_message(body)
     retry_after = _retry_after(resp) if resp is not None else None
     if status in (400, 413, 422):
         overflow = parse_context_error(msg)
         if overflow is not None and not overflow.prompt_fits:
-            return PromptTooLong(overflow.prompt, overflow.maximum, raw=msg)
+            if overflow.at_least and request is not None:
+                estimate = estimate_prompt_tokens(request)
+                if estimate is not None and estimate > overflow.prompt:
+                    return PromptTooLong(
+                        estimate, overflow.maximum, raw=msg, estimated_from=overflow.prompt
+                    )
+            return PromptTooLong(
+                overflow.prompt, overflow.maximum, raw=msg, at_least=overflow.at_least
+            )
         return UpstreamRejected(f"upstream rejected the request: {msg}", overflow=overflow)
     if status == 429:
         return UpstreamRateLimited(
@@ -200,6 +227,17 @@ class UpstreamResponse:
         if not self._released:
             self._released = True
             self._pool.release(self._conn)
+
+
+async def read_all(resp, idle: float) -> bytes:
+    """The rest of an open response's body; the response is closed after."""
+    chunks = []
+    try:
+        while (chunk := await resp.next(idle)) is not None:
+            chunks.append(chunk)
+    finally:
+        await resp.aclose()
+    return b"".join(chunks)
 
 
 class Upstream:
@@ -327,8 +365,44 @@ class Upstream:
                 body_bytes = await _read_limited(conn, timeouts.idle)
             finally:
                 pool.discard(conn)
-            raise map_status(conn.status, _scrub(body_bytes, headers), conn)
+            err = map_status(conn.status, _scrub(body_bytes, headers), conn, request=body)
+            if isinstance(err, PromptTooLong) and err.estimated_from is not None:
+                err = await self._counted(err, url, body, timeouts, extra_headers, tls)
+            raise err
         return UpstreamResponse(conn, pool)
+
+    async def _counted(
+        self, err: PromptTooLong, url: str, request: bytes, timeouts, extra_headers, tls
+    ) -> PromptTooLong:
+        """The refused prompt counted by the upstream's own tokenizer (vLLM's
+        ``/tokenize`` with the request's messages and tools) when the upstream's message
+        gave only a bound; ``err`` (the gateway's estimate) when that cannot be had."""
+        from prefixgate.upstream.order import tokenize_url
+
+        if not url.endswith("/chat/completions"):
+            return err
+        try:
+            sent = msgspec.json.decode(request)
+            ask = {k: sent[k] for k in ("model", "messages", "tools") if sent.get(k)}
+            resp = await self.open(
+                tokenize_url(url.removesuffix("/chat/completions")),
+                msgspec.json.encode(ask),
+                timeouts=timeouts,
+                extra_headers=extra_headers,
+                tls=tls,
+            )
+            count = msgspec.json.decode(await read_all(resp, timeouts.idle))["count"]
+        except Exception:  # noqa: BLE001 - no /tokenize, or another shape: the estimate
+            return err
+        if not isinstance(count, int) or count <= err.estimated_from:
+            return err
+        return PromptTooLong(
+            count,
+            err.max_tokens,
+            raw=err.raw,
+            estimated_from=err.estimated_from,
+            counted_by="counted by the upstream tokenizer (/tokenize)",
+        )
 
     async def get_json(
         self,

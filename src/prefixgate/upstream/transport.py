@@ -126,7 +126,7 @@ class FakeTransport:
 
         reply = await self._reply("POST", url, dict(extra_headers or {}), body)
         if reply.status >= 300:
-            raise map_status(reply.status, b"".join(reply.chunks), reply)
+            raise map_status(reply.status, b"".join(reply.chunks), reply, request=body)
         resp = FakeResponse(reply)
         self.responses.append(resp)
         return resp

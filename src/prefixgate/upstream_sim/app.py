@@ -177,6 +177,7 @@ class UpstreamSim:
             completion_tokens,
             lease.cached_tokens,
             report_cached=self.settings.report_cached_tokens,
+            report_zero=self.settings.reports_zero_cached,
         )
 
     # -- routes ----------------------------------------------------------------------------

@@ -339,14 +339,21 @@ def stream_deltas(reply: Reply, chunk_tokens: int = 2) -> list[tuple[dict[str, A
 
 
 def usage_body(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int, *, report_cached: bool
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    *,
+    report_cached: bool,
+    report_zero: bool = True,
 ) -> dict[str, Any]:
+    """vLLM's usage object: ``prompt_tokens_details`` when the cache report is on, and
+    (``report_zero``, vLLM ≥ 0.32) also when nothing hit."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
-    if report_cached and cached_tokens:
+    if report_cached and (cached_tokens or report_zero):
         usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return usage
 

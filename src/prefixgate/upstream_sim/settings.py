@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,8 @@ if TYPE_CHECKING:
     from prefixgate.events.publisher import PublisherSettings
 
 __all__ = ["SimSettings", "settings_from_options"]
+
+ZERO_CACHED_SINCE = (0, 32)  # the first vLLM release imitated as reporting a zero
 
 
 @dataclass
@@ -28,6 +31,10 @@ class SimSettings:
     default_output_tokens: int = 32
     max_model_len: int = 131072
     report_cached_tokens: bool = True  # vLLM's --enable-prompt-tokens-details
+    # The vLLM release whose usage fields are imitated: from 0.32 a request that hit
+    # nothing reports ``cached_tokens: 0``; earlier releases leave
+    # ``prompt_tokens_details`` out then (absent is not "report off").
+    vllm_version: str = "0.32"
     seed: int = 0
     stream_chunk_tokens: int = 2  # output tokens per content chunk
     nested_errors: bool = False  # newer vLLM: {"error": {...}}
@@ -54,10 +61,19 @@ class SimSettings:
             raise ValueError("token rates must be >= 0")
         if self.default_output_tokens < 1 or self.max_model_len < 1:
             raise ValueError("default_output_tokens and max_model_len must be >= 1")
+        self.vllm_version = str(self.vllm_version)
+        if not re.fullmatch(r"\d+(\.\d+)*", self.vllm_version):
+            raise ValueError(f"vllm_version must look like 0.32, not {self.vllm_version!r}")
         if isinstance(self.kv_events, str | dict):
             from prefixgate.events.publisher import PublisherSettings
 
             self.kv_events = PublisherSettings.from_engine_config(self.kv_events)
+
+    @property
+    def reports_zero_cached(self) -> bool:
+        """Whether a request that hit nothing says ``cached_tokens: 0`` (vLLM ≥ 0.32)."""
+        parts = tuple(int(x) for x in self.vllm_version.split("."))
+        return parts >= ZERO_CACHED_SINCE
 
     def for_replica(self, i: int) -> SimSettings:
         """The settings of the ``i``-th replica: its event ports offset by ``i``."""

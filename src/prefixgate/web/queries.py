@@ -9,10 +9,13 @@ from collections import defaultdict
 from dataclasses import asdict
 from typing import Any
 
+import msgspec
+
 from prefixgate.doctor import distribution as dist_mod
 from prefixgate.doctor.query import segments as decode_segments
 from prefixgate.record.segments import first_changed
 from prefixgate.store import Store
+from prefixgate.store.schema import decode_change
 from prefixgate.web.scope import DIMENSIONS, ERROR, FILTERS, NONE, OK, BadParam, Scope
 
 MAX_GROUPS = 6  # series drawn per chart; the rest are summed as "other"
@@ -369,6 +372,7 @@ DETAIL_COLUMNS = (
     "reported_input_tokens",
     "reported_cache_read_tokens",
     "reported_output_tokens",
+    "error_message",
 )
 
 
@@ -445,7 +449,8 @@ def request_detail(store: Store, request_id: str) -> dict[str, Any] | None:
     """One request with its segments, its neighbours in the session, and where its prompt
     first differs from the previous request's (as received and as sent upstream)."""
     rows = store.query(
-        f"SELECT id, {', '.join(DETAIL_COLUMNS)}, {_SEG_COLS} FROM requests WHERE request_id = ?",
+        f"SELECT id, {', '.join(DETAIL_COLUMNS)}, {_SEG_COLS}, CAST(change AS TEXT)"
+        " FROM requests WHERE request_id = ?",
         [request_id],
     )
     if not rows:
@@ -457,6 +462,8 @@ def request_detail(store: Store, request_id: str) -> dict[str, Any] | None:
     out["segments_in"] = _seg_list(seg_in)
     out["segments_out"] = _seg_list(seg_out)
     out["segments_same"] = seg_in == seg_out
+    change = decode_change(row[n + 4])
+    out["change"] = msgspec.to_builtins(change) if change is not None else None
     out["previous"] = out["next"] = None
     out["changed_in"] = out["changed_out"] = None
     session, at = out["session_id"], out["received_at"]

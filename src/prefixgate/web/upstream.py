@@ -12,6 +12,7 @@ from typing import Any
 
 from prefixgate.doctor import upstream_health
 from prefixgate.doctor.upstream_health import LOAD_KEYS, STORE_KEYS
+from prefixgate.upstream.order import order_of
 
 
 def replica_state(router: Any, url: str) -> dict[str, Any]:
@@ -94,7 +95,8 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
                 "priority": ch.priority,
                 "weight": ch.weight,
                 "routing": ch.routing,
-                "render_order": ch.render_order,
+                "render_order": order_of(ch).order,
+                "render_order_source": order_of(ch).source,
                 "strip_billing_header": ch.strip_billing_header,
                 "health_check_interval": ch.health_check_interval,
                 "metrics_url": ch.metrics_url is not None,

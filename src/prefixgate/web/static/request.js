@@ -95,6 +95,16 @@
     return PG.table(cols, rows, { rowClass: (x) => `seg-${x.st}`, class: "segments" });
   }
 
+  // The change found at capture time: what kind of value, where, its character skeleton.
+  function changeText(c) {
+    const sh = c.shape || {};
+    const against = c.scope === "sessions" ? "the previous session's first request" : "the previous request";
+    const where = sh.paragraph ? `, paragraph ${sh.paragraph} line ${sh.line} (char ${fmt.int(sh.char_offset || 0)})` : "";
+    const skel = sh.new_skeleton ? ` ${sh.old_skeleton} → ${sh.new_skeleton}` : "";
+    const detail = sh.detail ? ` (${sh.detail})` : "";
+    return `${c.cls.replace(/_/g, " ")}${skel}${detail} in ${c.segment}${where} vs ${against}; ≈${fmt.int(c.at_tokens)} tokens in, ≈${fmt.int(c.lost_tokens)} re-sent after it`;
+  }
+
   function explain(r, change, side) {
     if (!r.previous) return "The first request of its session: nothing earlier to compare with.";
     if (!change) return "No segments recorded.";
@@ -168,7 +178,8 @@
         field("shown to client", r.reported_input_tokens === null ? "–" : `in ${fmt.int(r.reported_input_tokens)} · cache read ${fmt.int(r.reported_cache_read_tokens)} · out ${fmt.int(r.reported_output_tokens)}`),
         field("TTFT / latency", `${fmt.ms(r.ttft_ms)} / ${fmt.ms(r.latency_ms)}`),
         field("stream · retries", `${r.stream ? "yes" : "no"} · ${r.retries}`),
-        r.error_type ? field("error", r.error_type) : null));
+        r.error_type ? field("error", r.error_message ? `${r.error_type}: ${r.error_message}` : r.error_type) : null,
+        r.change ? field("prefix broke", changeText(r.change)) : null));
     const nav = h("div", { class: "nav-row" },
       r.previous ? h("a", { href: `${PG.BASE}/requests/${r.previous.request_id}`, id: "prev-link", text: "← previous in session" }) : null,
       r.next ? h("a", { href: `${PG.BASE}/requests/${r.next}`, id: "next-link", text: "next in session →" }) : null);

@@ -1,0 +1,307 @@
+"""Prefix changes, found at capture time: each request against the previous request of its
+session, and a session's first request against the previous session's first.
+
+A prefix cache hits up to the first token that differs from what it holds. In an agent
+session every request re-sends the previous one and appends; a segment that changes
+between two consecutive requests (a clock in the system prompt, a nonce in a header block,
+tools in another order, a schema serialized with other key order) makes everything after
+it uncached, every turn. Finding it needs the previous request's text, which the store
+does not keep (texts are opt-in): so the capture step keeps, in memory, the segment bytes
+of each session's latest requests (:class:`ChangeTracker`, bounded by a byte budget,
+least recently active session out first), compares the next request with them, and puts
+on the record only *where* the prefix broke and the :class:`~.shape.Shape` of the change.
+
+The upstream side decides whether the prefix broke (bytes as sent for an ``openai``
+channel, whose template renders them as they are — JSON key order included; canonical
+hashes for an ``anthropic`` one, whose ``cache_control`` markers move every turn); the
+received side names what the client changed (``system[2]``, ``messages[1]:system``, a
+tool) and gives the text the shape is computed from. The last two requests of a session
+are kept, so a side request (a title, a sub-agent's turn) between two turns of the main
+thread does not hide its breaks: the request is compared with both, and the one it shares
+more with is its predecessor. A break after which nothing of the earlier request is sent
+again costs nothing and is not recorded as a change.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+
+from prefixgate.record import shape as sh
+from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.segments import _strip, pieces_of
+
+BILLING_PREFIX = "x-anthropic-billing-header:"
+DEFAULT_BUDGET = 64 * 1024 * 1024
+MAX_SESSIONS = 20_000
+KEPT = 2  # requests kept per session
+
+Piece = tuple[Segment, bytes | None]
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.encode
+
+
+class _Cut:
+    """One request's segments with their bytes: as received (``into``) and as sent
+    (``out``; bytes only where compared by bytes: tools and system on an ``openai``
+    channel, messages by hash)."""
+
+    __slots__ = ("into", "out", "size")
+
+    def __init__(self, into: list[Piece], out: list[Piece]) -> None:
+        self.into, self.out = into, out
+        seen: set[int] = set()
+        size = 0
+        for _, data in (*into, *out):
+            if data is not None and id(data) not in seen:
+                seen.add(id(data))
+                size += len(data)
+        self.size = size + 64 * (len(into) + len(out))
+
+    def opening(self) -> _Cut:
+        """Only what comes before the conversation: tools and system."""
+        return _Cut(
+            [p for p in self.into if p[0].kind != "message"],
+            [p for p in self.out if p[0].kind != "message"],
+        )
+
+
+class ChangeTracker:
+    """The sessions' latest requests, by (channel, upstream model, session), within
+    ``budget`` bytes; and the latest session opening per (channel, upstream model,
+    client, version, endpoint)."""
+
+    def __init__(self, budget: int = DEFAULT_BUDGET, max_sessions: int = MAX_SESSIONS) -> None:
+        self.budget = budget
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[tuple, list[_Cut]] = OrderedDict()
+        self._openings: OrderedDict[tuple, _Cut] = OrderedDict()
+        self.bytes = 0
+
+    def observe(
+        self,
+        rec: Record,
+        channel: str,
+        upstream_model: str | None,
+        raw_in: bytes,
+        raw_out: bytes | None,
+        *,
+        by_bytes: bool,
+    ) -> None:
+        """Compare ``rec`` (its segments already captured) with its session's previous
+        requests; set ``rec.compared`` and ``rec.change``; keep it for the next."""
+        if rec.session_id is None or not rec.segments_in or not rec.segments_out:
+            return
+        into = pieces_of(raw_in, rec.segments_in)
+        if into is None:
+            return
+        if raw_out is None:
+            out_full: list[tuple[Segment, bytes]] | None = into
+        else:
+            out_full = pieces_of(raw_out, rec.segments_out)
+        if out_full is None:
+            return
+        key = (channel, upstream_model, rec.session_id)
+        kept = self._sessions.pop(key, None)
+        if kept:
+            _share(kept[-1].into, into)  # before ``out`` may take the same bytes
+        out: list[Piece] = [
+            (s, d if by_bytes and s.kind != "message" else None)
+            for s, d in (into if raw_out is None else out_full)
+        ]
+        if kept:
+            _share(kept[-1].out, out)
+            cur = _Cut(into, out)
+            rec.compared = "session"
+            rec.change = _best(kept, cur)
+            self.bytes -= sum(c.size for c in kept)
+            kept = [*kept, cur][-KEPT:]
+        else:
+            cur = _Cut(into, out)
+            kept = [cur]
+            okey = (channel, upstream_model, rec.client, rec.client_version, rec.endpoint)
+            opened = self._openings.pop(okey, None)
+            if opened is not None:
+                self.bytes -= opened.size
+                rec.compared = "sessions"
+                rec.change = compare(opened, cur.opening(), "sessions", whole=cur)
+            opening = cur.opening()
+            self._openings[okey] = opening
+            self.bytes += opening.size
+        self._sessions[key] = kept
+        self.bytes += sum(c.size for c in kept)
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._sessions and (
+            self.bytes > self.budget or len(self._sessions) > self.max_sessions
+        ):
+            _, old = self._sessions.popitem(last=False)
+            self.bytes -= sum(c.size for c in old)
+        while self._openings and (self.bytes > self.budget or len(self._openings) > 1024):
+            _, old_opening = self._openings.popitem(last=False)
+            self.bytes -= old_opening.size
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+def _share(prev: list[Piece], cur: list[Piece]) -> None:
+    """Where ``cur`` holds the very bytes ``prev`` does, keep one copy."""
+    for j in range(min(len(prev), len(cur))):
+        (sa, ba), (sb, bb) = prev[j], cur[j]
+        if sa.hash == sb.hash and ba is not None and ba == bb:
+            cur[j] = (sb, ba)
+
+
+def _best(kept: list[_Cut], cur: _Cut) -> Change | None:
+    """The change against the kept request ``cur`` shares the most tokens with (its
+    predecessor in the same thread of the session)."""
+    found = [(_sharing(prev, cur), prev) for prev in kept]
+    (shared, _, _), prev = max(found, key=lambda x: x[0][0])
+    return compare(prev, cur, "session")
+
+
+def _sharing(prev: _Cut, cur: _Cut) -> tuple[int, int | None, int]:
+    """(≈ tokens of ``cur`` that ``prev`` had sent, the index where it breaks, …)."""
+    i = _first_difference(prev.out, cur.out)
+    if i is None:
+        return sum(s.tokens for s, _ in prev.out), None, 0
+    at, lost, _ = _break(prev, cur, i)
+    return at + lost, i, lost
+
+
+def _first_difference(prev: list[Piece], cur: list[Piece]) -> int | None:
+    for i in range(min(len(prev), len(cur))):
+        (sa, ba), (sb, bb) = prev[i], cur[i]
+        if sa.name != sb.name or sa.kind != sb.kind or sa.hash != sb.hash:
+            return i
+        if ba is not None and bb is not None and ba != bb:
+            return i
+    return None
+
+
+def _break(prev: _Cut, cur: _Cut, i: int) -> tuple[int, int, int]:
+    """At break ``i``: ≈ tokens before it, ≈ tokens after it sent before too, and the
+    characters of the broken piece that came before the difference."""
+    (sa, ba), (sb, bb) = prev.out[i], cur.out[i]
+    within = suffix = 0
+    if ba is not None and bb is not None and sa.name == sb.name:
+        within = sh.common_prefix(ba, bb)
+        suffix = sh.common_suffix(ba, bb, min(len(ba), len(bb)) - within)
+    before = sum(s.tokens for s, _ in cur.out[:i])
+    sent = {s.hash for s, _ in prev.out}
+    lost = suffix // 4 + sum(s.tokens for s, _ in cur.out[i + 1 :] if s.hash in sent)
+    return before + within // 4, lost, within
+
+
+def compare(prev: _Cut, cur: _Cut, scope: str, *, whole: _Cut | None = None) -> Change | None:
+    """Where ``cur`` stops extending ``prev`` upstream, and what changed (None when it
+    extends it, or when nothing after the break had been sent before: no loss)."""
+    i = _first_difference(prev.out, cur.out)
+    if i is None:
+        return None
+    at, lost, _ = _break(prev, cur, i)
+    if lost <= 0:
+        return None
+    sb = cur.out[i][0]
+    segment, kind, shape, known = _culprit(prev.into, cur.into, sb)
+    full = whole if whole is not None else cur
+    return Change(
+        scope=scope,
+        cls=shape.cls,
+        segment=segment,
+        upstream=sb.name,
+        kind=kind,
+        at_tokens=at,
+        lost_tokens=lost,
+        prompt_estimate=sum(s.tokens for s, _ in full.out) or 1,
+        shape=shape,
+        known=known,
+    )
+
+
+def _culprit(
+    prev: list[Piece], cur: list[Piece], broke: Segment
+) -> tuple[str, str, sh.Shape, str | None]:
+    """The received segment that changed, of the kind of the upstream one that broke:
+    (its name, its kind, the shape of its change, a known source)."""
+    kind = broke.kind
+    a = [p for p in prev if p[0].kind == kind]
+    b = [p for p in cur if p[0].kind == kind]
+    if kind == "tool":
+        ha, hb = [s.hash for s, _ in a], [s.hash for s, _ in b]
+        if ha != hb and sorted(ha) == sorted(hb):
+            return "tools", "tools", sh.reordered_list(len(hb), "tools"), None
+    for (sa, ba), (sb, bb) in zip(a, b, strict=False):
+        if sa.hash != sb.hash or sa.name != sb.name:
+            return sb.name, kind, _text_shape(ba, bb, kind), _known(bb, kind)
+    for (_, ba), (sb, bb) in zip(a, b, strict=False):
+        if ba is not None and bb is not None and ba != bb and not _marker_only(ba, bb):
+            return sb.name, kind, sh.json_shape(ba, bb, same_value=True), _known(bb, kind)
+    if len(a) != len(b):
+        what = "added" if len(b) > len(a) else "removed"
+        name = b[len(a)][0].name if len(b) > len(a) else a[len(b)][0].name
+        return name, kind, sh.Shape(cls=sh.CONTENT, detail=f"{kind} {what}"), None
+    return broke.name, kind, sh.Shape(cls=sh.CONTENT, detail="changed upstream only"), None
+
+
+def _marker_only(a: bytes, b: bytes) -> bool:
+    """Whether two JSON pieces differ only by their ``cache_control`` markers."""
+    try:
+        return _encode(_strip(_decode(a))) == _encode(_strip(_decode(b)))
+    except (msgspec.DecodeError, RecursionError):
+        return False
+
+
+def _text_shape(a: bytes | None, b: bytes | None, kind: str) -> sh.Shape:
+    if a is None or b is None:
+        return sh.Shape(cls=sh.CONTENT)
+    try:
+        va, vb = _decode(a), _decode(b)
+    except (msgspec.DecodeError, RecursionError):
+        return sh.json_shape(a, b, same_value=False)
+    if kind == "tool":
+        ta, tb = a.decode("utf-8", "replace"), b.decode("utf-8", "replace")
+        if _strip(va) == _strip(vb):
+            return sh.json_shape(a, b, same_value=True)
+    else:
+        ta, tb = text_of(va), text_of(vb)
+    found = sh.shape_of(ta, tb)
+    if found is None:
+        return sh.json_shape(a, b, same_value=_strip(va) == _strip(vb))
+    return found
+
+
+def text_of(value: Any) -> str:
+    """The human text of a system block, a message or a content block (JSON of what has
+    none: a tool call's input)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(text_of(v) for v in value)
+    if isinstance(value, dict):
+        text = value.get("text")
+        if isinstance(text, str):
+            return text
+        if "content" in value and value["content"] is not None:
+            return text_of(value["content"])
+        if "thinking" in value and isinstance(value["thinking"], str):
+            return value["thinking"]
+        return _encode(value).decode()
+    return _encode(value).decode()
+
+
+def _known(data: bytes | None, kind: str) -> str | None:
+    if kind != "system" or data is None or BILLING_PREFIX.encode() not in data[:200]:
+        return None
+    try:
+        text = text_of(_decode(data))
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return "billing_header" if text.lstrip().startswith(BILLING_PREFIX) else None
+
+
+__all__ = ["ChangeTracker", "compare", "text_of"]

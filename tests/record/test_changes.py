@@ -1,0 +1,171 @@
+"""Prefix changes found at capture time: each request of a session against the previous
+one, as the gateway converts and captures it (the capture step alone; the whole gateway
+is driven in tests/doctor/test_breakers.py)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from prefixgate.config import parse_config
+from prefixgate.convert.request import ConvertOptions, convert
+from prefixgate.identify import session_of_messages
+from prefixgate.protocol.messages_body import decode_messages_body
+from prefixgate.protocol.openai import decode_chat_body
+from prefixgate.record.capture import Capturer
+from prefixgate.record.changes import ChangeTracker
+from prefixgate.record.model import Record
+from prefixgate.traffic import breakers as bk
+
+
+def channel(order="tools_first", kind="openai"):
+    return parse_config(
+        {
+            "channels": [
+                {"name": "c", "kind": kind, "base_url": "http://u/v1", "render_order": order}
+            ]
+        }
+    ).channels[0]
+
+
+def capture(cap: Capturer, ch, raw: bytes, headers: dict) -> Record:
+    """One request through the capture step, as the gateway's steps hand it over."""
+    limits = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]}).limits
+    body = decode_messages_body(raw, limits)
+    if ch.kind == "openai":
+        out = convert(body.typed, ConvertOptions(upstream_model="m"))
+    else:
+        out = {**body.whole(), "model": "m"}
+    rec = Record(
+        request_id="r",
+        received_at=0.0,
+        endpoint="messages",
+        client="claude-cli",
+        client_version="2.1.332",
+    )
+    rec.session_id, _ = session_of_messages(body, {k.lower(): v for k, v in headers.items()})
+    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out))
+    return rec
+
+
+def run(case: str, order="tools_first", kind="openai", sessions=2, turns=4) -> list[Record]:
+    cap, ch = Capturer(), channel(order, kind)
+    out = []
+    for session in bk.sessions(case, bk.spec_for(sessions=sessions, turns=turns)):
+        out += [capture(cap, ch, req.content(), req.headers) for req in session]
+    return out
+
+
+@pytest.mark.parametrize("order", ["tools_first", "system_first"])
+@pytest.mark.parametrize("case", [c for c in bk.CASES if c != bk.CONTROL])
+def test_every_breaker_is_found_with_its_class_and_segment(case, order):
+    want = bk.EXPECTED[case]
+    changes = [r.change for r in run(case, order) if r.change is not None]
+    mine = [c for c in changes if c.scope == want.scope]
+    assert mine, f"{case}: no change of scope {want.scope}"
+    assert {(c.cls, c.segment) for c in mine} == {(want.cls, want.segment)}
+    for c in mine:
+        assert 0 <= c.at_tokens < c.prompt_estimate
+        assert 0 < c.lost_tokens <= c.prompt_estimate
+        assert c.shape is not None and c.shape.cls == want.cls
+
+
+def test_the_control_has_no_change_and_every_later_request_is_compared():
+    recs = run(bk.CONTROL, sessions=3)
+    assert all(r.change is None for r in recs)
+    firsts = [r for r in recs if r.compared != "session"]
+    assert len(firsts) == 3  # each session's first request
+    assert [r.compared for r in firsts] == [None, "sessions", "sessions"]
+
+
+def test_where_the_clock_is():
+    recs = run(bk.CLOCK, "system_first")
+    c = next(r.change for r in recs if r.change)
+    assert c.upstream == "messages[0]:system" and c.kind == "system"
+    assert (c.shape.paragraph, c.shape.new_skeleton) == (2, "99:99:99")
+    assert c.at_tokens < 200  # system first: the clock sits near the start of the prompt
+    tools_first = next(r.change for r in run(bk.CLOCK, "tools_first") if r.change)
+    assert tools_first.at_tokens > 15_000  # after the tools
+
+
+def test_the_billing_header_is_recognised():
+    c = next(r.change for r in run(bk.BILLING) if r.change)
+    assert c.known == "billing_header"
+    assert c.shape.new_skeleton in ("<hex:5>", "99999")
+
+
+def test_a_date_that_changes_before_anything_is_re_sent_costs_nothing():
+    """The second request re-sends nothing that comes after the mid-conversation
+    message: no change is recorded until there is history after it."""
+    recs = run(bk.MID_DATE, sessions=1, turns=3)
+    assert [r.change is not None for r in recs] == [False, False, True]
+
+
+def test_an_anthropic_channel_compares_hashes_so_moving_markers_are_no_change():
+    recs = run(bk.CONTROL, kind="anthropic")
+    assert all(r.change is None for r in recs)
+    clock = [r.change for r in run(bk.CLOCK, kind="anthropic") if r.change]
+    assert clock and clock[0].cls == "time_of_day" and clock[0].segment == "system[1]"
+
+
+def test_a_side_request_between_two_turns_does_not_hide_the_break():
+    """A title-like request (other system prompt, no tools) between turns: each turn is
+    compared with the request it shares the most with."""
+    cap, ch = Capturer(), channel()
+    [session] = bk.sessions(bk.CLOCK, bk.spec_for(sessions=1, turns=4))
+    side = session[0].fresh_body()
+    side["system"] = [{"type": "text", "text": "Write a five-word title."}]
+    side["tools"] = []
+    side["messages"] = side["messages"][:1]
+    raw_side = msgspec.json.encode(side)
+    seen = []
+    for req in session:
+        seen.append(capture(cap, ch, req.content(), req.headers))
+        capture(cap, ch, raw_side, req.headers)
+    assert all(r.change and r.change.cls == "time_of_day" for r in seen[1:])
+
+
+def test_a_chat_request_passed_through():
+    cap, ch = Capturer(), channel()
+    limits = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]}).limits
+    recs = []
+    for t in range(3):
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": f"Agent.\n\nNow: 2026-08-17 09:12:{10 + t:02d}"},
+                *[
+                    {"role": r, "content": f"turn {k} " * 400}
+                    for k in range(2 * t + 1)
+                    for r in ("user",)
+                ],
+            ],
+        }
+        raw = msgspec.json.encode(body)
+        chat = decode_chat_body(raw, limits)
+        rec = Record(request_id=f"r{t}", received_at=0.0, endpoint="chat", session_id="s")
+        cap(rec, chat, {**chat, "model": "m"}, ch, None, raw, None)
+        recs.append(rec)
+    assert recs[0].change is None
+    c = recs[2].change
+    assert c.cls == "date_time" and c.segment == "messages[0]:system" and c.kind == "system"
+
+
+def test_memory_stays_within_the_budget():
+    tracker = ChangeTracker(budget=1_500_000)
+    cap, ch = Capturer(), channel()
+    cap.changes = tracker
+    spec = bk.spec_for(sessions=12, turns=2)
+    for session in bk.sessions(bk.CLOCK, spec):
+        for req in session:
+            capture(cap, ch, req.content(), req.headers)
+            assert tracker.bytes <= tracker.budget
+    assert 0 < len(tracker) < 12  # the least recently active sessions went first
+
+
+def test_a_budget_of_zero_turns_the_comparison_off():
+    cap, ch = Capturer(change_budget=0), channel()
+    [session] = bk.sessions(bk.CLOCK, bk.spec_for(sessions=1, turns=3))
+    recs = [capture(cap, ch, req.content(), req.headers) for req in session]
+    assert all(r.compared is None and r.change is None for r in recs)
+    assert all(r.segments_out for r in recs)  # the segments are still captured
