@@ -147,6 +147,12 @@ class ChannelConfig(_Model):
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
     render_order: RenderOrder = "tools_first"
+    # How /v1/responses reaches this channel: converted to Chat Completions (any
+    # OpenAI-compatible server), or passed through to the upstream's own /responses.
+    responses_api: Literal["convert", "passthrough"] = "convert"
+    # Whether the upstream's model takes images; false: a request holding one is refused
+    # (400) before anything is sent.
+    accepts_images: bool = True
     capture_text: bool = False
     metrics_url: str | None = None
     # Replica choice (docs/routing.md). The thresholds are SGLang cache_aware's defaults.
