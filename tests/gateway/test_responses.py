@@ -162,6 +162,13 @@ def test_streaming_reasoning_text_and_tools_in_the_responses_event_sequence(gate
         "response.completed",
     ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
+    # as OpenAI sends it, the arguments' done event names the function (a field newer
+    # than this SDK's model of the event, which keeps it as an extra)
+    dones = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [(e.name, e.arguments) for e in dones] == [
+        ("exec_command", '{"cmd": "ls -la"}'),
+        ("spawn", '{"task": "x"}'),
+    ]
     done = events[-1].response
     reasoning, message, call, spawn, patch = done.output
     assert reasoning.type == "reasoning" and reasoning.content[0].text == "Let me look."

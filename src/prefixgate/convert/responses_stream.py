@@ -294,7 +294,8 @@ class ResponsesStream:
                     self._event(out, kind, {"type": kind, **where, **data})
             else:
                 kind = "response.function_call_arguments.done"
-                self._event(out, kind, {"type": kind, **where, "arguments": args})
+                data = {"type": kind, **where, "name": item["name"], "arguments": args}
+                self._event(out, kind, data)
             call.done = True
             self._item_done(out, call.index, item)  # type: ignore[arg-type]
         self._open_calls = []
