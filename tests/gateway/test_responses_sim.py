@@ -10,6 +10,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -19,7 +20,7 @@ from prefixgate.record.segments import first_changed
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.upstream_sim import SimSettings, create_upstream_app
-from tests.conftest import ListRecorder, settled
+from tests.conftest import FIXTURE_ROOT, ListRecorder, settled
 from tests.fakes import RecordingUpstream
 
 BLOCK = 32
@@ -220,3 +221,34 @@ def test_a_passthrough_channel_sends_responses_as_they_came(stream):
     # B received a Responses request (it converted it): the namespace was A's to keep
     assert [t["function"]["name"] for t in sent["tools"]] == ["exec_command", "agents__wait"]
     assert a_rec.segments_in == a_rec.segments_out
+
+
+def _codex_capture(turn: int) -> tuple[dict, dict]:
+    """A request the real Codex CLI sent (``tests/fixtures/codex/``): headers and body."""
+    path = FIXTURE_ROOT / "codex" / f"0{turn}_v0.171.0_exec_turn{turn}.json"
+    capture = json.loads(path.read_text())
+    skip = {"host", "content-length", "authorization", "accept-encoding"}
+    headers = {k: v for k, v in capture["headers"].items() if k not in skip}
+    return headers, capture["body"]
+
+
+def test_the_captured_codex_turns_keep_their_prefix_byte_for_byte_and_hit():
+    """The two requests of a real ``codex exec`` conversation, as the CLI sent them: the
+    upstream gets turn 1's bytes at the head of turn 2's, turn 2 hits all of turn 1's full
+    blocks, and the Codex session names both records."""
+    with stack() as s, httpx.Client(base_url=s.url, timeout=60) as http:
+        for turn in (1, 2):
+            headers, body = _codex_capture(turn)
+            with http.stream("POST", "/v1/responses", headers=headers, json=body) as resp:
+                assert resp.status_code == 200, resp.read()
+                events = [line for line in resp.iter_lines() if line.startswith("event: ")]
+            assert events[0] == "event: response.created"
+            assert events[-1] == "event: response.completed"
+        one, two = s.records
+    raw1, raw2 = (e["raw"] for e in s.upstream.chats())  # complete once the servers are down
+    head = raw1[: raw1.index(b',"tools":')]
+    assert raw2.startswith(head[: head.rindex(b"]")])  # turn 1's messages, byte for byte
+    assert two.cached_tokens >= (one.prompt_tokens - 1) // BLOCK * BLOCK
+    session = body["prompt_cache_key"]
+    assert one.session_id == two.session_id == session
+    assert session.encode() not in raw1 + raw2

@@ -16,11 +16,10 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
@@ -49,26 +48,30 @@ class Stack:
 
 def forwarding_app(base: str):
     """An ASGI app that forwards every request to ``base`` (a real upstream) and streams
-    the answer back, so that a :class:`RecordingUpstream` can sit in front of it."""
-    client = httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(600, connect=10))
+    the answer back, so that a :class:`RecordingUpstream` can sit in front of it. A client
+    per request: closed with it, on the server thread's loop."""
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        up = client.build_request(
-            request.method,
-            scope["path"],
-            params=request.query_params,
-            content=await request.body(),
-            headers={"content-type": request.headers.get("content-type", "application/json")},
-        )
-        resp = await client.send(up, stream=True)
-        headers = {"content-type": resp.headers.get("content-type", "application/json")}
-        answer = StreamingResponse(
-            resp.aiter_raw(), resp.status_code, headers, background=BackgroundTask(resp.aclose)
-        )
-        await answer(scope, receive, send)
+        async with httpx.AsyncClient(
+            base_url=base, timeout=httpx.Timeout(600, connect=10)
+        ) as client:
+            up = client.build_request(
+                request.method,
+                scope["path"],
+                params=request.query_params,
+                content=await request.body(),
+                headers={"content-type": request.headers.get("content-type", "application/json")},
+            )
+            resp = await client.send(up, stream=True)
+            try:
+                headers = {"content-type": resp.headers.get("content-type", "application/json")}
+                answer = StreamingResponse(resp.aiter_raw(), resp.status_code, headers)
+                await answer(scope, receive, send)
+            finally:
+                await resp.aclose()
 
     return app
 
@@ -249,6 +252,7 @@ class TwoTurns:
     second: object
     records: list
     bodies: list[dict]
+    raws: list[bytes] = field(default_factory=list)  # the bodies' bytes
 
     @property
     def hit_rate(self) -> float:
@@ -268,9 +272,9 @@ def converse(make_cli, tmp_path: Path, vllm=None, *, first="say hi", second="and
         turns = TwoTurns(cli.run(first), cli.run(second, resume=True), [], [])
     recs = s.records(cli.endpoint)  # complete now that the stack is down
     turns.records = [r for r in recs if r.status == 200 and _has_tools(r)]
-    turns.bodies = [
-        e["body"] for e in s.upstream.chats() if e["status"] == 200 and e["body"].get("tools")
-    ]
+    sent = [e for e in s.upstream.chats() if e["status"] == 200 and e["body"].get("tools")]
+    turns.bodies = [e["body"] for e in sent]
+    turns.raws = [e["raw"] for e in sent]
     return turns
 
 
@@ -281,17 +285,30 @@ def _has_tools(rec) -> bool:
 def check_stable_prefix(turns: TwoTurns, *, volatile: tuple[str, ...], block: int, slack: int):
     """What the upstream received: two conversation requests, the same tools, turn 1's
     messages unchanged at the head of turn 2, none of the per-session or per-request
-    strings in ``volatile``; and turn 2 served from the cache for all of turn 1's full
+    strings in ``volatile`` in the prompt (request fields such as ``user`` are no tokens); and turn 2 served from the cache for all of turn 1's full
     blocks but ``slack`` of them (0 on the simulated vLLM, whose tokens are exact)."""
     assert len(turns.records) == 2, [(r.status, r.prompt_tokens) for r in turns.records]
     assert len(turns.bodies) == 2
     b1, b2 = turns.bodies
     assert b2["tools"] == b1["tools"]
     assert b2["messages"][: len(b1["messages"])] == b1["messages"]
+    # byte for byte: turn 2's body starts with turn 1's up to its last message's end
+    raw1, raw2 = (raw.decode() for raw in turns.raws)
+    assert raw2.startswith(_through_messages(raw1))
     for body in turns.bodies:
-        sent = json.dumps(body)
+        sent = json.dumps([body["messages"], body["tools"]])  # the prompt the engine caches
         for text in volatile:
             assert text not in sent, text
     p1, c2 = turns.records[0].prompt_tokens, turns.records[1].cached_tokens or 0
     assert c2 % block == 0
     assert c2 >= ((p1 - 1) // block - slack) * block, (p1, c2)
+
+
+def _through_messages(text: str) -> str:
+    """A JSON body's text from its start to the end of its last message (the ``messages``
+    array without its closing bracket)."""
+    key = '"messages":'
+    start = text.index(key) + len(key)
+    start += len(text[start:]) - len(text[start:].lstrip())
+    _, end = json.JSONDecoder().raw_decode(text, start)
+    return text[: end - 1]
