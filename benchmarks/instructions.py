@@ -34,6 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead as ov  # noqa: E402
+import overhead_ab as ab  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -49,7 +50,13 @@ CASES = [  # (endpoint, stream, store)
 
 
 def count(
-    case: tuple[str, bool, bool], n: int, src: Path | None, anth, chat, keep: Path | None = None
+    case: tuple[str, bool, bool],
+    n: int,
+    src: Path | None,
+    anth,
+    chat,
+    keep: Path | None = None,
+    sets: tuple[str, ...] = (),
 ) -> float:
     """Instructions per request of one case (``src``: the package sources to run)."""
     endpoint, stream, store = case
@@ -65,6 +72,8 @@ def count(
     if ((src or ROOT / "src") / "prefixgate" / "busypoll.py").exists():
         # No busy polling: its idle turns would be counted as the request's work.
         config["server"]["busy_poll_us"] = 0
+    for assignment in sets:
+        ab.apply_set(config, assignment)
     (work / "config.json").write_text(json.dumps(config))
     log = open(work / "valgrind.log", "w")  # noqa: SIM115
     gateway = subprocess.Popen(
@@ -144,6 +153,13 @@ def main() -> None:
         help="keep each case's callgrind.out in this folder (read with callgrind_annotate)",
     )
     ap.add_argument("--only", help="count only the cases whose name contains this")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=JSON",
+        help="a config setting for every gateway counted (e.g. store.journal_path=null)",
+    )
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -158,10 +174,14 @@ def main() -> None:
             if args.only and args.only not in name:
                 continue
             print(f"counting {name} …", file=sys.stderr, flush=True)
-            row = {"case": name, "instructions": count(case, args.n, None, anth, chat, args.keep)}
+            sets = tuple(args.set)
+            row = {
+                "case": name,
+                "instructions": count(case, args.n, None, anth, chat, args.keep, sets),
+            }
             if ref_tree is not None:
                 row["ref_instructions"] = count(
-                    case, args.n, ref_tree / "src", anth, chat, args.keep
+                    case, args.n, ref_tree / "src", anth, chat, args.keep, sets
                 )
             rows.append(row)
     finally:
