@@ -1,4 +1,5 @@
-"""Real peers for the end-to-end tests: a CPU vLLM server and the Claude Code CLI.
+"""Real peers for the end-to-end tests: a CPU vLLM server and the agent CLIs (Claude Code,
+the Codex CLI, opencode).
 
 All are installed once into a cache folder and reused by later runs:
 
