@@ -842,7 +842,9 @@ def test_request_over_the_connection_cap_times_out_after_connect_timeout():
                 elapsed, err = results[2]
                 assert isinstance(err, UpstreamTimeout), err
                 assert "connect" in err.message
-                assert 0.08 < elapsed < 0.4  # not the 0.5 s hold
+                # the connect timeout, not the hold: a wait for the hold would have ended in
+                # an answer, not this error
+                assert elapsed >= 0.09
                 # the pool is consistent afterwards: two idle, and both usable
                 assert pool_of(up).open_connections == 2
                 assert await asyncio.gather(fetch(up, srv.url, b"3"), fetch(up, srv.url, b"4"))
