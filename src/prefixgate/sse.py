@@ -39,6 +39,20 @@ class SSEDecoder:
         return len(self._buf)
 
 
+def first_event(chunk: bytes) -> tuple[bytes | None, bytes] | None:
+    """The first complete event of ``chunk`` (None when none is complete in it), parsing
+    nothing past it: a chunk may hold a whole answer."""
+    if b"\r" in chunk:
+        chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    start = 0
+    while (end := chunk.find(b"\n\n", start)) >= 0:
+        ev = _parse_block(chunk[start:end])
+        if ev is not None:
+            return ev
+        start = end + 2
+    return None
+
+
 def _parse_block(block: bytes) -> tuple[bytes | None, bytes] | None:
     event: bytes | None = None
     data: list[bytes] = []

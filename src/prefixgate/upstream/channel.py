@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from prefixgate.errors import GatewayError, UpstreamError
-from prefixgate.sse import SSEDecoder
+from prefixgate.sse import first_event
 from prefixgate.upstream.client import UpstreamResponse, map_status
 
 if TYPE_CHECKING:
@@ -86,22 +86,21 @@ async def check_answer(resp: UpstreamResponse, ch: ChannelConfig, *, stream: boo
 
 def _check_first_events(chunk: bytes, ch: ChannelConfig) -> None:
     """A stream's first event, when complete in its first chunk, must be a JSON object and
-    not an error. (Decoded again by the relay: a first chunk is a few hundred bytes.)"""
+    not an error. (Only the first event is decoded here; the relay decodes them all.)"""
     if ch.kind == "anthropic":
         return  # passed through as it comes; Anthropic's events carry their own types
-    for _, data in SSEDecoder().feed(chunk):
-        if data == b"[DONE]":
-            return
-        try:
-            obj = _decode(data)
-        except msgspec.DecodeError:
-            raise UpstreamError("upstream's first stream event is not JSON") from None
-        if not isinstance(obj, dict):
-            raise UpstreamError("upstream's first stream event is not a JSON object")
-        err = stream_error(obj, secret_of(ch))
-        if err is not None:
-            raise err
+    event = first_event(chunk)
+    if event is None or event[1] == b"[DONE]":
         return
+    try:
+        obj = _decode(event[1])
+    except msgspec.DecodeError:
+        raise UpstreamError("upstream's first stream event is not JSON") from None
+    if not isinstance(obj, dict):
+        raise UpstreamError("upstream's first stream event is not a JSON object")
+    err = stream_error(obj, secret_of(ch))
+    if err is not None:
+        raise err
 
 
 async def _read_json(resp: UpstreamResponse, first: bytes, idle: float) -> dict:
