@@ -73,9 +73,11 @@ def count(
         # No busy polling: its idle turns would be counted as the request's work.
         config["server"]["busy_poll_us"] = 0
     for assignment in sets:
-        if config.get(assignment.split(".", 1)[0]) is None:
+        path = assignment.partition("=")[0]
+        section = path.split(".", 1)[0]
+        if "." in path and section in config and config[section] is None:
             continue  # a case without that section (no store): nothing to set
-        ab.apply_set(config, assignment)
+        ab.apply_set(config, assignment, f"http://127.0.0.1:{up_port}")
     (work / "config.json").write_text(json.dumps(config))
     log = open(work / "valgrind.log", "w")  # noqa: SIM115
     gateway = subprocess.Popen(

@@ -47,19 +47,22 @@ def parse_case(text: str) -> tuple[str, bool, int, str]:
     return parts[0], parts[1] == "stream", conc, "fake"
 
 
-def apply_set(config: dict, assignment: str) -> None:
-    """``a.b.c=<json>`` into ``config`` (a value that is not JSON is taken as a string)."""
+def apply_set(config: dict, assignment: str, upstream: str = "") -> None:
+    """``a.b.c=<json>`` into ``config`` (a value that is not JSON is taken as a string; a
+    number in the path indexes a list; ``{upstream}`` in the value is the fake upstream's
+    URL, e.g. ``channels.0.replicas=["{upstream}/v1"]``)."""
     path, sep, value = assignment.partition("=")
     if not sep or not path:
         raise SystemExit(f"--set wants path=value, not {assignment!r}")
+    value = value.replace("{upstream}", upstream)
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError:
         parsed = value
-    keys = path.split(".")
+    keys = [int(k) if k.isdigit() else k for k in path.split(".")]
     node = config
     for key in keys[:-1]:
-        node = node.setdefault(key, {})
+        node = node[key] if isinstance(key, int) else node.setdefault(key, {})
     node[keys[-1]] = parsed
 
 
@@ -76,7 +79,7 @@ class Side:
         store = self.work if self.store else None
         config = ov.gateway_config(self.port, upstream, store, self.name)
         for assignment in self.sets:
-            apply_set(config, assignment)
+            apply_set(config, assignment, upstream)
         path = self.work / f"{self.name}.json"
         path.write_text(json.dumps(config))
         env = dict(os.environ)

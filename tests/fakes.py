@@ -107,6 +107,13 @@ class ScriptedUpstream:
         self.cancelled = 0
         self.model_ids: list[str] | None = None  # GET /v1/models: None answers 404
         self.model_listings = 0
+        # what the Anthropic-compatible route reports as usage
+        self.anthropic_usage = {
+            "input_tokens": 10,
+            "cache_read_input_tokens": 90,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": 3,
+        }
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -129,12 +136,7 @@ class ScriptedUpstream:
         self.requests.append(body)
         self.raw.append(raw)
         self.headers.append(dict(request.headers))
-        usage = {
-            "input_tokens": 10,
-            "cache_read_input_tokens": 90,
-            "cache_creation_input_tokens": 0,
-            "output_tokens": 3,
-        }
+        usage = dict(self.anthropic_usage)
         msg = {
             "id": "msg_up",
             "type": "message",
@@ -181,7 +183,7 @@ class ScriptedUpstream:
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {"output_tokens": 3},
+                    "usage": {"output_tokens": usage["output_tokens"]},
                 },
             )
             yield ev("message_stop", {"type": "message_stop"})

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from prefixgate.config import Config
 from prefixgate.errors import AuthenticationFailed, PermissionDenied
 from prefixgate.ratelimit import Limits
+from prefixgate.spend.budgets import Budget, BudgetSyntaxError, parse_budget
 
 log = logging.getLogger("prefixgate")
 
@@ -27,6 +28,7 @@ class Principal:
     models: tuple[str, ...] = ()
     capture_text: bool = False
     limits: Limits = Limits()
+    budgets: tuple[Budget, ...] = ()
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -54,6 +56,7 @@ class Authenticator:
 
     def __init__(self, config: Config) -> None:
         self._open = config.open_access
+        self._currency = config.prices.currency if config.prices is not None else "USD"
         self._by_digest = {
             k.digest(): Principal(
                 k.name,
@@ -61,6 +64,7 @@ class Authenticator:
                 tuple(k.models),
                 k.capture_text,
                 Limits(k.rpm, k.tpm, k.max_concurrency),
+                tuple(parse_budget(b, self._currency) for b in k.budgets),
             )
             for k in config.keys
         }
@@ -70,8 +74,19 @@ class Authenticator:
     def set_store_keys(self, rows) -> None:
         """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)."""
         self._from_store = {
-            r.digest: Principal(r.name, r.owner, tuple(r.models)) for r in rows if r.active
+            r.digest: Principal(r.name, r.owner, tuple(r.models), budgets=self._budgets(r))
+            for r in rows
+            if r.active
         }
+
+    def _budgets(self, row) -> tuple[Budget, ...]:
+        out = []
+        for text in row.budgets:
+            try:
+                out.append(parse_budget(text, self._currency))
+            except BudgetSyntaxError as exc:  # `keys create` checks; a hand-edited row may not
+                log.warning("key %r: budget ignored: %s", row.name, exc)
+        return tuple(out)
 
     async def refresh_from_store(
         self, dsn: str, interval: float = 5.0, timeouts: tuple[float, float] | None = None

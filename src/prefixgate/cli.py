@@ -313,11 +313,13 @@ def _register_subcommands() -> None:
     from prefixgate.commands.demo import demo
     from prefixgate.commands.doctor import doctor
     from prefixgate.commands.keys import keys
+    from prefixgate.commands.usage import usage
     from prefixgate.simulate.cli import simulate_command
 
     main.add_command(demo, "demo")
     main.add_command(doctor, "doctor")
     main.add_command(keys, "keys")
+    main.add_command(usage, "usage")
     main.add_command(simulate_command, "simulate")
     main.add_command(bench_command, "bench")
 

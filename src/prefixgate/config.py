@@ -11,16 +11,33 @@ import hashlib
 import os
 import ssl
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from prefixgate.events.endpoints import Endpoints, check_endpoint, subscriber_endpoints
 
 ThinkingMap = Literal["chat_template_kwargs", "reasoning_effort", "drop"]
-RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix"]
+RoutingPolicy = Literal["round_robin", "least_busy", "session", "prefix", "precise"]
 RenderOrder = Literal["tools_first", "system_first"]
+
+
+def _redis_url(v: str) -> str:
+    if not v.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("must be a redis:// or rediss:// URL")
+    return v
+
+
+RedisUrl = Annotated[str, AfterValidator(_redis_url)]
 
 
 def hash_key(key: str) -> str:
@@ -96,6 +113,8 @@ class KvEventsConfig(_Model):
     replicas: tuple[KvEventsEndpoint, ...] = ()
     block_size: int | None = Field(default=None, ge=1)  # None: the engines' own
     max_blocks: int = Field(default=200_000, ge=1)  # per replica and medium
+    # removals remembered (with their times) per replica and medium, for the miss ledger
+    history_blocks: int = Field(default=100_000, ge=1)
     stale_after: float = Field(default=30.0, gt=0)  # seconds
     replay_timeout: float = Field(default=2.0, gt=0)  # seconds
 
@@ -153,6 +172,11 @@ class ChannelConfig(_Model):
     # Whether the upstream's model takes images; false: a request holding one is refused
     # (400) before anything is sent.
     accepts_images: bool = True
+    # The engine's prompt, for the KV events and `routing: precise` (events/tokens.py): its
+    # chat template (a .jinja file or tokenizer_config.json; unset: the simulated upstream's
+    # format in render_order) and its tokenizer ("approx", or "hf:PATH" to tokenizer.json).
+    chat_template: str | None = None
+    tokenizer: str = "approx"
     capture_text: bool = False
     metrics_url: str | None = None
     # Replica choice (docs/routing.md). The thresholds are SGLang cache_aware's defaults.
@@ -162,7 +186,7 @@ class ChannelConfig(_Model):
     routing_balance_abs: int = Field(default=64, ge=0)
     routing_balance_rel: float = Field(default=1.5, ge=1.0)
     routing_lru_blocks: int = Field(default=65536, ge=1)  # per replica
-    routing_shared: str | None = None  # redis://host:6379/0: share the routing state
+    routing_shared: RedisUrl | None = None  # redis://host:6379/0: share the routing state
     routing_shared_ttl: float = Field(default=3600.0, gt=0)
     health_check_interval: float | None = Field(default=None, gt=0)  # None: no active probe
     health_path: str = "/health"
@@ -173,13 +197,25 @@ class ChannelConfig(_Model):
     def _kv_events(self) -> ChannelConfig:
         if self.kv_events is not None:
             self.kv_events.endpoints_for(self.urls())
+        elif self.routing == "precise":
+            raise ValueError("routing: precise needs kv_events (the engines' KV-cache events)")
         return self
 
-    @field_validator("routing_shared")
+    @field_validator("tokenizer")
     @classmethod
-    def _redis_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("routing_shared must be a redis:// or rediss:// URL")
+    def _tokenizer(cls, v: str) -> str:
+        kind, sep, path = v.partition(":")
+        if v != "approx" and not (kind == "hf" and sep and path):
+            raise ValueError("tokenizer must be 'approx' or 'hf:PATH' (a tokenizer.json)")
+        if kind == "hf" and not Path(path).exists():
+            raise ValueError(f"tokenizer: no such file: {path}")
+        return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"chat_template: no such file: {v}")
         return v
 
     @field_validator("base_url")
@@ -222,6 +258,7 @@ class KeyConfig(_Model):
     rpm: int | None = Field(default=None, ge=1)  # requests per minute
     tpm: int | None = Field(default=None, ge=1)  # prompt + completion tokens per minute
     max_concurrency: int | None = Field(default=None, ge=1)  # requests in flight
+    budgets: tuple[str, ...] = ()  # "2M tokens/day", "50 USD/month" (spend/budgets.py)
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyConfig:
@@ -245,6 +282,9 @@ class StoreConfig(_Model):
     dsn: str = "sqlite:///prefixgate.db"
     retention_days: float | None = None
     capture_segments: bool = True
+    # The miss ledger of each request (ledger/: where its prompt tokens went), computed
+    # after the request, off its path, into the ``ledgers`` table.
+    ledger: bool = True
     # The record journal (record/journal.py): a directory where each record is appended as
     # its answer completes, until the store has it; each process writes its own slot in
     # it. null: no journal (records wait for the store in memory; a crash loses them).
@@ -324,6 +364,61 @@ class DashboardConfig(_Model):
     secure_cookie: bool | None = None
 
 
+class PriceConfig(_Model):
+    """One price, in the table's currency per million tokens. ``cache_write`` (tokens an
+    upstream reports written to its cache, as Anthropic's API does) costs ``input`` when
+    not given."""
+
+    input: float = Field(ge=0)
+    cached_input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
+
+
+class PricesConfig(_Model):
+    """Prices by the model the client asked for, and by channel (a channel's price covers
+    every model it serves and wins over the model's). A request without a price has no
+    cost (spend/prices.py)."""
+
+    currency: str = Field(default="USD", pattern=r"^[A-Za-z]{2,8}$")
+    models: dict[str, PriceConfig] = Field(default_factory=dict)
+    channels: dict[str, PriceConfig] = Field(default_factory=dict)
+
+
+class BudgetsConfig(_Model):
+    """Budgets per owner (keys carry their own, ``keys[].budgets``) and how they are kept:
+    ``shared`` (redis://…) shares them between gateways, as ``rate_limits_shared`` does
+    (the default); without either each gateway keeps its own. A request is charged
+    ``output_estimate`` output tokens (or its ``max_tokens``, when lower) before it goes
+    upstream; a hold a gateway never settled (it died) lapses after ``hold_seconds``."""
+
+    owners: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    shared: RedisUrl | None = None
+    output_estimate: int = Field(default=1024, ge=0)
+    hold_seconds: float = Field(default=3600.0, gt=0)
+
+
+class TelemetryConfig(_Model):
+    """OpenTelemetry export (telemetry.py): one span per request, OTLP over HTTP/protobuf
+    to ``otlp_endpoint`` (the full URL, ``…/v1/traces``). Headers (an Authorization) come
+    from the environment variable ``headers_env`` as ``name=value,name=value``, never from
+    this file. ``sample_ratio`` of the traces are kept (a client's ``traceparent`` decides
+    for its own)."""
+
+    otlp_endpoint: str
+    headers_env: str | None = None
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    service_name: str = "prefixgate"
+    timeout: float = Field(default=5.0, gt=0)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("otlp_endpoint must be an http:// or https:// URL")
+        return v
+
+
 class Config(_Model):
     server: ServerConfig = ServerConfig()
     channels: tuple[ChannelConfig, ...]
@@ -336,6 +431,9 @@ class Config(_Model):
     embedded_upstream: bool = False  # start the simulated upstream in-process
     store_keys: bool = False  # also accept keys managed in the store (`prefixgate keys create`)
     rate_limits_shared: str | None = None  # redis://… : limits shared by several gateways
+    prices: PricesConfig | None = None  # cost per request (spend/prices.py)
+    budgets: BudgetsConfig = BudgetsConfig()
+    telemetry: TelemetryConfig | None = None  # OpenTelemetry export, off by default
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -346,7 +444,12 @@ class Config(_Model):
             raise ValueError("at least one channel is needed")
         if self.store_keys and self.store is None:
             raise ValueError("store_keys needs a store")
+        _check_spend(self)
         return self
+
+    @property
+    def budgets_shared(self) -> str | None:
+        return self.budgets.shared or self.rate_limits_shared
 
     @property
     def open_access(self) -> bool:
@@ -359,6 +462,38 @@ class Config(_Model):
         if self.admin_key_env and os.environ.get(self.admin_key_env):
             return hash_key(os.environ[self.admin_key_env])
         return None
+
+
+def _check_spend(config: Config) -> None:
+    """Prices for models no channel serves or channels that do not exist, and budgets that
+    do not parse, are errors at start, not surprises on a bill."""
+    from prefixgate.spend.budgets import BudgetSyntaxError, parse_budget
+
+    prices = config.prices
+    if prices is not None:
+        names = {c.name for c in config.channels}
+        for ch in prices.channels:
+            if ch not in names:
+                raise ValueError(
+                    f"prices.channels.{ch}: no such channel (channels: {', '.join(sorted(names))})"
+                )
+        for model in prices.models:
+            if not any(c.serves(model) for c in config.channels):
+                served = sorted({m for c in config.channels for m in (*c.models, *c.model_map)})
+                raise ValueError(
+                    f"prices.models.{model}: no channel serves model {model!r} "
+                    f"(served: {', '.join(served)})"
+                )
+    currency = prices.currency if prices is not None else "USD"
+    lines = [(f"keys[{k.name}].budgets", b) for k in config.keys for b in k.budgets]
+    lines += [(f"budgets.owners.{o}", b) for o, bs in config.budgets.owners.items() for b in bs]
+    for where, text in lines:
+        try:
+            budget = parse_budget(text, currency)
+        except BudgetSyntaxError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if budget.money and prices is None:
+            raise ValueError(f"{where}: budget {text!r} is money: it needs a price table (prices:)")
 
 
 class ConfigError(Exception):

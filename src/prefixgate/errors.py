@@ -80,6 +80,19 @@ class RateLimited(GatewayError):
         self.retry_after = retry_after
 
 
+class BudgetExceeded(GatewayError):
+    """A key's or its owner's budget is spent for its window: 429, as Anthropic's
+    ``rate_limit_error`` and OpenAI's ``insufficient_quota``. ``retry_after`` is when the
+    window ends; the answer tells SDKs not to retry (``x-should-retry: false``)."""
+
+    status = 429
+    kind = "insufficient_quota"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class UpstreamError(GatewayError):
     """The upstream failed. ``retryable`` errors may fail over to another channel when no
     byte has been sent to the client yet."""

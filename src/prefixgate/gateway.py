@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,6 +19,7 @@ from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.errors import GatewayError, NotFound, UpstreamError
+from prefixgate.events.tokens import EngineTokens
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.metrics import GatewayMetrics
 from prefixgate.pipeline import steps
@@ -27,8 +29,13 @@ from prefixgate.protocol.common import decode_body
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
 from prefixgate.routing.channels import ChannelRouter, Target
+from prefixgate.spend.keeper import BudgetKeeper
+from prefixgate.spend.prices import PriceTable
 from prefixgate.upstream import Upstream
 from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
+
+if TYPE_CHECKING:
+    from prefixgate.events.hub import EngineEvents
 
 log = logging.getLogger("prefixgate")
 
@@ -36,6 +43,12 @@ log = logging.getLogger("prefixgate")
 class _NullRecorder:
     def submit(self, record: Record) -> None:
         pass
+
+
+class _NullLedger:
+    def feed(self, record: Record, request: dict | None, then=None) -> None:
+        if then is not None:
+            then(None)  # no ledger for anyone waiting for one
 
 
 class Gateway:
@@ -49,16 +62,30 @@ class Gateway:
         recorder=None,
         capture: Callable[..., None] | None = None,
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
+        events: EngineEvents | None = None,
     ) -> None:
         self.config = config
         self.auth = Authenticator(config)
         self.upstream = upstream or Upstream()
-        self.router = ChannelRouter(config.channels, transport=self.upstream)
+        # The engine's token ids of a channel's request (events/tokens.py), per session.
+        self.engine_tokens = EngineTokens(config.channels)
+        self.events = events  # the engines' KV events (events/hub.py), or None
+        self.router = ChannelRouter(
+            config.channels, transport=self.upstream, events=events, tokens=self.engine_tokens
+        )
         self.recorder = recorder or _NullRecorder()
+        self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
         self.metrics = GatewayMetrics(recorder)
+        if events is not None:
+            from prefixgate.events.metrics import EventsCollector
+
+            self.metrics.registry.register(EventsCollector(events))
         self.capture = capture
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)
+        self.prices = PriceTable.from_config(config.prices) if config.prices else None
+        self.budgets = BudgetKeeper(config, self.prices) if _has_budgets(config) else None
+        self.telemetry = None  # telemetry.Telemetry when config.telemetry (started by the app)
         self.failures = LogThrottle(log, interval=10.0)
         self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
         self._model_lists: dict[str, tuple[float, list[str]]] = {}  # channel -> (until, ids)
@@ -195,6 +222,11 @@ class Gateway:
             self.capture(*args)
         except Exception:  # the capture must never break the request path
             log.exception("segment capture failed (request %s)", request_id)
+
+
+def _has_budgets(config: Config) -> bool:
+    """Budgets in the config, or keys in the store (which may carry their own)."""
+    return bool(config.store_keys or config.budgets.owners or any(k.budgets for k in config.keys))
 
 
 def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:

@@ -126,8 +126,9 @@ async def _replay(base_url: str, sessions, concurrency: int, progress) -> None:
 
 
 def run_phase(
-    name: str, strip: bool, dsn: str, sessions, concurrency: int, progress
+    name: str, strip: bool, dsn: str, sessions, concurrency: int, progress, extra=None
 ) -> PhaseResult:
+    """One phase's traffic through a gateway (``extra``: more of its config, e.g. prices)."""
     settings = SimSettings(
         block_size=BLOCK,
         render_order="tools_first",
@@ -150,6 +151,7 @@ def run_phase(
                     }
                 ],
                 "store": {"dsn": dsn},
+                **(extra or {}),
             }
         )
         t0 = time.time()

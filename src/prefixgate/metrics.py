@@ -2,6 +2,11 @@
 
 Fed from each finished record, so the metrics and the store can never disagree; the
 writer's own counters are read at scrape time.
+
+Labels whose values come from callers (the model and client a request names, the key and
+owner) are bounded: the first :data:`LABEL_CAPS` values of each keep their own series,
+later ones are counted under ``other``, so a flood of made-up model names cannot grow the
+registry without end.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prefixgate.record import Record
 
 LABELS = ("channel", "entry", "model", "client")
+SPEND_LABELS = ("key", "owner", "model")
+LABEL_CAPS = {"model": 50, "client": 50, "key": 500, "owner": 100}
+OTHER = "other"
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
 
@@ -43,6 +51,26 @@ class _WriterCollector:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
+
+
+class LabelCap:
+    """At most ``caps[label]`` distinct values per label; the values after them are
+    :data:`OTHER`."""
+
+    def __init__(self, caps: dict[str, int]) -> None:
+        self.caps = caps
+        self._seen: dict[str, set[str]] = {name: set() for name in caps}
+
+    def __call__(self, label: str, value: str | None) -> str:
+        if value is None:
+            return "-"
+        seen = self._seen[label]
+        if value in seen:
+            return value
+        if len(seen) >= self.caps[label]:
+            return OTHER
+        seen.add(value)
+        return value
 
 
 class GatewayMetrics:
@@ -90,10 +118,37 @@ class GatewayMetrics:
             ("channel", "error"),
             registry=r,
         )
+        self.spend_tokens = Counter(
+            "prefixgate_spend_tokens",
+            "Upstream tokens per key, owner and model, by kind: fresh, cached and written"
+            " input, output.",
+            (*SPEND_LABELS, "kind"),
+            registry=r,
+        )
+        self.spend_cost = Counter(
+            "prefixgate_spend_cost",
+            "Cost per key, owner and model, in the price table's currency.",
+            SPEND_LABELS,
+            registry=r,
+        )
+        self.spend_saved = Counter(
+            "prefixgate_spend_cost_saved",
+            "What cache hits saved per key, owner and model, in the price table's currency.",
+            SPEND_LABELS,
+            registry=r,
+        )
+        self.cap = LabelCap(LABEL_CAPS)
         self.retries = Counter(
             "prefixgate_failovers",
             "Attempts that failed over to another target.",
             ("entry",),
+            registry=r,
+        )
+        self.route_source = Counter(
+            "prefixgate_route_source",
+            "Routing decisions by where the replicas' cache state came from (events, "
+            "estimate, events+estimate).",
+            ("channel", "source"),
             registry=r,
         )
         self._totals: dict[tuple, list[int]] = {}
@@ -113,16 +168,15 @@ class GatewayMetrics:
         return child
 
     def observe(self, rec: Record) -> None:
-        labels = (
-            rec.channel or "-",
-            rec.endpoint or "-",
-            rec.requested_model or "-",
-            rec.client or "-",
-        )
+        cap = self.cap
+        model = cap("model", rec.requested_model)
+        labels = (rec.channel or "-", rec.endpoint or "-", model, cap("client", rec.client))
         child = self._child
         child(self.requests, *labels, str(rec.status)).inc()
         if rec.retries:
             child(self.retries, labels[1]).inc(rec.retries)
+        if rec.route_source is not None:
+            child(self.route_source, labels[0], rec.route_source).inc()
         if rec.error_type and rec.status >= 500:
             child(self.upstream_errors, labels[0], rec.error_type).inc()
         if rec.prompt_tokens:
@@ -135,10 +189,29 @@ class GatewayMetrics:
             child(self.hit_rate, *labels).set(tot[1] / tot[0])
         if rec.completion_tokens:
             child(self.completion, *labels).inc(rec.completion_tokens)
+        if rec.prompt_tokens or rec.completion_tokens:
+            self._spend(rec, (cap("key", rec.key_name), cap("owner", rec.key_owner), model))
         if rec.latency_ms is not None:
             child(self.latency, labels[0], labels[1]).observe(rec.latency_ms / 1000)
         if rec.ttft_ms is not None:
             child(self.ttft, labels[0], labels[1]).observe(rec.ttft_ms / 1000)
+
+    def _spend(self, rec: Record, who: tuple[str, str, str]) -> None:
+        child = self._child
+        cached = rec.cached_tokens or 0
+        written = rec.cache_creation_tokens or 0
+        fresh = max(0, (rec.prompt_tokens or 0) - cached - written)
+        for kind, n in (
+            ("fresh", fresh),
+            ("cached", cached),
+            ("cache_write", written),
+            ("output", rec.completion_tokens or 0),
+        ):
+            if n:
+                child(self.spend_tokens, *who, kind).inc(n)
+        if rec.cost_nano is not None:
+            child(self.spend_cost, *who).inc(rec.cost_nano / 1e9)
+            child(self.spend_saved, *who).inc((rec.cost_saved_nano or 0) / 1e9)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -20,6 +20,7 @@ class Usage:
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None  # of the completion, when the upstream says
+    cache_creation_tokens: int | None = None  # reported by Anthropic-style upstreams only
 
     @classmethod
     def from_openai(cls, usage: object) -> Usage:

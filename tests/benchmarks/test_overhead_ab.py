@@ -43,6 +43,17 @@ def test_cases_and_settings_parse() -> None:
     }
     with pytest.raises(SystemExit):
         ab.apply_set(config, "no-equals-sign")
+    config = {"channels": [{"name": "fake", "base_url": "http://u:1/v1"}]}
+    ab.apply_set(config, 'channels.0.replicas=["{upstream}/v1"]', "http://u:1")
+    ab.apply_set(config, "channels.0.routing=precise")
+    assert config["channels"] == [
+        {
+            "name": "fake",
+            "base_url": "http://u:1/v1",
+            "replicas": ["http://u:1/v1"],
+            "routing": "precise",
+        }  # fmt: skip
+    ]
 
 
 def test_two_settings_side_by_side() -> None:

@@ -98,6 +98,16 @@ def vllm_agent(vllm_python, agent_model, say) -> Iterator[harness.VllmServer]:
 
 
 @pytest.fixture(scope="session")
+def vllm_kv_events_b(vllm_python, tiny_model, say) -> Iterator[tuple[harness.VllmServer, dict]]:
+    """A second vLLM like ``vllm_kv_events`` (its own event addresses, the same small KV
+    cache): two replicas of one channel."""
+    events = harness.kv_events_config()
+    extra = harness.kv_events_args(events, harness.KV_EVENTS_BLOCKS)
+    for server in _serve(vllm_python, tiny_model, say, "vllm-kv-events-b", extra_args=extra):
+        yield server, events
+
+
+@pytest.fixture(scope="session")
 def claude_exe(say) -> harness.Path:
     _skip_if_asked()
     return harness.ensure_claude_code(say)

@@ -56,6 +56,9 @@ def full_record(i: int, **over) -> Record:
         latency_ms=1534.25,
         ttft_ms=212.5,
         retries=2,
+        cache_creation_tokens=512 + i,
+        cost_nano=123_456_789 + i,
+        cost_saved_nano=98_765 + i,
         segments_in=seg_in,
         segments_out=seg_out,
     )
@@ -84,16 +87,37 @@ def test_migrate_from_scratch_is_idempotent(store: Store, dsn: str) -> None:
     assert store.count() == 0
 
 
+def _write_v1(store, record: Record) -> None:
+    """A record as a version-1 gateway wrote it: only the columns migration 1 made."""
+    n = len(schema.SCALAR_COLUMNS) + len(schema.SEGMENT_COLUMNS)
+    kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS)
+    pairs = [
+        (c, v)
+        for c, v in zip(schema.COLUMNS[:n], schema.record_row(record)[:n], strict=True)
+        if c not in schema._ADDED_LATER
+    ]
+    marks = ", ".join(store._param(kinds[c]) for c, _ in pairs)
+    with store._transaction(exclusive=True) as cur:
+        cur.execute(
+            f"INSERT INTO requests ({', '.join(c for c, _ in pairs)}) VALUES ({marks})",
+            [v for _, v in pairs],
+        )
+
+
 def test_migrate_from_version_1_keeps_data(store: Store, dsn: str) -> None:
     assert store.migrate(target=1) == 1
-    store.write_batch([full_record(0)])
+    _write_v1(store, full_record(0))
     assert store.migrate() == schema.LATEST_VERSION
     assert store.migrate() == schema.LATEST_VERSION
-    assert [r.request_id for r in store.iter_records()] == ["req-0"]
+    [back] = store.iter_records()
+    assert back.request_id == "req-0" and back.cost_nano is None
+    assert back.route_source is None
+    store.write_batch([full_record(1, route_source="events")])
+    assert [r.route_source for r in store.iter_records()] == [None, "events"]
     # a second process opening the migrated database finds nothing to do
     with open_store(dsn) as other:
         assert other.migrate() == schema.LATEST_VERSION
-        assert other.count() == 1
+        assert other.count() == 2
 
 
 def test_migrate_refuses_unknown_target(store: Store) -> None:

@@ -191,3 +191,61 @@ def test_pages_and_static_files(dashboard):
         assert "https://" not in r.text
     assert httpx.get(f"{dashboard}/dashboard/static/../server.py").status_code == 404
     assert httpx.get(f"{dashboard}/dashboard/static/nope.js").status_code == 404
+
+
+def test_usage_groups_cost_by_owner(tmp_path):
+    from prefixgate.config import parse_config
+    from prefixgate.record import Record
+    from prefixgate.serve.app import create_app
+    from prefixgate.serve.process import ServerThread
+    from prefixgate.spend.prices import PriceTable
+
+    prices = {"models": {"m": {"input": 1.0, "cached_input": 0.1, "output": 4.0}}}
+    config = parse_config(
+        {
+            "channels": [{"name": "c", "base_url": "http://127.0.0.1:9/v1", "models": ["m"]}],
+            "store": {"dsn": f"sqlite:///{tmp_path}/u.db", "journal_path": str(tmp_path / "j")},
+            "prices": prices,
+        }
+    )
+    table = PriceTable.from_config(config.prices)
+    recs = []
+    for i, (key, owner) in enumerate([("a", "t1"), ("b", "t1"), ("c", "t2")]):
+        r = Record(request_id=f"r{i}", received_at=1e9 + i, key_name=key, key_owner=owner)
+        r.requested_model, r.channel, r.status, r.endpoint = "m", "c", 200, "chat"
+        r.prompt_tokens, r.cached_tokens, r.completion_tokens = 1000, 500 * i, 10
+        table.charge(r)
+        recs.append(r)
+    with open_store(config.store.dsn) as store:
+        store.migrate()
+        store.write_batch(recs)
+    with ServerThread(create_app(config)) as srv:
+        d = get(srv.url, "usage", by="owner")
+        bad = httpx.get(f"{srv.url}/dashboard/api/usage", params={"by": "colour"})
+    rows = {r["group"]: r for r in d["rows"]}
+    assert rows["t1"]["requests"] == 2 and rows["t2"]["requests"] == 1
+    assert rows["t1"]["cost_nano"] == recs[0].cost_nano + recs[1].cost_nano
+    assert d["total"]["saved_nano"] == sum(r.cost_saved_nano for r in recs)
+    assert d["currency"] == "USD"
+    assert bad.status_code == 400 and "cannot group by 'colour'" in bad.json()["error"]
+
+
+def test_every_demo_request_has_a_ledger(dashboard, demo_stores):
+    """The demo's gateway has no engine events: its ledgers come from the cache model."""
+    recs = records(demo_stores.incident)
+    for r in recs:
+        ledger = get(dashboard, f"requests/{r.request_id}")["ledger"]
+        assert ledger["source"] == "model"
+        assert sum(ledger["parts"].values()) == r.prompt_tokens
+        assert ledger["hit"] == (r.cached_tokens or 0)
+    changed = [
+        get(dashboard, f"requests/{r.request_id}")["ledger"]
+        for r in recs
+        if r.endpoint == "messages"
+    ]
+    # Claude Code's billing header changes the system prompt every turn
+    assert sum(x["prefix_changed"] for x in changed) > 0
+    assert {x["changed_segment"] for x in changed if x["prefix_changed"]} == {"messages[0]:system"}
+    o = get(dashboard, "overview")["ledger"]
+    assert o["sources"] == {"model": len(recs)}
+    assert sum(o["totals"].values()) == sum(r.prompt_tokens for r in recs)

@@ -223,3 +223,37 @@ def test_login_through_the_form_and_logout(browser, tmp_path, demo_stores):
         p.errors = [e for e in p.errors if "401" not in e]  # the login page itself
         pg.close()
         assert p.errors == []
+
+
+def test_usage_page_tables_requests_and_cost_by_group(page):
+    page.open("/usage?by=client")
+    pg = page.page
+    pg.wait_for_selector("#usage table.data tbody tr.total")
+    groups = pg.locator("#usage table.data tbody tr td:first-child").all_inner_texts()
+    assert groups == ["claude-cli", "opencode", "total"] or groups == [
+        "opencode",
+        "claude-cli",
+        "total",
+    ]
+    assert pg.locator(".kpi").count() == 5
+    pg.locator('[data-by="model"]').click()
+    until(pg, lambda: "by=model" in pg.url)
+    until(pg, lambda: pg.locator("#usage h2").inner_text() == "By model")
+    page.shot("usage")
+
+
+def test_the_miss_ledger_on_the_request_page_and_the_overview(page):
+    page.open("/requests?endpoint=messages")
+    pg = page.page
+    rows = pg.locator("table.log tbody tr")
+    rows.first.wait_for()
+    rows.nth(0).click()
+    pg.wait_for_selector("#ledger-bar span")
+    causes = pg.eval_on_selector_all("#ledger-bar span", "els => els.map(e => e.dataset.cause)")
+    assert "prefix_changed" in causes  # the billing header changes at token 0, every turn
+    assert "source: model" in pg.locator("#ledger").inner_text()
+    page.shot("request-ledger")
+    page.open("")
+    pg.wait_for_selector("#chart-ledger rect.bar")
+    assert "prefix changed" in pg.locator("#ledger-totals").inner_text()
+    page.shot("overview-ledger")

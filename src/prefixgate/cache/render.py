@@ -29,6 +29,7 @@ __all__ = [
     "canonical_json",
     "content_text",
     "render_tokens",
+    "vllm_messages",
 ]
 
 Message = dict[str, Any]
@@ -120,17 +121,37 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        tools_text = f"<|tools|>{canonical_json(list(tools))}<|end|>\n" if tools else ""
+        texts = [self._message(m) for m in messages]
+        return self.assemble(self.tools_text(tools), messages, texts, add_generation_prompt)
+
+    def tools_text(self, tools: Sequence[dict[str, Any]] | None) -> str:
+        """The tools' part of the prompt."""
+        return f"<|tools|>{canonical_json(list(tools))}<|end|>\n" if tools else ""
+
+    def message_text(self, msg: Message) -> str:
+        """One message's part of the prompt (the same wherever the message stands)."""
+        return self._message(msg)
+
+    def assemble(
+        self,
+        tools_text: str,
+        messages: Sequence[Message],
+        texts: Sequence[str],
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt from its parts: :meth:`tools_text` and each message's
+        :meth:`message_text`, in the renderer's order (callers that keep the parts of a
+        previous request render only what changed)."""
         n_lead = 0
         while n_lead < len(messages) and messages[n_lead].get("role") in _LEADING_ROLES:
             n_lead += 1
         parts: list[str] = []
         if self.order == "tools_first":
             parts.append(tools_text)
-        parts.extend(self._message(m) for m in messages[:n_lead])
+        parts.extend(texts[:n_lead])
         if self.order == "system_first":
             parts.append(tools_text)
-        parts.extend(self._message(m) for m in messages[n_lead:])
+        parts.extend(texts[n_lead:])
         if add_generation_prompt:
             parts.append("<|assistant|>\n")
         return "".join(parts)
@@ -256,6 +277,59 @@ class JinjaChatTemplate:
 
     def __repr__(self) -> str:
         return f"JinjaChatTemplate({len(self.source)} chars)"
+
+
+def vllm_messages(messages: Sequence[dict]) -> list[dict]:
+    """Messages as vLLM hands them to a chat template ("string" content format): text
+    parts joined by newlines, ``reasoning`` also as ``reasoning_content``, and tool-call
+    arguments decoded from their JSON string (an object; ``{}`` when not one)."""
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(
+                str(p.get("text", "")) if isinstance(p, dict) else str(p)
+                for p in content
+                if isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text")
+            )
+        elif content is None:
+            content = ""
+        msg: dict[str, Any] = {"role": m.get("role"), "content": content}
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list) and calls:
+            msg["tool_calls"] = [_call(c) for c in calls]
+        if m.get("role") == "assistant" and m.get("reasoning") is not None:
+            msg["reasoning"] = msg["reasoning_content"] = m["reasoning"]
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _call(call: Any) -> Any:
+    """A tool call as vLLM's request model leaves it: its keys in the order of OpenAI's
+    typed dicts (``id, function, type``; ``arguments, name``: a template's ``tojson``
+    shows that order), the arguments decoded."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    args = call["function"].get("arguments")
+    if isinstance(args, str) and args:
+        try:
+            args = json.loads(args)
+        except ValueError:
+            args = None
+    fn = _in_order(call["function"], ("arguments", "name"))
+    fn["arguments"] = args if isinstance(args, dict) else {}
+    return {**_in_order(call, ("id", "function", "type")), "function": fn}
+
+
+def _in_order(d: dict, keys: tuple[str, ...]) -> dict:
+    out = {k: d[k] for k in keys if k in d}
+    out.update((k, v) for k, v in d.items() if k not in out)
+    return out
 
 
 def render_tokens(

@@ -110,6 +110,22 @@ class HFTokenizer:
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def encode_tail(self, text: str, start: int = 0) -> tuple[list[int], list[int]]:
+        """The ids of ``text[start:]`` and, per id, the end of its span in ``text``
+        (characters): the tail of a prompt whose head is already tokenized."""
+        enc = self._tok.encode(text[start:], add_special_tokens=False)
+        return list(enc.ids), [start + e for _, e in enc.offsets]
+
+    def hard_boundaries(self) -> list[int]:
+        """Ids of the added tokens the tokenizer splits its input at, whatever surrounds
+        them (matched on the raw text, no whitespace stripped): the text before and after
+        one tokenize independently, so a prompt can be tokenized piecewise at them."""
+        return [
+            i
+            for i, t in self._tok.get_added_tokens_decoder().items()
+            if not (t.lstrip or t.rstrip or t.normalized or t.single_word)
+        ]
+
     def __repr__(self) -> str:
         return f"HFTokenizer(name={self.name!r})"
 

@@ -6,6 +6,25 @@ import click
 
 from prefixgate.config import ConfigError, load_config
 
+_store_opts = [
+    click.option(
+        "--store", "store_dsn", default=None, help="Store DSN (default sqlite:///prefixgate.db)."
+    ),
+    click.option(
+        "--config",
+        "config_path",
+        type=click.Path(exists=True, dir_okay=False),
+        help="Take the store (and the price table) from this config.",
+    ),
+]
+
+
+def with_store(f):
+    """The ``--store`` and ``--config`` options of a command that reads the store."""
+    for opt in reversed(_store_opts):
+        f = opt(f)
+    return f
+
 
 def config_of(config_path: str | None):
     if not config_path:

@@ -45,6 +45,9 @@ def doctor(store_dsn, config_path, since, until, metrics_url, engine_log, as_jso
         window = {k: parse_time(v) for k, v in (("since", since), ("until", until)) if v}
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    d = diagnose(store_dsn, metrics_urls=metrics_url, engine_log=engine_log, **window)
+    policies = {c.name: c.routing for c in config.channels} if config is not None else None
+    d = diagnose(
+        store_dsn, metrics_urls=metrics_url, engine_log=engine_log, policies=policies, **window
+    )
     click.echo(to_json(d, indent=2) if as_json else render_text(d))
     sys.exit(exit_code(d))

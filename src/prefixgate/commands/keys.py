@@ -9,6 +9,7 @@ import sys
 import click
 
 from prefixgate.commands.common import config_of, store_dsn_of
+from prefixgate.commands.common import with_store as _with_store
 
 
 @click.group()
@@ -24,82 +25,135 @@ def _key_store(store_dsn: str | None, config_path: str | None):
     return store
 
 
-_store_opts = [
-    click.option(
-        "--store", "store_dsn", default=None, help="Store DSN (default sqlite:///prefixgate.db)."
-    ),
-    click.option(
-        "--config",
-        "config_path",
-        type=click.Path(exists=True, dir_okay=False),
-        help="Take the store from this config.",
-    ),
-]
-
-
-def _with_store(f):
-    for opt in reversed(_store_opts):
-        f = opt(f)
-    return f
-
-
 @keys.command("create")
 @click.argument("name")
 @click.option("--owner", default=None, help="Who the key belongs to (a team, a person).")
 @click.option(
     "--models", default="", help="Allowed models, comma-separated (default: every model)."
 )
+@click.option(
+    "--budget",
+    "budgets",
+    multiple=True,
+    help="A budget, '<amount> <unit>/<period>': '2M tokens/day', '50 USD/month' (repeatable).",
+)
 @click.option("--prefix", default="pg-", show_default=True)
 @_with_store
-def keys_create(name, owner, models, prefix, store_dsn, config_path) -> None:
+def keys_create(name, owner, models, budgets, prefix, store_dsn, config_path) -> None:
     """Create an API key in the store and print it ONCE; only its digest is kept. The
     gateway accepts store keys when its config has `store_keys: true`."""
     from prefixgate.store import StoreError
 
     key = prefix + secrets.token_urlsafe(32)
     allowed = tuple(m.strip() for m in models.split(",") if m.strip())
+    lines = _checked_budgets(budgets, config_path)
     with _key_store(store_dsn, config_path) as store:
         try:
-            store.create_key(name, owner, hashlib.sha256(key.encode()).hexdigest(), allowed)
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            store.create_key(name, owner, digest, allowed, lines)
         except StoreError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(key)
     click.echo(f"created key {name!r} (shown once; only its digest is stored)", err=True)
 
 
+def _currency(config) -> str:
+    return config.prices.currency if config is not None and config.prices else "USD"
+
+
+def _checked_budgets(lines, config_path) -> tuple[str, ...]:
+    from prefixgate.spend.budgets import BudgetSyntaxError, parse_budget
+
+    currency = _currency(config_of(config_path))
+    for text in lines:
+        try:
+            parse_budget(text, currency)
+        except BudgetSyntaxError as exc:
+            raise click.BadParameter(str(exc), param_hint="--budget") from None
+    return tuple(t.strip() for t in lines)
+
+
+@keys.command("budget")
+@click.argument("name")
+@click.argument("budgets", nargs=-1)
+@_with_store
+def keys_budget(name, budgets, store_dsn, config_path) -> None:
+    """Set a store key's budgets (none given: no budget); gateways apply them within
+    seconds. E.g. `prefixgate keys budget alice "2M tokens/day" "50 USD/month"`."""
+    lines = _checked_budgets(budgets, config_path)
+    with _key_store(store_dsn, config_path) as store:
+        if not store.set_key_budgets(name, lines):
+            raise click.ClickException(f"no active key named {name!r}")
+    click.echo(f"{name!r}: " + ("; ".join(lines) if lines else "no budget"))
+
+
 @keys.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @_with_store
 def keys_list(as_json, store_dsn, config_path) -> None:
-    """List the store's keys (names, owners, models, digests' first characters)."""
+    """List the keys (names, owners, models, digests' first characters) and what is left
+    of their budgets and their owners'. With --config, the config's keys too, and the
+    budgets' use read from the shared ledger when the gateways share one (in-flight holds
+    included), else from the store's records."""
     import json
+    import time
 
+    from prefixgate.spend.budgets import parse_budget
+    from prefixgate.spend.prices import fmt_money
+    from prefixgate.spend.standing import standing
+
+    config = config_of(config_path)
+    currency = _currency(config)
     with _key_store(store_dsn, config_path) as store:
-        rows = store.list_keys()
+        rows = [("store", r) for r in store.list_keys()]
+        rows += [("config", k) for k in (config.keys if config is not None else ())]
+        budgets = {}
+        for _, r in rows:
+            budgets[("key", r.name)] = tuple(parse_budget(b, currency) for b in r.budgets)
+        for owner, lines in config.budgets.owners.items() if config is not None else ():
+            budgets[("owner", owner)] = tuple(parse_budget(b, currency) for b in lines)
+        shared = config.budgets_shared if config is not None else None
+        left = standing(store, budgets, currency, time.time(), shared)
+
+    def money_or_tokens(b, n) -> str | int:
+        return fmt_money(n, 6) if b.money else n
+
+    def budget_view(who) -> list[dict]:
+        return [
+            {"budget": b.text, "used": money_or_tokens(b, u), "left": money_or_tokens(b, lf)}
+            for b, u, lf in left.get(who, ())
+        ]
+
     if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "name": r.name,
-                        "owner": r.owner,
-                        "models": list(r.models),
-                        "digest_prefix": r.digest[:12],
-                        "created_at": r.created_at,
-                        "revoked_at": r.revoked_at,
-                    }
-                    for r in rows
-                ],
-                indent=2,
-            )
-        )
+        out = []
+        for source, r in rows:
+            item = {"name": r.name, "source": source, "owner": r.owner, "models": list(r.models)}
+            if source == "store":
+                item.update(
+                    digest_prefix=r.digest[:12], created_at=r.created_at, revoked_at=r.revoked_at
+                )
+            item["budgets"] = budget_view(("key", r.name))
+            item["owner_budgets"] = budget_view(("owner", r.owner)) if r.owner else []
+            out.append(item)
+        click.echo(json.dumps(out, indent=2))
         return
-    for r in rows:
-        state = "revoked" if r.revoked_at else "active"
+    for source, r in rows:
+        state = "revoked" if getattr(r, "revoked_at", None) else "active"
         models = ",".join(r.models) or "*"
-        click.echo(
-            f"{r.name:20} {state:8} owner={r.owner or '-':12} models={models:20} sha256={r.digest[:12]}…"
+        digest = (
+            r.digest()[:12]
+            if source == "config" and r.key_sha256
+            else (r.digest[:12] if source == "store" else "(env)")
         )
+        click.echo(
+            f"{r.name:20} {state:8} owner={r.owner or '-':12} models={models:20} "
+            f"sha256={digest}… ({source})"
+        )
+        for scope, who in (("key", r.name), ("owner", r.owner)):
+            for item in budget_view((scope, who)) if who else ():
+                click.echo(
+                    f"    {scope:5} {item['budget']:22} used {item['used']}  left {item['left']}"
+                )
 
 
 @keys.command("revoke")

@@ -5,7 +5,8 @@
 3. segments: which prompt segment breaks the prefix, where, what varies, which cause;
 4. predict: the fix, replayed through the cache model, with a calibration figure;
 5. control: a healthy slice on the same upstream, proof that the upstream works;
-6. upstream health (metrics, engine log), cache report off, usage semantics.
+6. upstream health (metrics, engine log), cache report off, usage semantics;
+7. the miss ledgers: capacity, routing, the host tier's real contents, calibration.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prefixgate.doctor import distribution as dist_mod
+from prefixgate.doctor import ledger as ledger_mod
 from prefixgate.doctor import predict as pred_mod
 from prefixgate.doctor import segments as seg_mod
 from prefixgate.doctor import slices as slice_mod
@@ -57,12 +59,14 @@ def diagnose(
     metrics_urls: Sequence[str] = (),
     engine_log: str | Path | None = None,
     metrics_snapshots: MetricsInput = None,
+    policies: dict[str, str] | None = None,
 ) -> Diagnosis:
     """Diagnose the records in ``store_dsn`` received in ``[since, until)``.
 
     ``metrics_snapshots``: Prometheus texts of the upstream(s), each a string or a
     ``(source, text)`` pair; several of one source are read as first/last (deltas).
-    ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file."""
+    ``metrics_urls`` are fetched once each; ``engine_log`` is a vLLM log file;
+    ``policies`` each channel's routing policy (what the routing finding improves on)."""
     with open_store(store_dsn) as store:
         d = Diagnosis(
             store=_safe_dsn(store_dsn),
@@ -80,7 +84,8 @@ def diagnose(
             d.notes.append("the store is empty (no schema): nothing recorded yet")
         else:
             _records(d, store, since, until, block_hint)
-    if not d.findings:
+            _ledgers(d, store, since, until, policies)
+    if all(f.kind == "calibration" for f in d.findings):
         d.findings.append(
             Finding(
                 "no_problem",
@@ -177,6 +182,18 @@ def _records(
     u = usage_check.check(store, since, until)
     if u:
         d.findings.append(u)
+
+
+def _ledgers(
+    d: Diagnosis, store: Store, since: float | None, until: float | None, policies
+) -> None:
+    found, host_seen = ledger_mod.findings(store, since, until, policies)
+    if host_seen:  # the engines' events showed the host tier: no guessing from counters
+        guessed = [f for f in d.findings if f.kind == "l2_write_only"]
+        d.findings = [f for f in d.findings if f not in guessed]
+        if guessed:
+            d.notes.append("host tier judged from the engines' KV events, not from counters")
+    d.findings.extend(found)
 
 
 def _overlaps(a: slice_mod.Slice, b: slice_mod.Slice, cells: list[slice_mod.Cell]) -> bool:

@@ -59,7 +59,7 @@ class EngineEvents:
             kv = ch.kv_events
             if kv is None:
                 continue
-            index = EventIndex(kv.max_blocks, kv.block_size)
+            index = EventIndex(kv.max_blocks, kv.block_size, kv.history_blocks)
             events = self.channels[ch.name] = ChannelEvents(ch.name, index)
             for url, endpoints in kv.endpoints_for(ch.urls()).items():
                 events.subscribers[url] = Subscriber(

@@ -18,7 +18,9 @@ Per replica, :class:`ReplicaIndex` keeps
 
 Memory is bounded: at most ``max_blocks`` keys per medium and twice that in the hash map,
 each an LRU (a store refreshes an entry, so does a lookup that matched it); what the caps
-push out is counted in ``dropped``. Blocks whose hash mixed in more than tokens (a LoRA, a
+push out is counted in ``dropped``. Each replica also keeps a :class:`~.history.BlockHistory`
+(when each block was stored, the recent removals: :meth:`ReplicaIndex.blocks_at` answers
+for a past time, which the miss ledger needs). Blocks whose hash mixed in more than tokens (a LoRA, a
 multimodal item, a ``cache_salt``) get keys no plain token sequence produces: they are
 indexed but never predicted for a request without them. Only the first KV-cache group
 (``group_idx`` 0 or absent: full attention) is indexed; events of other groups are counted
@@ -27,20 +29,24 @@ in ``skipped_group_blocks``.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from operator import indexOf
 
 import msgspec
 
 from prefixgate.cache.blocks import DIGEST_SIZE, Tokens, hash_blocks
 
+from .history import BlockAt, BlockHistory
 from .wire import GPU_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 __all__ = ["GPU", "EventIndex", "IndexCounters", "PrefixHit", "ReplicaIndex", "content_keys"]
 
 GPU = GPU_MEDIUM
+_HELD = BlockAt(True, False, None)
 ContentKey = bytes
 _EXTRA = msgspec.msgpack.Encoder()
 
@@ -84,15 +90,22 @@ class IndexCounters:
 class ReplicaIndex:
     """The blocks one replica's engine holds, per medium; fed with decoded events."""
 
-    def __init__(self, max_blocks: int = 200_000, block_size: int | None = None) -> None:
+    def __init__(
+        self,
+        max_blocks: int = 200_000,
+        block_size: int | None = None,
+        history: BlockHistory | None = None,
+    ) -> None:
         if max_blocks < 1:
             raise ValueError("max_blocks must be >= 1")
         self.max_blocks = max_blocks
         self.block_size = block_size
         self.block_size_error: str | None = None
         self.counters = IndexCounters()
+        self.history = BlockHistory() if history is None else history
         self._by_hash: OrderedDict[Hashable, ContentKey] = OrderedDict()
         self._media: dict[str, OrderedDict[ContentKey, int]] = {}
+        self._now = 0.0  # when the batch being applied arrived (wall clock)
 
     # -- queries --------------------------------------------------------------------------
 
@@ -117,11 +130,10 @@ class ReplicaIndex:
         matched entries in the LRU (a hit keeps a block, as in the engine)."""
         runs: dict[str, int] = {}
         for name, resident in self._media.items():
-            n = 0
-            for k in keys:
-                if k not in resident:
-                    break
-                n += 1
+            try:  # the first key not resident, found without a Python-level loop
+                n = indexOf(map(resident.__contains__, keys), False)
+            except ValueError:
+                n = len(keys)
             runs[name] = n
             if touch:
                 move = resident.move_to_end
@@ -134,16 +146,56 @@ class ReplicaIndex:
                 n += 1
         return PrefixHit(n, runs)
 
+    def blocks_at(self, keys: Sequence[ContentKey], t: float) -> list[BlockAt]:
+        """Each of ``keys`` as it was at ``t`` (wall clock): resident on the GPU, in a host
+        tier, and its latest removal known. Ask only when ``history.covers(t)``."""
+        hist = self.history
+        empty: dict[ContentKey, int] = {}
+        names = {*self._media, *hist.media}
+        if names <= {GPU}:  # the common case, one medium: no call for a block held since
+            resident = self._media.get(GPU, empty)
+            since = hist.stored_times(GPU)
+            kept = _HELD
+            out = []
+            for k in keys:
+                if k in resident:
+                    at = since.get(k)
+                    if at is None or at <= t:
+                        out.append(kept)
+                        continue
+                held, gone = hist.at(GPU, k, t, k in resident)
+                out.append(BlockAt(held, False, gone))
+            return out
+        media = [(m, self._media.get(m, empty)) for m in names]
+        out = []
+        for k in keys:
+            gpu = host = False
+            removed_at = None
+            for name, resident in media:
+                held, gone = hist.at(name, k, t, k in resident)
+                if held:
+                    if name == GPU:
+                        gpu = True
+                    else:
+                        host = True
+                if gone is not None and (removed_at is None or gone > removed_at):
+                    removed_at = gone
+            out.append(BlockAt(gpu, host, removed_at))
+        return out
+
     # -- updates --------------------------------------------------------------------------
 
-    def apply(self, events: Iterable[Event]) -> None:
-        """Apply decoded events in order."""
+    def apply(self, events: Iterable[Event], now: float | None = None) -> None:
+        """Apply decoded events in order, as arrived at ``now`` (default: the wall clock)."""
+        self._now = now = time.time() if now is None else now
+        self.history.begin(now)
         for ev in events:
             if isinstance(ev, BlockStored):
                 self._store(ev)
             elif isinstance(ev, BlockRemoved):
                 self._remove(ev)
             elif isinstance(ev, AllBlocksCleared):
+                self.history.cleared(self._media, now)
                 self.clear()
                 self.counters.clears += 1
 
@@ -173,15 +225,18 @@ class ReplicaIndex:
             found = [self._by_hash.get(h) for h in hashes]
             keys = [k for k in found if k is not None]
             c.orphan_blocks += len(found) - len(keys)
-        resident = self._media.get(ev.medium or GPU)
+        medium = ev.medium or GPU
+        resident = self._media.get(medium)
         if resident is None:
-            resident = self._media[ev.medium or GPU] = OrderedDict()
+            resident = self._media[medium] = OrderedDict()
         for k in keys:
             resident[k] = resident.get(k, 0) + 1
             resident.move_to_end(k)
         c.stored_blocks += len(keys)
+        self.history.stored(medium, keys, self._now)
         while len(resident) > self.max_blocks:
-            resident.popitem(last=False)
+            k, _ = resident.popitem(last=False)
+            self.history.dropped(medium, k)
             c.dropped += 1
 
     def _keys_from_tokens(self, ev: BlockStored) -> list[ContentKey] | None:
@@ -222,7 +277,8 @@ class ReplicaIndex:
         if ev.group_idx:
             c.skipped_group_blocks += len(ev.block_hashes)
             return
-        resident = self._media.get(ev.medium or GPU)
+        medium = ev.medium or GPU
+        resident = self._media.get(medium)
         by_hash = self._by_hash
         for h in ev.block_hashes:
             k = by_hash.get(h)
@@ -235,6 +291,7 @@ class ReplicaIndex:
                 resident[k] = count - 1  # type: ignore[index]
                 continue
             del resident[k]  # type: ignore[arg-type]
+            self.history.removed(medium, k, self._now)  # type: ignore[arg-type]
             if not any(k in r for r in self._media.values()):
                 del by_hash[h]
 
@@ -253,8 +310,14 @@ def _extras(ev: BlockStored) -> list[object] | None:
 class EventIndex:
     """The replicas of one channel: a :class:`ReplicaIndex` each, one block size."""
 
-    def __init__(self, max_blocks: int = 200_000, block_size: int | None = None) -> None:
+    def __init__(
+        self,
+        max_blocks: int = 200_000,
+        block_size: int | None = None,
+        history_blocks: int = 100_000,
+    ) -> None:
         self.max_blocks = max_blocks
+        self.history_blocks = history_blocks
         self._block_size = block_size
         self._replicas: dict[str, ReplicaIndex] = {}
 
@@ -266,22 +329,26 @@ class EventIndex:
     def replica(self, name: str) -> ReplicaIndex:
         r = self._replicas.get(name)
         if r is None:
-            r = self._replicas[name] = ReplicaIndex(self.max_blocks, self._block_size)
+            history = BlockHistory(self.history_blocks)
+            r = self._replicas[name] = ReplicaIndex(self.max_blocks, self._block_size, history)
         return r
 
     def replicas(self) -> dict[str, ReplicaIndex]:
         return dict(self._replicas)
 
-    def apply(self, replica: str, events: Iterable[Event]) -> None:
+    def apply(self, replica: str, events: Iterable[Event], now: float | None = None) -> None:
         r = self.replica(replica)
         if r.block_size is None:
             r.block_size = self._block_size
-        r.apply(events)
+        r.apply(events, now)
         if self._block_size is None and r.block_size is not None:
             self._block_size = r.block_size
 
     def clear(self, replica: str) -> None:
-        self.replica(replica).clear()
+        """Forget a replica's blocks and their history (the stream was lost)."""
+        r = self.replica(replica)
+        r.clear()
+        r.history.reset()
 
     def longest_prefix(
         self, replica: str, keys: Sequence[ContentKey], *, touch: bool = True

@@ -187,6 +187,9 @@ class Subscriber:
     async def _serve(self) -> None:
         if self.endpoints.replay is not None:
             await self._replay(0)  # what the engine cached before we listened
+        # From now on every batch reaches the index: its history answers for this time on
+        # (an idle engine publishes nothing, and has nothing cached since).
+        self.index.replica(self.replica).history.begin(time.time())
         self.ready.set()
         assert self._sock is not None
         while True:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
     from prefixgate.gateway import Gateway
     from prefixgate.routing.channels import Target
+    from prefixgate.spend.keeper import Hold
     from prefixgate.upstream import UpstreamResponse
     from prefixgate.usage import Usage
 
@@ -72,6 +73,8 @@ class Exchange:
         "data",
         "upstream",
         "first",
+        "hold",
+        "reply_headers",
     )
 
     def __init__(self, gateway: Gateway, request: Request, endpoint: Endpoint) -> None:
@@ -101,6 +104,8 @@ class Exchange:
         self.data = b""  # ``out`` encoded
         self.upstream: UpstreamResponse | None = None  # open once ``send`` succeeded
         self.first: Any = None  # the first body chunk (a stream) or the JSON object
+        self.hold: Hold | None = None  # what the request holds of its budgets until finish()
+        self.reply_headers: dict[str, str] | None = None  # on every answer (the budget's)
 
     @property
     def channel(self) -> ChannelConfig:
@@ -109,8 +114,12 @@ class Exchange:
 
     # -- answers ---------------------------------------------------------------------------
     def id_headers(self) -> dict[str, str]:
-        """The header that names this request's record, on every answer."""
-        return {self.endpoint.request_id_header: self.record.request_id}
+        """The header that names this request's record, and what is left of its budgets,
+        on every answer."""
+        h = {self.endpoint.request_id_header: self.record.request_id}
+        if self.reply_headers:
+            h.update(self.reply_headers)
+        return h
 
     def fail(self, err: GatewayError) -> Response:
         """Answer ``err`` in the client's protocol and finish the record with it."""
@@ -119,9 +128,9 @@ class Exchange:
         return error_response(err, self.endpoint.error_bytes, self.id_headers())
 
     def finish(self, usage: Usage | None = None) -> None:
-        """Close the record, once: timings, usage, the rate limiter's slot, the in-flight
-        count of the replica, metrics, and the writer. A record still without a status was
-        left by its client."""
+        """Close the record, once: timings, usage, its cost, the rate limiter's slot and the
+        budgets' hold, the in-flight count of the replica, metrics, the writer and the
+        trace. A record still without a status was left by its client."""
         rec = self.record
         if rec.done_at is not None:
             return
@@ -140,11 +149,21 @@ class Exchange:
             rec.prompt_tokens = usage.prompt_tokens
             rec.cached_tokens = usage.cached_tokens
             rec.completion_tokens = usage.completion_tokens
+            rec.cache_creation_tokens = usage.cache_creation_tokens
         try:
+            if gw.prices is not None:
+                gw.prices.charge(rec)
             if self.admitted:
                 gw.limits_done(self.principal, rec)
+            if self.hold is not None:
+                gw.budgets.settle(self.hold, rec)
             gw.metrics.observe(rec)
             gw.recorder.submit(rec)
+            # The ledger is computed later, off the request path; the span waits for it.
+            span = None
+            if gw.telemetry is not None:
+                span = gw.telemetry.exporter_of(rec, self.request.headers.get("traceparent"))
+            gw.ledger.feed(rec, self.out, span)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
 

@@ -185,6 +185,7 @@ def _anthropic_usage(obj: dict, usage: Usage) -> None:
     if isinstance(u.get("input_tokens"), int):
         usage.prompt_tokens = u["input_tokens"] + cached + created
         usage.cached_tokens = cached
+        usage.cache_creation_tokens = created
     if isinstance(u.get("output_tokens"), int):
         usage.completion_tokens = u["output_tokens"]
 

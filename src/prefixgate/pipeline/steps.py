@@ -13,7 +13,7 @@ import msgspec
 
 from prefixgate import hygiene as hygiene_steps
 from prefixgate.convert.request import ConvertOptions, convert
-from prefixgate.errors import NotFound, RequestTooLarge, UpstreamError
+from prefixgate.errors import BudgetExceeded, NotFound, RequestTooLarge, UpstreamError
 from prefixgate.identify import session_of_chat, session_of_messages
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import openai as openai_proto
@@ -80,6 +80,21 @@ async def admit(x: Exchange) -> None:
     if principal.limits.any:
         await gw.limiter.admit(principal.name, principal.limits)
         x.admitted = True
+
+
+async def budget(x: Exchange) -> None:
+    """The key's and its owner's budgets (tokens or money per day, week or month) have room:
+    the request's estimate is held on each until it is settled with its real usage in
+    ``finish``; 429 when one is spent. Every answer says what is left."""
+    keeper = x.gateway.budgets
+    if keeper is not None:
+        try:
+            x.hold, x.reply_headers = await keeper.reserve(
+                x.record.request_id, x.principal, len(x.raw), x.body, x.body["model"]
+            )
+        except BudgetExceeded:
+            x.reply_headers = {"x-should-retry": "false"}  # until the window renews
+            raise
 
 
 async def plan(x: Exchange) -> None:
@@ -192,6 +207,7 @@ async def send(x: Exchange) -> None:
     streaming), so that an upstream that fails before any content can be failed over."""
     gw, target, rec, ch = x.gateway, x.target, x.record, x.channel
     rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, x.out["model"]
+    rec.route_source = target.source
     gw.router.acquire(target, rec.request_id)  # in flight until finish()
     upstream = gw.upstream
     try:

@@ -16,6 +16,7 @@ _ERROR_TYPES = {
     "permission_error": ("permission_error", 403),
     "not_found_error": ("not_found_error", 404),
     "rate_limit_error": ("rate_limit_error", 429),
+    "insufficient_quota": ("rate_limit_error", 429),  # a budget spent (spend/)
     "timeout_error": ("api_error", 504),
     "overloaded_error": ("overloaded_error", 529),
     "api_error": ("api_error", 500),

@@ -17,6 +17,7 @@ _ERROR_TYPES = {
     "permission_error": ("permission_error", "model_not_allowed"),
     "not_found_error": ("not_found_error", "model_not_found"),
     "rate_limit_error": ("rate_limit_error", "rate_limit_exceeded"),
+    "insufficient_quota": ("insufficient_quota", "insufficient_quota"),
     "timeout_error": ("timeout_error", "upstream_timeout"),
     "overloaded_error": ("server_error", "overloaded"),
     "api_error": ("server_error", None),

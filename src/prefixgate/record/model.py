@@ -43,6 +43,9 @@ class Record(msgspec.Struct, kw_only=True):
     upstream_model: str | None = None
     channel: str | None = None
     replica: str | None = None
+    # where the routing policy's view of the replicas' caches came from: "events" (the
+    # engines' KV events), "estimate" (the gateway's own), "events+estimate"; None: no view
+    route_source: str | None = None
     stream: bool = False
     status: int = 0
     error_type: str | None = None
@@ -50,6 +53,11 @@ class Record(msgspec.Struct, kw_only=True):
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    cache_creation_tokens: int | None = None  # cache writes, where an upstream reports them
+    # what it cost (spend/prices.py), in nanos (1e-9) of the price table's currency; None
+    # without a price or without usage
+    cost_nano: int | None = None
+    cost_saved_nano: int | None = None  # what the cached tokens saved against fresh input
     # usage as shown to the client (Anthropic semantics on /v1/messages)
     reported_input_tokens: int | None = None
     reported_cache_read_tokens: int | None = None

@@ -3,8 +3,15 @@
 Channels serving the model are tried by priority (highest first). Within one priority the
 order is weighted rendezvous hashing on the request's affinity key (its session). Within a
 channel the replicas are ordered by the channel's ``routing`` policy (``policies.py``):
-``session`` (the default), ``round_robin``, ``least_busy`` or ``prefix``. Requests without
-a key draw a random one.
+``session`` (the default), ``round_robin``, ``least_busy``, ``prefix`` or ``precise``.
+Requests without a key draw a random one.
+
+``precise`` scores each replica by the prefix its engine reports holding (the KV events'
+index, :mod:`prefixgate.events`; the prompt's content keys from
+:mod:`prefixgate.events.tokens`, cached per session); a replica whose events are stale or
+absent is scored by the ``prefix`` estimate instead (an LRU fed with the same keys), and
+the target says which (``Target.source``: ``events``, ``estimate``, ``events+estimate``),
+which the record keeps as ``route_source``.
 
 Health: a replica that failed is ejected for a cool-down (passive); a replica whose health
 probe fails is down until a probe succeeds (active, ``health.py``). Unhealthy replicas are
@@ -19,6 +26,7 @@ through Redis (``shared.py``).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -26,10 +34,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prefixgate.config import ChannelConfig
+from prefixgate.logthrottle import LogThrottle
 
 from .health import HealthChecker
 
 if TYPE_CHECKING:
+    from prefixgate.events.hub import EngineEvents
+    from prefixgate.events.tokens import EngineTokens
     from prefixgate.upstream.transport import Transport
 from .policies import (
     Balance,
@@ -38,6 +49,7 @@ from .policies import (
     order_prefix,
     order_round_robin,
     order_session,
+    precise_score,
     rendezvous,
 )
 from .prefix import BlockLRU, PromptBlocks, prompt_blocks
@@ -48,12 +60,17 @@ __all__ = ["ChannelRouter", "PromptOf", "Target"]
 # The OpenAI chat request (messages, tools) a channel would receive; for ``prefix``.
 PromptOf = Callable[[ChannelConfig], dict]
 
+log = logging.getLogger("prefixgate")
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
     channel: ChannelConfig
     base_url: str
     blocks: PromptBlocks | None = field(default=None, compare=False, repr=False)
+    # Where the policy's knowledge of the replicas' caches came from (the record's
+    # route_source): "events", "estimate", "events+estimate"; None for policies without.
+    source: str | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -77,8 +94,13 @@ class ChannelRouter:
         gateway_id: str | None = None,
         shared_namespace: str = "prefixgate:routing",
         transport: Transport | None = None,
+        events: EngineEvents | None = None,
+        tokens: EngineTokens | None = None,
     ) -> None:
         self.channels = channels
+        self.events = events  # the engines' KV events (``precise``), or None
+        self.tokens = tokens  # the engine's token ids of a request (``precise``)
+        self._failures = LogThrottle(log, interval=60.0)
         self.cooldown = cooldown
         self._ejected: dict[str, float] = {}  # base_url -> until (monotonic)
         self._down: set[str] = set()  # base_urls whose health probe failed
@@ -148,15 +170,59 @@ class ChannelRouter:
             urls = [u for u in all_urls if self.healthy(u)]
             down = [u for u in all_urls if u not in urls] if len(urls) < len(all_urls) else []
             blocks: PromptBlocks | None = None
+            matched: dict[str, float] | None = None
+            source: str | None = None
             if ch.routing == "prefix" and prompt is not None:
                 blocks = prompt_blocks(prompt(ch), ch.routing_block_size, ch.render_order)
-            ordered = await self._order(ch, urls, key, blocks)
-            healthy += [Target(ch, u, blocks) for u in ordered]
-            unhealthy += [Target(ch, u, blocks) for u in order_session(down, key)]
+                source = "estimate"
+            elif ch.routing == "precise" and prompt is not None and len(urls) > 1:
+                blocks, matched, source = self._precise(ch, urls, prompt(ch), affinity)
+            ordered = await self._order(ch, urls, key, blocks, matched)
+            healthy += [Target(ch, u, blocks, source) for u in ordered]
+            unhealthy += [Target(ch, u, blocks, source) for u in order_session(down, key)]
         return healthy + unhealthy
 
+    def _precise(
+        self, ch: ChannelConfig, urls: list[str], request: dict, session: str | None
+    ) -> tuple[PromptBlocks, dict[str, float] | None, str]:
+        """The prompt's content keys at the engines' block size and each replica's score:
+        from its events when they are usable, else from the estimate (the LRU of the keys
+        sent there). Without a block size yet or without tokens: the ``prefix`` estimate."""
+        events, tokens = self.events, self.tokens
+        size = events.block_size(ch.name) if events is not None else None
+        keys = None
+        if size is not None and tokens is not None:
+            from prefixgate.events.tokens import EngineTokensError
+
+            try:
+                keys = tokens.content_keys(ch, request, size, session=session)[1]
+            except EngineTokensError as err:
+                self._failures.warning(ch.name, "routing: precise on %s: %s", ch.name, err)
+        if keys is None:
+            blocks = prompt_blocks(request, ch.routing_block_size, ch.render_order)
+            return blocks, None, "estimate"
+        matched: dict[str, float] = {}
+        from_events = 0
+        for u in urls:
+            hit = events.longest_prefix(ch.name, u, keys, touch=False)  # type: ignore[union-attr]
+            if hit is None:
+                matched[u] = self._lru_of(ch, u).match(keys)
+            else:
+                matched[u] = precise_score(hit.gpu, hit.blocks)
+                from_events += 1
+        if from_events == len(urls):
+            source = "events"
+        else:
+            source = "events+estimate" if from_events else "estimate"
+        return PromptBlocks(tuple(keys), size), matched, source  # type: ignore[arg-type]
+
     async def _order(
-        self, ch: ChannelConfig, urls: list[str], key: str, blocks: PromptBlocks | None
+        self,
+        ch: ChannelConfig,
+        urls: list[str],
+        key: str,
+        blocks: PromptBlocks | None,
+        matched: dict[str, float] | None = None,
     ) -> list[str]:
         if len(urls) <= 1:
             return urls
@@ -167,10 +233,15 @@ class ChannelRouter:
             self._turn[ch.name] = turn + 1
             return order_round_robin(urls, turn)
         hashes = blocks.hashes if blocks is not None else ()
-        replicas = [
-            Replica(u, self._inflight.get(u, 0), self._lru_of(ch, u).match(hashes) if hashes else 0)
-            for u in urls
-        ]
+        if matched is not None:
+            replicas = [Replica(u, self._inflight.get(u, 0), matched[u]) for u in urls]
+        else:
+            replicas = [
+                Replica(
+                    u, self._inflight.get(u, 0), self._lru_of(ch, u).match(hashes) if hashes else 0
+                )
+                for u in urls
+            ]
         shared = self._shared.get(ch.routing_shared or "")
         if shared is not None:
             view = await shared.view(ch.name, urls, hashes if ch.routing == "prefix" else ())
@@ -200,10 +271,12 @@ class ChannelRouter:
         shared = self._shared.get(ch.routing_shared or "")
         if shared is not None:
             shared.set_inflight(url, n)
-        if target.blocks is not None and ch.routing == "prefix":
+        if target.blocks is not None and ch.routing in ("prefix", "precise"):
             self._lru_of(ch, url).add(target.blocks.hashes)
-            if shared is not None:
+            if shared is not None and ch.routing == "prefix":
                 shared.add_blocks(ch.name, url, target.blocks.hashes, ch.routing_lru_blocks)
+        if self.events is not None:
+            self.events.note_request(ch.name, url)  # its engine should publish soon
 
     def release(self, lease: str) -> None:
         """The request is finished (or its attempt failed). Idempotent."""

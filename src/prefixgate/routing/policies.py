@@ -1,4 +1,4 @@
-"""Replica choice within one channel: four policies as pure functions of a state.
+"""Replica choice within one channel: five policies as pure functions of a state.
 
 Each policy orders the replicas of a channel: the first is the choice, the rest the
 failover order. No I/O and no clocks here; the router gathers the state (in-flight counts,
@@ -14,6 +14,9 @@ hand-made state.
   else, if the best replica's matched share of the prompt's blocks reaches
   ``match_threshold``, the best match (ties: least busy, then rendezvous); else the least
   busy.
+- ``precise``: ``prefix``'s rule on what the engines report holding (their KV events):
+  the match is :func:`precise_score`, the GPU prefix in full and blocks only in a host
+  tier at :data:`HOST_BLOCK_WEIGHT` (they are copied back, not recomputed, but not free).
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ __all__ = [
     "order_prefix",
     "order_round_robin",
     "order_session",
+    "precise_score",
     "rendezvous",
 ]
 
-POLICIES = ("round_robin", "least_busy", "session", "prefix")
+POLICIES = ("round_robin", "least_busy", "session", "prefix", "precise")
+
+# What a leading block held only in a host tier (CPU memory) is worth against one on GPU.
+HOST_BLOCK_WEIGHT = 0.5
 
 
 def rendezvous(key: str, member: str, weight: int = 1) -> float:
@@ -53,7 +60,7 @@ class Replica:
 
     url: str
     inflight: int = 0
-    matched: int = 0  # leading prompt blocks estimated to be cached there
+    matched: float = 0  # leading prompt blocks cached there (estimated, or a precise score)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,12 @@ def imbalanced(loads: Sequence[int], balance: Balance) -> bool:
         return False
     hi, lo = max(loads), min(loads)
     return hi - lo > balance.abs and hi > balance.rel * lo
+
+
+def precise_score(gpu: int, blocks: int) -> float:
+    """A replica's match from its engine's index: ``gpu`` leading blocks on GPU, ``blocks``
+    leading blocks held in some medium (the GPU run continued from a host tier)."""
+    return gpu + HOST_BLOCK_WEIGHT * max(0, blocks - gpu)
 
 
 def order_session(urls: Sequence[str], key: str) -> list[str]:

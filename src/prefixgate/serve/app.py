@@ -28,13 +28,29 @@ log = logging.getLogger("prefixgate")
 def create_app(
     config: Config, *, recorder=None, upstream=None, capture=None, token_counter=None
 ) -> Starlette:
-    gateway = Gateway(
-        config, upstream=upstream, recorder=recorder, capture=capture, token_counter=token_counter
-    )
     events = _engine_events(config)
+    gateway = Gateway(
+        config,
+        upstream=upstream,
+        recorder=recorder,
+        capture=capture,
+        token_counter=token_counter,
+        events=events,
+    )
+    ledger = _ledger(config, gateway, events)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        """``ok`` for anyone; with ``?details`` (and the admin key) also the state of each
+        replica's KV-event stream. Events never make the gateway unhealthy: a stale stream
+        only makes routing fall back."""
+        if "details" not in request.query_params:
+            return JSONResponse({"status": "ok"})
+        try:
+            gateway.auth.check_admin(request.headers)
+        except GatewayError as err:
+            return error_response(err, openai_proto.error_bytes)
+        kv = events.statuses() if events is not None else []
+        return JSONResponse({"status": "ok", "details": {"kv_events": kv}})
 
     async def metrics(request: Request) -> Response:
         try:
@@ -70,8 +86,16 @@ def create_app(
         await gateway.router.start()  # active health checks, shared routing state
         if events is not None:
             await events.start()  # the engines' KV events (opens in the background)
+        if ledger is not None:
+            await ledger.start()
         tasks = []
         store = config.store
+        if gateway.budgets is not None and store is not None:
+            await _seed_budgets(gateway.budgets, store)
+        if config.telemetry is not None:
+            from prefixgate.telemetry import Telemetry
+
+            gateway.telemetry = Telemetry(config.telemetry, config.channels)
         if store is not None and store.retention_days:
             tasks.append(asyncio.create_task(_prune_forever(store, store.retention_days)))
         if store is not None and config.store_keys:
@@ -87,6 +111,8 @@ def create_app(
         finally:
             for task in tasks:
                 task.cancel()
+            if ledger is not None:
+                await ledger.aclose()
             if events is not None:
                 await events.aclose()
             await gateway.router.aclose()
@@ -95,6 +121,10 @@ def create_app(
                 await close()
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
+            if gateway.budgets is not None:
+                await gateway.budgets.aclose()
+            if gateway.telemetry is not None:
+                await asyncio.to_thread(gateway.telemetry.shutdown)
 
     routes = [
         Route("/v1/messages", gateway.messages, methods=["POST"]),
@@ -116,6 +146,7 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     app.state.events = events  # EngineEvents, or None when no channel has kv_events
+    app.state.ledger = ledger  # LedgerWorker, or None without a store or events
     hot = {
         "/v1/messages": gateway.messages,
         "/v1/chat/completions": gateway.chat,
@@ -135,6 +166,31 @@ def _engine_events(config: Config):
     from prefixgate.events import EngineEvents
 
     return EngineEvents.from_config(config)
+
+
+def _ledger(config: Config, gateway: Gateway, events):
+    """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in
+    (``store.ledger``, on by default) or engine events to read; fed by each record's
+    finish, its figures on ``/metrics``."""
+    store = config.store if config.store is not None and config.store.ledger else None
+    if store is None and events is None:
+        return None
+    from prefixgate.ledger.metrics import LedgerCollector
+    from prefixgate.ledger.worker import LedgerWorker
+
+    factory = None
+    if store is not None:
+        from prefixgate.store import open_store
+
+        dsn, statement, lock = store.dsn, store.statement_timeout, store.lock_timeout
+
+        def factory():
+            return open_store(dsn, statement_timeout=statement, lock_timeout=lock)
+
+    worker = LedgerWorker(config, events=events, store=factory, upstream=gateway.upstream)
+    gateway.ledger = worker
+    gateway.metrics.registry.register(LedgerCollector(worker))
+    return worker
 
 
 class HotRoutes:
@@ -288,6 +344,19 @@ class AccessLog:
                 seen["id"],
                 "" if seen["done"] else " incomplete",
             )
+
+
+async def _seed_budgets(keeper, store_config) -> None:
+    """What keys and owners used in the current windows, from the store into the budget
+    ledger (a restart renews nobody's budget); a store that is down is said and passed."""
+    from prefixgate.spend.standing import seed_ledger
+
+    try:
+        await seed_ledger(
+            keeper, store_config.dsn, (store_config.statement_timeout, store_config.lock_timeout)
+        )
+    except Exception as exc:
+        log.warning("budgets: cannot read what was spent from the store: %s", exc)
 
 
 async def _prune_forever(store_config, days: float, every: float = 3600.0) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Record
 
 
@@ -25,6 +26,7 @@ class KeyRow:
     models: tuple[str, ...]
     created_at: float
     revoked_at: float | None = None
+    budgets: tuple[str, ...] = ()  # as written: "50 USD/month" (spend/budgets.py)
 
     @property
     def active(self) -> bool:
@@ -69,6 +71,15 @@ class Store(abc.ABC):
         """Write records and their texts in one transaction. Idempotent per
         ``request_id``: writing a record again stores nothing new."""
 
+    def write_ledgers(self, ledgers: list[Ledger]) -> None:
+        """Write miss ledgers (:mod:`prefixgate.ledger`) in one transaction; a request's
+        ledger written again stores nothing new."""
+        raise NotImplementedError(f"{type(self).__name__} has no ledgers")
+
+    def get_ledger(self, request_id: str) -> Ledger | None:
+        """The miss ledger of a request, or None."""
+        raise NotImplementedError(f"{type(self).__name__} has no ledgers")
+
     @abc.abstractmethod
     def count(self) -> int:
         """Number of stored records."""
@@ -99,10 +110,19 @@ class Store(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no query")
 
     def create_key(
-        self, name: str, owner: str | None, digest: str, models: Iterable[str]
+        self,
+        name: str,
+        owner: str | None,
+        digest: str,
+        models: Iterable[str],
+        budgets: Iterable[str] = (),
     ) -> KeyRow:
         """Add an API key by its digest; StoreError if the name or digest exists."""
         raise NotImplementedError(f"{type(self).__name__} has no create_key")
+
+    def set_key_budgets(self, name: str, budgets: Iterable[str]) -> bool:
+        """Replace an active key's budgets; False when there is no active key of that name."""
+        raise NotImplementedError(f"{type(self).__name__} has no set_key_budgets")
 
     def list_keys(self) -> list[KeyRow]:
         """Every key, revoked ones included, by name."""

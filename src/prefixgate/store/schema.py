@@ -20,13 +20,24 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     it instead of scanning every segment list), ``text`` (canonical JSON, redacted).
 
 ``api_keys``
-    Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation.
+    Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation,
+    budgets (a JSON list of lines such as ``"50 USD/month"``).
 
 ``dashboard_sessions``, ``dashboard_logins``
     The dashboard's admin sessions: the SHA-256 digest of each session's random token (never
     the token), a fingerprint of the admin key it was opened with, and its times; and recent
     login attempts per client address (the login form's rate limit). In the store, so every
     worker and every gateway replica accepts a session and counts attempts alike.
+
+``ledgers``
+    The miss ledger of a request (:class:`~prefixgate.ledger.Ledger`), keyed by its
+    ``request_id``: ``source``, its prompt tokens split by cause (``tokens_hit``,
+    ``tokens_prefix_changed``, ``tokens_evicted``, ``tokens_elsewhere``,
+    ``tokens_partial_block``, ``tokens_cold``, ``tokens_unknown``: they sum to
+    ``prompt_tokens``), the first changed segment, the three predictions of the hit
+    (``engine_cached``, ``index_predicted``, ``model_predicted``) and the host tier's part.
+    ``request_at`` is the request's ``received_at`` (the dashboard's time axis, retention).
+    Computed after the record, off the request path; written once per request.
 
 ``schema_version``
     One row per applied migration.
@@ -41,6 +52,8 @@ from typing import Any
 
 import msgspec
 
+from prefixgate.ledger.model import CAUSES as LEDGER_CAUSES
+from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Record, Segment
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
@@ -75,16 +88,28 @@ SCALAR_COLUMNS: list[tuple[str, str]] = [
     ("latency_ms", "real"),
     ("ttft_ms", "real"),
     ("retries", "int"),
+    ("route_source", "text"),  # migration 6
 ]
+# The columns migration 6 added: migration 1 creates the table without them.
+_ADDED_LATER = {"route_source"}
 SEGMENT_COLUMNS: list[tuple[str, str]] = [
     ("segments_in", "json"),
     ("segments_out", "json"),
     ("segments_out_same", "bool"),
     ("captured", "bool"),
 ]
+# Scalar Record fields added by migration 5 (what a request cost, spend/prices.py): the
+# cache writes an upstream reported, the cost and the cost the cache saved, in nanos of
+# the price table's currency (integers: sums are exact).
+COST_COLUMNS: list[tuple[str, str]] = [
+    ("cache_creation_tokens", "int"),
+    ("cost_nano", "int"),
+    ("cost_saved_nano", "int"),
+]
 # Every column written for a request, in insert order (``id`` excluded).
-COLUMNS: list[str] = [name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS]
+COLUMNS: list[str] = [name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS + COST_COLUMNS]
 SCALAR_NAMES: list[str] = [name for name, _ in SCALAR_COLUMNS]
+COST_NAMES: list[str] = [name for name, _ in COST_COLUMNS]
 
 TYPES: dict[str, dict[str, str]] = {
     "sqlite": {
@@ -112,7 +137,8 @@ TYPES: dict[str, dict[str, str]] = {
 
 def _migration_1(dialect: str) -> list[str]:
     t = TYPES[dialect]
-    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind in SCALAR_COLUMNS + SEGMENT_COLUMNS)
+    first = [c for c in SCALAR_COLUMNS + SEGMENT_COLUMNS if c[0] not in _ADDED_LATER]
+    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind in first)
     return [
         f"CREATE TABLE requests (\n  id {t['id']},\n  {cols}\n)",
         "CREATE UNIQUE INDEX requests_request_id ON requests (request_id)",
@@ -147,9 +173,63 @@ def _migration_4(dialect: str) -> list[str]:
     ]
 
 
-# Forward migrations; index i holds version i + 1. Migration 1 creates everything.
-MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
+def _migration_5(dialect: str) -> list[str]:
+    # What each request cost (COST_COLUMNS) and each store key's budgets.
+    t = TYPES[dialect]
+    return [
+        *(f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in COST_COLUMNS),
+        "ALTER TABLE api_keys ADD COLUMN budgets TEXT",
+    ]
+
+
+def _migration_6(dialect: str) -> list[str]:
+    # Where routing's view of the replicas' caches came from (routing: precise).
+    return [f"ALTER TABLE requests ADD COLUMN route_source {TYPES[dialect]['text']}"]
+
+
+# The ``ledgers`` table: (column, logical type, Ledger field).
+LEDGER_COLUMNS: list[tuple[str, str, str]] = [
+    ("request_id", "text_notnull", "request_id"),
+    ("request_at", "real_notnull", "received_at"),
+    ("source", "text_notnull", "source"),
+    ("prompt_tokens", "int", "prompt_tokens"),
+    ("block_size", "int", "block_size"),
+    *((f"tokens_{c}", "int", c) for c in LEDGER_CAUSES),
+    ("changed_segment", "text", "changed_segment"),
+    ("changed_index", "int", "changed_index"),
+    ("elsewhere_replica", "text", "elsewhere_replica"),
+    ("engine_cached", "int", "engine_cached"),
+    ("index_predicted", "int", "index_predicted"),
+    ("model_predicted", "int", "model_predicted"),
+    ("host_hit", "int", "host_hit"),
+    ("host_missed", "int", "host_missed"),
+]
+
+
+def _migration_7(dialect: str) -> list[str]:
+    # The miss ledger of each request (ledger/), written after its record.
+    t = TYPES[dialect]
+    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind, _ in LEDGER_COLUMNS)
+    return [
+        f"CREATE TABLE ledgers (\n  {cols}\n)",
+        "CREATE UNIQUE INDEX ledgers_request_id ON ledgers (request_id)",
+        "CREATE INDEX ledgers_request_at ON ledgers (request_at)",
+    ]
+
+
+# Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
+# first were; later ones add to them.
+MIGRATIONS = [
+    _migration_1,
+    _migration_2,
+    _migration_3,
+    _migration_4,
+    _migration_5,
+    _migration_6,
+    _migration_7,
+]
 LATEST_VERSION = len(MIGRATIONS)
+LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table
 
 SCHEMA_VERSION_DDL = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at {real})"
@@ -162,6 +242,7 @@ _SEGMENTS_ENCODER = msgspec.json.Encoder()
 _SEGMENTS_DECODER = msgspec.json.Decoder(list[Segment])
 _FIELD_INDEX = {name: i for i, name in enumerate(Record.__struct_fields__)}
 _SCALAR_INDEX = [_FIELD_INDEX[name] for name in SCALAR_NAMES]
+_COST_INDEX = [_FIELD_INDEX[name] for name in COST_NAMES]
 _STREAM_POS = SCALAR_NAMES.index("stream")
 
 
@@ -187,6 +268,7 @@ def record_row(record: Record) -> tuple[Any, ...]:
     row.append(None if same else encode_segments(record.segments_out))
     row.append(same)
     row.append(bool(record.texts))
+    row += [values[i] for i in _COST_INDEX]
     return tuple(row)
 
 
@@ -197,6 +279,7 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
     kwargs["stream"] = bool(kwargs["stream"])
     seg_in = decode_segments(row[n])
     seg_out = list(seg_in) if row[n + 2] and seg_in is not None else decode_segments(row[n + 1])
+    kwargs.update(zip(COST_NAMES, row[n + 4 : n + 4 + len(COST_NAMES)], strict=True))
     return Record(**kwargs, segments_in=seg_in, segments_out=seg_out), bool(row[n + 3])
 
 
@@ -220,3 +303,19 @@ def segment_hashes(record: Record) -> list[str]:
         for seg in segs or ():
             hashes[seg.hash] = None
     return list(hashes)
+
+
+def ledger_row(ledger: Ledger) -> tuple[Any, ...]:
+    """The ``ledgers`` row of a ledger, in :data:`LEDGER_COLUMNS` order."""
+    return tuple(getattr(ledger, name) for _, _, name in LEDGER_COLUMNS)
+
+
+def row_ledger(row: Sequence[Any]) -> Ledger:
+    """A ledger from a row in :data:`LEDGER_COLUMNS` order."""
+    values = {name: value for (_, _, name), value in zip(LEDGER_COLUMNS, row, strict=True)}
+    for _, kind, name in LEDGER_COLUMNS:
+        if kind == "int" and values[name] is not None:
+            values[name] = int(values[name])
+    for name in ("host_hit", "host_missed", *LEDGER_CAUSES):
+        values[name] = values[name] or 0
+    return Ledger(**values)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Record
 from prefixgate.store import schema
 from prefixgate.store.base import KeyRow, Store, StoreError
@@ -29,7 +30,7 @@ class SqlStore(SessionQueries, Store):
         self._lock = threading.RLock()
         self._text_seen: dict[str, float] = {}
         cols = ", ".join(schema.COLUMNS)
-        kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS)
+        kinds = dict(schema.SCALAR_COLUMNS + schema.SEGMENT_COLUMNS + schema.COST_COLUMNS)
         values = ", ".join(self._param(kinds[c]) for c in schema.COLUMNS)
         self._insert_request = (
             f"INSERT INTO requests ({cols}) VALUES ({values}) ON CONFLICT (request_id) DO NOTHING"
@@ -41,6 +42,13 @@ class SqlStore(SessionQueries, Store):
             f" WHERE segment_texts.last_seen < excluded.last_seen - {schema.LAST_SEEN_GRANULARITY}"
         )
         self._select_cols = ", ".join(self._column(c, kinds[c]) for c in schema.COLUMNS)
+        ledger_cols = [name for name, _, _ in schema.LEDGER_COLUMNS]
+        self._insert_ledger = (
+            f"INSERT INTO ledgers ({', '.join(ledger_cols)})"
+            f" VALUES ({', '.join([p] * len(ledger_cols))})"
+            " ON CONFLICT (request_id) DO NOTHING"
+        )
+        self._select_ledger = f"SELECT {', '.join(ledger_cols)} FROM ledgers WHERE request_id = {p}"
 
     # -- backend hooks ---------------------------------------------------------------
     @abc.abstractmethod
@@ -119,6 +127,19 @@ class SqlStore(SessionQueries, Store):
             for h, at, _ in fresh:
                 seen[h] = at
 
+    def write_ledgers(self, ledgers: list[Ledger]) -> None:
+        if not ledgers:
+            return
+        rows = [schema.ledger_row(x) for x in ledgers]
+        with self._transaction(exclusive=True) as cur:
+            cur.executemany(self._insert_ledger, rows)
+
+    def get_ledger(self, request_id: str) -> Ledger | None:
+        with self._transaction() as cur:
+            cur.execute(self._select_ledger, (request_id,))
+            row = cur.fetchone()
+        return None if row is None else schema.row_ledger(row)
+
     # -- reading ---------------------------------------------------------------------
     def count(self) -> int:
         with self._transaction() as cur:
@@ -185,9 +206,14 @@ class SqlStore(SessionQueries, Store):
 
     # -- API keys --------------------------------------------------------------------
     def create_key(
-        self, name: str, owner: str | None, digest: str, models: Iterable[str]
+        self,
+        name: str,
+        owner: str | None,
+        digest: str,
+        models: Iterable[str],
+        budgets: Iterable[str] = (),
     ) -> KeyRow:
-        row = KeyRow(name, owner, digest, tuple(models), time.time())
+        row = KeyRow(name, owner, digest, tuple(models), time.time(), budgets=tuple(budgets))
         p = self.ph
         with self._transaction(exclusive=True) as cur:
             cur.execute(
@@ -196,17 +222,33 @@ class SqlStore(SessionQueries, Store):
             if cur.fetchone() is not None:
                 raise StoreError(f"a key named {name!r} (or with that digest) exists already")
             cur.execute(
-                f"INSERT INTO api_keys (name, owner, digest, models, created_at, revoked_at)"
-                f" VALUES ({p}, {p}, {p}, {p}, {p}, NULL)",
-                (name, owner, digest, json.dumps(list(row.models)), row.created_at),
+                "INSERT INTO api_keys (name, owner, digest, models, created_at, revoked_at,"
+                f" budgets) VALUES ({p}, {p}, {p}, {p}, {p}, NULL, {p})",
+                (
+                    name,
+                    owner,
+                    digest,
+                    json.dumps(list(row.models)),
+                    row.created_at,
+                    json.dumps(list(row.budgets)),
+                ),
             )
         return row
+
+    def set_key_budgets(self, name: str, budgets: Iterable[str]) -> bool:
+        p = self.ph
+        with self._transaction(exclusive=True) as cur:
+            cur.execute(
+                f"UPDATE api_keys SET budgets = {p} WHERE name = {p} AND revoked_at IS NULL",
+                (json.dumps(list(budgets)), name),
+            )
+            return cur.rowcount > 0
 
     def list_keys(self) -> list[KeyRow]:
         with self._transaction() as cur:
             cur.execute(
-                "SELECT name, owner, digest, models, created_at, revoked_at FROM api_keys"
-                " ORDER BY name"
+                "SELECT name, owner, digest, models, created_at, revoked_at, budgets"
+                " FROM api_keys ORDER BY name"
             )
             return [_key_row(r) for r in cur.fetchall()]
 
@@ -226,6 +268,8 @@ class SqlStore(SessionQueries, Store):
         with self._transaction() as cur:
             cur.execute(f"DELETE FROM requests WHERE received_at < {p}", (cutoff,))
             deleted = cur.rowcount
+            if self._has_table(cur, "ledgers"):
+                cur.execute(f"DELETE FROM ledgers WHERE request_at < {p}", (cutoff,))
             # A request kept (received_at >= cutoff) refreshed its texts' last_seen to at
             # least received_at - granularity, so these texts are referenced by no one left.
             cur.execute(
@@ -237,8 +281,16 @@ class SqlStore(SessionQueries, Store):
 
 
 def _key_row(row: Sequence[Any]) -> KeyRow:
-    name, owner, digest, models, created_at, revoked_at = row
-    return KeyRow(name, owner, digest, tuple(json.loads(models)), created_at, revoked_at)
+    name, owner, digest, models, created_at, revoked_at, budgets = row
+    return KeyRow(
+        name,
+        owner,
+        digest,
+        tuple(json.loads(models)),
+        created_at,
+        revoked_at,
+        tuple(json.loads(budgets or "[]")),
+    )
 
 
 def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:

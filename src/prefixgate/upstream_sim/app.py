@@ -38,6 +38,7 @@ from prefixgate.cache import (
     TokenizerError,
     get_tokenizer,
 )
+from prefixgate.cache.render import vllm_messages
 
 from .metrics import CONTENT_TYPE, SimMetrics
 from .replies import (
@@ -106,8 +107,8 @@ class UpstreamSim:
     ) -> list[int]:
         try:
             if isinstance(self.renderer, JinjaChatTemplate):
-                text = self.renderer.render(
-                    messages, tools, add_generation_prompt, **(template_kwargs or {})
+                text = self.renderer.render(  # the messages as vLLM gives a template
+                    vllm_messages(messages), tools, add_generation_prompt, **(template_kwargs or {})
                 )
             else:
                 text = self.renderer.render(messages, tools, add_generation_prompt)

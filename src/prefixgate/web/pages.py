@@ -27,9 +27,10 @@ PAGES = {
     "doctor": ("Doctor", "Doctor", "doctor.js"),
     "upstream": ("Upstream health", "Upstream", "upstream.js"),
     "requests": ("Request log", "Requests", "requests.js"),
+    "usage": ("Usage and cost", "Usage", "usage.js"),
     "request": ("Request", None, "request.js"),
 }
-NAV = ("overview", "distribution", "doctor", "upstream", "requests")
+NAV = ("overview", "distribution", "doctor", "upstream", "requests", "usage")
 
 
 def _nav(prefix: str, active: str) -> str:

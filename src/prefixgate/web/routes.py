@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from prefixgate.store import StoreError, open_store
+from prefixgate.web import ledger as ledger_view
 from prefixgate.web import pages, queries
 from prefixgate.web import upstream as upstream_mod
 from prefixgate.web.login import AdminGate
@@ -131,7 +132,13 @@ class Dashboard:
     async def overview(self, request: Request) -> Any:
         scope = scope_of(request.query_params)
         by, _ = dimension_of(request.query_params)
-        return await self._read(queries.overview, scope, by)
+
+        def read(store) -> dict:
+            out = queries.overview(store, scope, by)
+            out["ledger"] = ledger_view.series(store, scope, out["series"])
+            return out
+
+        return await self._read(read)
 
     async def distribution(self, request: Request) -> Any:
         scope = scope_of(request.query_params)
@@ -148,8 +155,14 @@ class Dashboard:
         cached = None if q.get("refresh") else self._doctor.get(key)
         if cached is not None:
             return cached
+        policies = {c.name: c.routing for c in self.gateway.config.channels}
         d = await asyncio.to_thread(
-            diagnose, self.dsn, since=scope.since, until=scope.until, metrics_urls=urls
+            diagnose,
+            self.dsn,
+            since=scope.since,
+            until=scope.until,
+            metrics_urls=urls,
+            policies=policies,
         )
         out = d.to_dict()
         self._doctor.put(key, out)
@@ -181,8 +194,38 @@ class Dashboard:
             raise BadParam("limit must be a number") from None
         return await self._read(queries.request_log, scope, limit=limit, before=q.get("before"))
 
+    async def usage(self, request: Request) -> Any:
+        """The usage report (spend/report.py) for the scope, grouped by ``by``."""
+        from prefixgate.spend.report import DIMENSIONS, usage_report
+
+        q = request.query_params
+        scope = scope_of(q)
+        by = q.get("by") or "key"
+        if by not in DIMENSIONS:
+            raise BadParam(f"cannot group by {by!r}: want one of {', '.join(DIMENSIONS)}")
+        where, params = scope.where()
+        prices = self.gateway.prices
+        report = await self._read(
+            usage_report,
+            by,
+            where=where,
+            params=params,
+            prices=prices,
+            since=scope.since,
+            until=scope.until,
+        )
+        return report.to_dict()
+
     async def request_detail(self, request: Request) -> Any:
-        return await self._read(queries.request_detail, request.path_params["request_id"])
+        request_id = request.path_params["request_id"]
+
+        def read(store) -> dict | None:
+            out = queries.request_detail(store, request_id)
+            if out is not None:
+                out["ledger"] = ledger_view.detail(store, request_id)
+            return out
+
+        return await self._read(read)
 
     async def texts(self, request: Request) -> Any:
         hashes = request.query_params.getlist("h")[:64]
@@ -223,6 +266,7 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/upstream", d.page("upstream"), methods=["GET"]),
         Route(p + "/requests", d.page("requests"), methods=["GET"]),
         Route(p + "/requests/{request_id}", d.page("request"), methods=["GET"]),
+        Route(p + "/usage", d.page("usage"), methods=["GET"]),
         Route(p + "/api/meta", d.api(d.meta), methods=["GET"]),
         Route(p + "/api/overview", d.api(d.overview), methods=["GET"]),
         Route(p + "/api/distribution", d.api(d.distribution), methods=["GET"]),
@@ -231,5 +275,6 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/api/requests", d.api(d.requests), methods=["GET"]),
         Route(p + "/api/requests/{request_id}", d.api(d.request_detail), methods=["GET"]),
         Route(p + "/api/texts", d.api(d.texts), methods=["GET"]),
+        Route(p + "/api/usage", d.api(d.usage), methods=["GET"]),
         Route(p + "/static/{name}", d.static_file, methods=["GET"]),
     ]

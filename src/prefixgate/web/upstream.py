@@ -1,6 +1,7 @@
 """Upstream health as the dashboard shows it: each channel's replicas from the config, their
-state in the router (ejected, down, in flight), their traffic and errors from the store,
-and the host-memory (L2) tier verdict of the doctor's upstream-health check for channels
+state in the router (ejected, down, in flight), their KV-event stream (``events/``: live,
+stale, what the index holds), their traffic and errors from the store, and the
+host-memory (L2) tier verdict of the doctor's upstream-health check for channels
 with a ``metrics_url``."""
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
     """Channels with their replicas (configured ones first, then replicas seen only in the
     store), joined with the store's per-replica figures."""
     by_key = {(r["channel"], r["replica"]): r for r in stats["replicas"]}
+    hub = getattr(gateway, "events", None)
+    events = {(e["channel"], e["replica"]): e for e in (hub.statuses() if hub else ())}
     seen: set[tuple] = set()
     channels = []
     for ch in gateway.config.channels:
@@ -71,6 +74,7 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
                     "configured": True,
                     **replica_state(gateway.router, url),
                     "stats": by_key.get((ch.name, url)),
+                    "events": events.get((ch.name, url)),
                 }
             )
         for (name, url), r in by_key.items():
@@ -92,6 +96,7 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
                 "strip_billing_header": ch.strip_billing_header,
                 "health_check_interval": ch.health_check_interval,
                 "metrics_url": ch.metrics_url is not None,
+                "kv_events": ch.kv_events is not None,
                 "l2": l2.get(ch.name),
                 "replicas": replicas,
             }

@@ -236,6 +236,24 @@ const PG = (() => {
 
   function pill(kind, text) { return h("span", { class: `pill ${kind}`, text: text || kind }); }
 
+  // The miss ledger's causes, in its order, with their colours (request page, overview).
+  const CAUSES = [
+    ["hit", "hit", "#0f766e"],
+    ["prefix_changed", "prefix changed", "#b91c1c"],
+    ["evicted", "evicted", "#d97706"],
+    ["elsewhere", "elsewhere (routing)", "#7c3aed"],
+    ["partial_block", "partial block", "#94a3b8"],
+    ["cold", "cold", "#93c5fd"],
+    ["unknown", "unknown", "#e5e7eb"],
+  ];
+
+  // A colour square (CSSOM, not a style attribute: the pages' CSP has no inline style).
+  function swatch(color) {
+    const i = h("i", { class: "swatch" });
+    i.style.background = color;
+    return i;
+  }
+
   function kpi(label, value, note, cls) {
     return h("div", { class: "kpi" + (cls ? " " + cls : "") },
       h("div", { class: "label", text: label }), h("div", { class: "value", text: value }),
@@ -246,5 +264,5 @@ const PG = (() => {
     if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fn); else fn();
   }
 
-  return { BASE, h, card, fmt, params, setParams, scopeQuery, link, api, showError, filterBar, segmented, table, rateBar, pill, kpi, ready };
+  return { BASE, h, card, fmt, params, setParams, scopeQuery, link, api, showError, filterBar, segmented, table, rateBar, pill, kpi, ready, CAUSES, swatch };
 })();

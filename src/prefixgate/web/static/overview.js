@@ -56,6 +56,7 @@
         card("Requests", `per ${span(S.width)}, by ${by}`, reqChart),
         card("Prompt tokens", "served from cache vs computed", tokChart)),
       card("Time to first token", "percentiles of successful requests", ttftChart),
+      ledgerCard(data.ledger),
       sliceTables(data.slices));
     content.replaceChildren(...parts);
 
@@ -81,12 +82,30 @@
         { name: "computed (prefill)", color: "#cbd5e1", values: prompt.map((p, i) => p - cached[i]) },
       ],
     });
+    if (data.ledger) {
+      PGChart.bars(document.getElementById("chart-ledger"), {
+        t: S.t, step: S.width, yFormat: (v) => fmt.num(v), height: 240,
+        series: PG.CAUSES.filter(([c]) => data.ledger.totals[c] > 0).map(([c, label, color]) => ({ name: label, color, values: data.ledger.causes[c] })),
+      });
+    }
     PGChart.line(ttftChart, {
       t: S.t, step: S.width, yFormat: (v) => fmt.ms(v), height: 220,
       series: [["p50", "#0f766e"], ["p90", "#d97706"], ["p99", "#b91c1c"]].map(([p, c]) => ({
         name: p, color: c, values: S.ttft.map((x) => (x ? x[p] : null)),
       })),
     });
+  }
+
+  // Prompt tokens by where they went (the miss ledger), over time.
+  function ledgerCard(ledger) {
+    if (!ledger) {
+      return card("Where the prompt tokens went", "the miss ledger", h("p", { class: "empty", text: "No ledgers in this window." }));
+    }
+    const total = Object.values(ledger.totals).reduce((a, b) => a + b, 0) || 1;
+    const sources = Object.entries(ledger.sources).map(([k, v]) => `${fmt.int(v)} from ${k}`).join(" · ");
+    const legend = h("div", { class: "strip-legend", id: "ledger-totals" }, PG.CAUSES.filter(([c]) => ledger.totals[c] > 0).map(([c, label, color]) =>
+      h("span", { "data-cause": c }, PG.swatch(color), `${label} ${fmt.num(ledger.totals[c])} (${fmt.pct(ledger.totals[c] / total)})`)));
+    return card("Where the prompt tokens went", `by cause, the miss ledger (${sources})`, h("div", { id: "chart-ledger" }), legend);
   }
 
   function span(w) {

@@ -106,6 +106,44 @@
     return `The prompt first differs at segment #${change.index} ${s ? s.name : ""}, after ≈${fmt.int(change.offset)} tokens: everything from there on must be computed again.`;
   }
 
+  // The miss ledger: where each prompt token went, and the hit as each predictor saw it.
+  function ledgerCard(r) {
+    const L = r.ledger;
+    if (!L) {
+      return h("section", { class: "card", id: "ledger" }, h("div", { class: "card-head" }, h("h2", { text: "Where the prompt tokens went" })),
+        h("p", { class: "empty", text: "No ledger for this request (not computed yet, or the request had no prompt tokens)." }));
+    }
+    const total = L.prompt_tokens || 1;
+    const parts = PG.CAUSES.filter(([c]) => L.parts[c] > 0);
+    const bar = h("div", { class: "strip ledger-bar", id: "ledger-bar" }, parts.map(([c, label, color]) => {
+      const span = h("span", { "data-cause": c, title: `${label} · ${fmt.int(L.parts[c])} tokens` });
+      span.style.flex = `${L.parts[c]} 0 0`;
+      span.style.background = color;
+      return span;
+    }));
+    const rows = parts.map(([c, label, color]) => ({ c, label, color, n: L.parts[c] }));
+    const tbl = PG.table([
+      { label: "cause", cell: (x) => h("span", {}, PG.swatch(x.color), x.label) },
+      { label: "tokens", num: true, cell: (x) => fmt.int(x.n) },
+      { label: "share", num: true, cell: (x) => fmt.pct(x.n / total) },
+    ], rows, { class: "ledger" });
+    const mark = (ok) => (ok === null ? "" : ok ? " ✓" : " ✗");
+    const notes = [
+      `From ${L.source === "events" ? "the engine's KV events (the index as of the request's time)" : "the cache model replayed on the recorded segments (no engine events)"}, block ${L.block_size}.`,
+      L.changed_segment ? `The prompt first changed at segment #${L.changed_index} ${L.changed_segment}.` : null,
+      L.elsewhere_replica ? `Tokens lost to routing were cached on ${L.elsewhere_replica}.` : null,
+      L.host_missed ? `${fmt.int(L.host_missed)} tokens were in the replica's host tier and were not loaded back.` : null,
+    ].filter(Boolean);
+    return h("section", { class: "card", id: "ledger" },
+      h("div", { class: "card-head" }, h("h2", { text: "Where the prompt tokens went" }), h("span", { class: "sub", text: `source: ${L.source}` })),
+      bar, tbl,
+      h("div", { class: "fields" },
+        field("engine's cached tokens", fmt.int(L.engine_cached)),
+        field("index predicted", fmt.int(L.index_predicted) + mark(L.agree.index)),
+        field("cache model predicted", fmt.int(L.model_predicted) + mark(L.agree.model))),
+      ...notes.map((t) => h("p", { class: "explain", text: t })));
+  }
+
   async function load() {
     const content = document.getElementById("content");
     const id = document.body.dataset.requestId;
@@ -134,7 +172,7 @@
     const nav = h("div", { class: "nav-row" },
       r.previous ? h("a", { href: `${PG.BASE}/requests/${r.previous.request_id}`, id: "prev-link", text: "← previous in session" }) : null,
       r.next ? h("a", { href: `${PG.BASE}/requests/${r.next}`, id: "next-link", text: "next in session →" }) : null);
-    const parts = [facts];
+    const parts = [facts, ledgerCard(r)];
     if (!r.segments_out.length && !r.segments_in.length) {
       parts.push(h("section", { class: "card" }, h("p", { class: "empty", text: "No segments were recorded for this request (capture off)." })));
       content.replaceChildren(...parts);

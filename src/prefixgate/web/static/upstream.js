@@ -1,4 +1,4 @@
-/* Upstream health: each channel's replicas, their traffic and errors, the host (L2) tier. */
+/* Upstream health: each channel's replicas, their KV events, traffic and errors, the host (L2) tier. */
 "use strict";
 
 (() => {
@@ -32,6 +32,18 @@
         f && f.fix.length ? h("div", { class: "fix" }, h("h3", { text: "Suggested fix" }), h("ul", {}, f.fix.map((s) => h("li", {}, s.split("`").map((part, i) => (i % 2 ? h("code", { text: part }) : part)))))) : null));
   }
 
+  function eventsCell(ch, r) {
+    if (!ch.kv_events) return "–";
+    const e = r.events;
+    if (!e) return PG.pill("neutral", "none");
+    const verdict = e.stale ? ["bad", "stale"] : !e.connected ? ["warn", "connecting"] : !e.complete ? ["warn", "incomplete"] : ["ok", "live"];
+    const blocks = Object.entries(e.blocks || {}).map(([m, n]) => `${m} ${fmt.int(n)}`).join(" · ") || "no blocks";
+    const age = e.seconds_since_last_batch == null ? "no batch yet" : `last batch ${e.seconds_since_last_batch.toFixed(1)} s ago`;
+    const trouble = e.error || e.last_problem;
+    return h("span", { class: "kv-events", dataset: { events: verdict[1] }, title: `${e.endpoint} (${e.mode}); gaps ${e.gaps}, lost ${e.lost_batches}, restarts ${e.restarts}` },
+      PG.pill(verdict[0], verdict[1]), " ", h("span", { class: "sub", text: `${blocks}; ${age}${trouble ? `; ${trouble}` : ""}` }));
+  }
+
   function channelCard(ch) {
     const meta = h("div", { class: "channel-meta" },
       h("span", {}, "kind ", h("b", { text: ch.kind })),
@@ -44,6 +56,7 @@
       { label: "replica", cell: (r) => h("span", { class: "mono", text: r.url }) },
       { label: "state", cell: (r) => (r.state ? PG.pill(STATE[r.state][0], STATE[r.state][1]) : PG.pill("neutral", "not configured")) },
       { label: "in flight", num: true, cell: (r) => fmt.int(r.inflight) },
+      { label: "KV events", cell: (r) => eventsCell(ch, r) },
       { label: "requests", num: true, cell: (r) => (r.stats ? h("a", { href: PG.link("/requests", { replica: r.url, channel: ch.name }), text: fmt.int(r.stats.requests) }) : "0") },
       { label: "errors", num: true, cell: (r) => (r.stats ? `${fmt.int(r.stats.errors)} (${fmt.pct(r.stats.requests ? r.stats.errors / r.stats.requests : null)})` : "–") },
       { label: "hit rate", num: true, cell: (r) => (r.stats ? PG.rateBar(r.stats.hit_rate) : "–") },
