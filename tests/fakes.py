@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -36,6 +37,7 @@ class Reply:
     hang_before: float = 0.0
     die_after: int | None = None  # stream: drop the connection after this many chunks
     raw_stream: list[bytes] | None = None  # stream: exact bytes to send
+    hold: threading.Event | None = None  # stream: after the first chunk, wait until it is set
 
 
 def usage_of(r: Reply) -> dict:
@@ -251,6 +253,8 @@ class ScriptedUpstream:
                     if last and r.stop_reason:
                         choice["stop_reason"] = r.stop_reason
                     yield b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+                    while i == 0 and r.hold is not None and not r.hold.is_set():
+                        await asyncio.sleep(0.005)
                     if r.chunk_delay:
                         await asyncio.sleep(r.chunk_delay)
                 if include_usage:

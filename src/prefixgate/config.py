@@ -192,6 +192,13 @@ class ChannelConfig(_Model):
     health_path: str = "/health"
     health_timeout: float = Field(default=2.0, gt=0)
     kv_events: KvEventsConfig | None = None  # the engines' KV-cache events (events/)
+    # Per worker (admission.py, upstream/http1.py): requests in flight to this channel (None:
+    # only the worker's cap), open upstream connections (None: the channel's in-flight cap,
+    # else the worker's: never the one that binds), and how long an idle upstream connection
+    # is kept (below the upstream's own keep-alive: uvicorn, vLLM's server, closes at 5 s).
+    max_in_flight: int | None = Field(default=None, ge=1)
+    max_connections: int | None = Field(default=None, ge=1)
+    keepalive: float = Field(default=4.0, gt=0)
 
     @model_validator(mode="after")
     def _kv_events(self) -> ChannelConfig:
@@ -348,7 +355,16 @@ class ServerConfig(_Model):
     # Open client connections per process; past it, 503 in the route's error shape. Lowered
     # at start to what the open-file limit can serve.
     max_connections: int = Field(default=10_000, ge=1)
+    # Admission (admission.py), per worker process: requests in flight; past it, up to
+    # max_queued wait at most queue_timeout s for a slot, then get the protocol's overloaded
+    # answer (529 on /v1/messages, 503 on OpenAI routes) with retry-after.
+    max_in_flight: int = Field(default=2000, ge=1)
+    max_queued: int = Field(default=1000, ge=0)
+    queue_timeout: float = Field(default=5.0, ge=0)
     access_log: bool = False  # one log line per request (prefixgate.access)
+    # The event loop's pauses and each garbage collection's (loopwatch.py) as /metrics
+    # histograms: a 100 Hz timer and a callback per collection, so opt-in.
+    loop_watch: bool = False
 
 
 class DashboardConfig(_Model):

@@ -71,6 +71,16 @@ class Unavailable(GatewayError):
     kind = "overloaded_error"
 
 
+class AtCapacity(Unavailable):
+    """The gateway (or a channel) carries as many requests as it may, and its queue is full
+    or the wait ran out (``admission.py``). Answered 529 on the Anthropic routes, 503 on
+    OpenAI's (the endpoint's ``overloaded_status``), with ``retry-after``."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class RateLimited(GatewayError):
     status = 429
     kind = "rate_limit_error"
@@ -117,6 +127,14 @@ class UpstreamError(GatewayError):
             self.retryable = retryable
         self.upstream_status = upstream_status
         self.retry_after = retry_after
+
+
+class ChannelBusy(UpstreamError):
+    """A channel carries as many requests as its ``max_in_flight``: the next target is
+    tried (it says nothing about the replica's health)."""
+
+    status = 503
+    kind = "overloaded_error"
 
 
 class UpstreamRateLimited(UpstreamError):

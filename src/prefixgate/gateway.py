@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from prefixgate import hygiene, pipeline
+from prefixgate.admission import Admission
 from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
@@ -66,7 +67,7 @@ class Gateway:
     ) -> None:
         self.config = config
         self.auth = Authenticator(config)
-        self.upstream = upstream or Upstream()
+        self.upstream = upstream or _upstream_for(config)
         # The engine's token ids of a channel's request (events/tokens.py), per session.
         self.engine_tokens = EngineTokens(config.channels)
         self.events = events  # the engines' KV events (events/hub.py), or None
@@ -76,6 +77,8 @@ class Gateway:
         self.recorder = recorder or _NullRecorder()
         self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
         self.metrics = GatewayMetrics(recorder)
+        self.admission = Admission(config.server, config.channels)
+        self.metrics.watch_admission(self.admission)
         if events is not None:
             from prefixgate.events.metrics import EventsCollector
 
@@ -241,3 +244,19 @@ def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
 
 
 __all__ = ["Gateway"]
+
+
+def _upstream_for(config: Config) -> Upstream:
+    """The upstream client with the connection limits of the config: in all, the worker's
+    admission cap and room for model listings (so it never binds before admission does);
+    to each replica of a channel, its ``max_connections`` (else its ``max_in_flight``), idle
+    ones closed after its ``keepalive``."""
+    upstream = Upstream(max_connections=config.server.max_in_flight + 64)
+    for ch in config.channels:
+        for url in ch.urls():
+            upstream.limit(
+                url,
+                max_connections=ch.max_connections or ch.max_in_flight,
+                keepalive=ch.keepalive,
+            )
+    return upstream

@@ -12,8 +12,9 @@ registry without end.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from prefixgate.loopwatch import LoopWatch
 from prefixgate.record import Record
 
 LABELS = ("channel", "entry", "model", "client")
@@ -51,6 +52,50 @@ class _WriterCollector:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
+
+
+class _AdmissionCollector:
+    """The admission gates (``admission.py``) as they are at scrape time: the worker's
+    (``scope="worker"``) and each capped channel's."""
+
+    def __init__(self, admission) -> None:
+        self.admission = admission
+
+    def collect(self):
+        a = self.admission
+        gates = [("worker", "", a.worker)] + [("channel", n, g) for n, g in a.channels.items()]
+        families = (
+            (
+                GaugeMetricFamily,
+                "prefixgate_in_flight",
+                "Requests admitted and not done.",
+                "in_flight",
+            ),
+            (
+                GaugeMetricFamily,
+                "prefixgate_in_flight_limit",
+                "The cap on requests in flight.",
+                "limit",
+            ),
+            (GaugeMetricFamily, "prefixgate_queued", "Requests waiting for a slot.", "queued"),
+            (
+                CounterMetricFamily,
+                "prefixgate_admission_refused",
+                "Requests answered overloaded (queue full or wait ran out).",
+                "refused",
+            ),
+            (
+                CounterMetricFamily,
+                "prefixgate_admission_waited",
+                "Requests admitted after waiting in the queue.",
+                "waited",
+            ),
+        )
+        for family, name, doc, attr in families:
+            m = family(name, doc, labels=("scope", "channel"))
+            for scope, channel, gate in gates:
+                m.add_metric([scope, channel], getattr(gate, attr))
+            yield m
 
 
 class LabelCap:
@@ -151,10 +196,14 @@ class GatewayMetrics:
             ("channel", "source"),
             registry=r,
         )
+        self.loop = LoopWatch(r)  # the event loop's pauses; started by the app's lifespan
         self._totals: dict[tuple, list[int]] = {}
         self._children: dict[tuple, object] = {}
         if writer is not None:
             r.register(_WriterCollector(writer))
+
+    def watch_admission(self, admission) -> None:
+        self.registry.register(_AdmissionCollector(admission))
 
     def _child(self, metric, *labels: str):
         """``metric.labels(*labels)``, looked up once per label set (prometheus_client's

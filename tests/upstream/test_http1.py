@@ -865,6 +865,41 @@ def test_idle_connection_to_another_origin_gives_way_at_the_cap():
     run(main())
 
 
+def test_an_upstreams_own_cap_queues_its_requests_and_not_other_upstreams():
+    # Upstream.limit: at most one connection to a; b, not capped, is not held up by it.
+    async def main():
+        async with RawServer(_holding(0.3)) as a, RawServer(OK) as b:
+            async with client(max_connections=10) as up:
+                up.limit(a.url, max_connections=1, keepalive=None)
+                slow = asyncio.gather(*[fetch(up, a.url, b"%d" % i) for i in range(3)])
+                await asyncio.sleep(0.05)
+                assert pool_of(up).open_connections == 1  # the other two wait for it
+                assert await fetch(up, b.url) == b"ok"  # meanwhile
+                assert await slow == [b"0", b"1", b"2"]
+        assert a.connections == 1 and b.connections == 1
+
+    run(main())
+
+
+def test_idle_connections_are_closed_by_a_timer_after_their_upstreams_keep_alive():
+    # Nothing else happens on the pool: a's idle connection is closed by the client all
+    # the same (before the upstream's own keep-alive would), b's longer one is kept.
+    async def main():
+        async with RawServer(OK) as a, RawServer(OK) as b:
+            async with client(keepalive=30.0) as up:
+                up.limit(a.url, max_connections=None, keepalive=0.1)
+                assert await fetch(up, a.url) == b"ok"
+                assert await fetch(up, b.url) == b"ok"
+                assert pool_of(up).idle_connections() == 2
+                assert await closed_by_client(a.peers[0])
+                assert pool_of(up).open_connections == 1  # b's, kept
+                assert not b.peers[0].gone.is_set()
+                assert await fetch(up, a.url) == b"ok"  # a new one is made after
+        assert a.connections == 2 and b.connections == 1
+
+    run(main())
+
+
 # -- 10. header injection -------------------------------------------------------------------
 @pytest.mark.parametrize(
     "headers",

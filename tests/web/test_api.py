@@ -159,6 +159,11 @@ def test_upstream_shows_replicas_errors_and_the_host_tier(dashboard, demo_stores
     assert ch["l2"]["status"] == "write_only"
     assert ch["l2"]["counters"]["load_bytes"] == 0 and ch["l2"]["finding"]["fix"]
     assert u["errors"] == []
+    # Admission of the worker that answered: nothing in flight but this look, no cap per
+    # channel here.
+    assert u["admission"]["limit"] == 2000 and u["admission"]["queued"] == 0
+    assert u["admission"]["refused"] == 0
+    assert ch["admission"] is None
 
 
 @pytest.mark.parametrize(

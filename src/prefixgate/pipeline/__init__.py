@@ -34,6 +34,7 @@ from prefixgate.pipeline.steps import (
     decode_messages,
     hygiene,
     plan,
+    queue,
     read,
     send,
     upstream_chat_request,
@@ -46,6 +47,7 @@ MESSAGES_STEPS = (
     read,
     decode_messages,
     admit,
+    queue,
     budget,
     plan,
     Failover(hygiene, convert_messages, capture, send),
@@ -57,6 +59,7 @@ CHAT_STEPS = (
     read,
     decode_chat,
     admit,
+    queue,
     budget,
     plan,
     Failover(convert_chat, capture, send),
@@ -68,6 +71,7 @@ RESPONSES_STEPS = (
     read,
     decode_responses,
     admit,
+    queue,
     budget,
     plan,
     Failover(convert_responses, capture, send),
@@ -95,6 +99,7 @@ MESSAGES = Endpoint(
     kinds=("openai", "anthropic"),
     prompt=_messages_prompt,
     steps=MESSAGES_STEPS,
+    overloaded_status=529,  # Anthropic's overloaded_error
 )
 
 CHAT = Endpoint(

@@ -28,6 +28,7 @@ from prefixgate.record import Record
 if TYPE_CHECKING:
     from starlette.requests import Request
 
+    from prefixgate.admission import Gate
     from prefixgate.auth import Principal
     from prefixgate.config import ChannelConfig
     from prefixgate.gateway import Gateway
@@ -49,6 +50,7 @@ class Endpoint:
     kinds: tuple[str, ...]
     prompt: Callable[[Exchange, ChannelConfig], dict]
     steps: tuple
+    overloaded_status: int = 503  # the status of the protocol's "overloaded" answer
 
 
 class Exchange:
@@ -73,6 +75,8 @@ class Exchange:
         "data",
         "upstream",
         "first",
+        "gate",
+        "channel_gate",
         "hold",
         "reply_headers",
     )
@@ -104,6 +108,8 @@ class Exchange:
         self.data = b""  # ``out`` encoded
         self.upstream: UpstreamResponse | None = None  # open once ``send`` succeeded
         self.first: Any = None  # the first body chunk (a stream) or the JSON object
+        self.gate: Gate | None = None  # the worker's admission slot, given back by finish()
+        self.channel_gate: Gate | None = None  # the target channel's, when it has a cap
         self.hold: Hold | None = None  # what the request holds of its budgets until finish()
         self.reply_headers: dict[str, str] | None = None  # on every answer (the budget's)
 
@@ -143,6 +149,10 @@ class Exchange:
         gw.router.release(rec.request_id)
         rec.done_at = time.time()
         rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
+        if self.gate is not None:  # admission slots (admission.py)
+            self.gate.give(rec.done_at - rec.received_at)
+        if self.channel_gate is not None:
+            self.release_channel()
         if rec.first_byte_at is not None:
             rec.ttft_ms = (rec.first_byte_at - rec.received_at) * 1000.0
         if usage is not None:
@@ -166,6 +176,12 @@ class Exchange:
             gw.ledger.feed(rec, self.out, span)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
+
+    def release_channel(self) -> None:
+        """Give back the channel's admission slot (the request is done with the target)."""
+        gate, self.channel_gate = self.channel_gate, None
+        if gate is not None:
+            gate.give()
 
     async def close(self, usage: Usage | None = None) -> None:
         """Close the upstream response (cancelling the request upstream if unfinished)

@@ -13,7 +13,14 @@ import msgspec
 
 from prefixgate import hygiene as hygiene_steps
 from prefixgate.convert.request import ConvertOptions, convert
-from prefixgate.errors import BudgetExceeded, NotFound, RequestTooLarge, UpstreamError
+from prefixgate.errors import (
+    AtCapacity,
+    BudgetExceeded,
+    ChannelBusy,
+    NotFound,
+    RequestTooLarge,
+    UpstreamError,
+)
 from prefixgate.identify import session_of_chat, session_of_messages
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import openai as openai_proto
@@ -82,6 +89,25 @@ async def admit(x: Exchange) -> None:
         x.admitted = True
 
 
+async def queue(x: Exchange) -> None:
+    """A slot among the requests this worker carries (``server.max_in_flight``), after a
+    wait in a bounded queue when all are taken; past it, the protocol's overloaded answer
+    (529 on ``/v1/messages``, 503 on OpenAI's routes) with ``retry-after``, before any
+    upstream work (``admission.py``)."""
+    gate = x.gateway.admission.worker
+    if not gate.try_take():
+        await _wait_for(x, gate)
+    x.gate = gate
+
+
+async def _wait_for(x: Exchange, gate) -> None:
+    try:
+        await gate.take()
+    except AtCapacity as err:
+        err.status = x.endpoint.overloaded_status
+        raise
+
+
 async def budget(x: Exchange) -> None:
     """The key's and its owner's budgets (tokens or money per day, week or month) have room:
     the request's estimate is held on each until it is settled with its real usage in
@@ -133,10 +159,12 @@ class Failover:
             except UpstreamError as err:
                 x.upstream = None  # closed by the step that failed
                 x.gateway.router.release(x.record.request_id)
+                x.release_channel()
                 if not err.retryable:
                     raise
-                x.gateway.failed_attempt(target, err)
-                x.record.retries += 1
+                if not isinstance(err, ChannelBusy):  # a full channel is not a failure
+                    x.gateway.failed_attempt(target, err)
+                    x.record.retries += 1
                 last = err
         raise last or NotFound(f"no channel serves model {x.body['model']!r}")
 
@@ -206,6 +234,13 @@ async def send(x: Exchange) -> None:
     """Send upstream and wait for the first body bytes (the whole body when not
     streaming), so that an upstream that fails before any content can be failed over."""
     gw, target, rec, ch = x.gateway, x.target, x.record, x.channel
+    gate = gw.admission.channels.get(ch.name)
+    if gate is not None:  # the channel's own cap: spill over to the next target, or wait
+        if not gate.try_take():
+            if target is not x.targets[-1]:
+                raise ChannelBusy(f"channel {ch.name} is at capacity")
+            await _wait_for(x, gate)
+        x.channel_gate = gate
     rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, x.out["model"]
     rec.route_source = target.source
     gw.router.acquire(target, rec.request_id)  # in flight until finish()

@@ -80,6 +80,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
+        if config.server.loop_watch:
+            gateway.metrics.loop.start()
         start = getattr(gateway.recorder, "start", None)
         if start is not None:
             await start()
@@ -121,6 +123,7 @@ def create_app(
                 await close()
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
+            gateway.metrics.loop.stop()
             if gateway.budgets is not None:
                 await gateway.budgets.aclose()
             if gateway.telemetry is not None:

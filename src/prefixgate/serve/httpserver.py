@@ -51,6 +51,10 @@ from prefixgate.serve.edge import ANSWERING, BODY, HEAD, IDLE, Edge, EdgeLimits,
 log = logging.getLogger("prefixgate.http")
 
 _MAX_TARGET = 64 * 1024
+# The listen backlog: as deep as the kernel allows (it caps it at net.core.somaxconn, 4096
+# on current Linux). Connections of a burst wait there until the accept loop takes them,
+# and are then answered (at worst overloaded, by admission), instead of being reset.
+BACKLOG = 65535
 _PIPELINE_PAUSE = 16  # queued requests on one connection before reading pauses
 
 _STATUS_LINES = {
@@ -571,7 +575,7 @@ class Server:
                 for sock in sockets:
                     self._servers.append(
                         await self.loop.create_server(
-                            lambda: HTTPProtocol(self), sock=sock, backlog=2048
+                            lambda: HTTPProtocol(self), sock=sock, backlog=BACKLOG
                         )
                     )
                 self.edge.start(self.loop)

@@ -64,7 +64,7 @@ def bind(
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     if listen:
-        sock.listen(2048)
+        sock.listen(httpserver.BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -177,6 +177,7 @@ def uvicorn_server(
         lifespan="on",
         timeout_graceful_shutdown=kw.pop("graceful", 5),
         timeout_keep_alive=limits.keepalive,
+        backlog=httpserver.BACKLOG,
         **kw,
     )
     server = Server(config)

@@ -204,24 +204,38 @@ class UpstreamResponse:
 
 class Upstream:
     """The HTTP client shared by all channels (``http1``: keep-alive pools per upstream),
-    made on first use in the serving event loop."""
+    made on first use in the serving event loop. ``max_connections`` open in all;
+    :meth:`limit` sets an upstream's own cap and idle keep-alive."""
 
     def __init__(
-        self, *, max_connections: int = 1000, ssl_context: ssl.SSLContext | None = None
+        self,
+        *,
+        max_connections: int = 1000,
+        keepalive: float = 4.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._max = max_connections
+        # Idle connections are kept 4 s by default: servers such as vLLM (uvicorn) close
+        # theirs after 5 s, and a request sent on a closing connection fails spuriously.
+        self._keepalive = keepalive
         self._ssl = ssl_context  # None: the system's trusted CAs, hostname checked
         self._pool: http1.Pool | None = None
         self._targets: dict[tuple, tuple[http1.Origin, str]] = {}
         self._contexts: dict[TLSConfig, ssl.SSLContext] = {}
+        self._limits: dict[tuple, tuple[int | None, float | None]] = {}
+
+    def limit(self, url: str, *, max_connections: int | None, keepalive: float | None) -> None:
+        """At most ``max_connections`` open to ``url``'s host and port (None: only the
+        overall cap), an idle one kept ``keepalive`` seconds (None: the default)."""
+        origin, _ = http1.split_url(url)
+        self._limits[origin.key[:3]] = (max_connections, keepalive)
+        self._targets.clear()
 
     def _pool_of(self, loop: asyncio.AbstractEventLoop) -> http1.Pool:
         pool = self._pool
         if pool is None or pool.loop is not loop:
-            # Idle connections are reused for 4 s only: servers such as vLLM (uvicorn) close
-            # theirs after 5 s, and a request sent on a closing connection fails spuriously.
             pool = self._pool = http1.Pool(
-                loop, max_connections=self._max, keepalive=4.0, ssl_context=self._ssl
+                loop, max_connections=self._max, keepalive=self._keepalive, ssl_context=self._ssl
             )
         return pool
 
@@ -235,6 +249,9 @@ class Upstream:
                 t = self._targets[key] = http1.split_url(url, self._context_of(tls))
             except (ValueError, OSError, ssl.SSLError) as exc:
                 raise UpstreamError(f"cannot reach upstream: {exc}", retryable=False) from None
+            limits = self._limits.get(t[0].key[:3])
+            if limits is not None:
+                t[0].limit, t[0].keepalive = limits
         return t
 
     def _context_of(self, tls: TLSConfig | None) -> ssl.SSLContext | None:

@@ -3,8 +3,9 @@ protocol around httptools' response parser (the C parser uvicorn uses).
 
 The gateway sends exactly one kind of request upstream (a POST with a JSON body, answered
 with JSON or an SSE stream), so the client is small: no redirects, cookies, proxies,
-decompression or multipart. What it does: per-origin keep-alive pools with an idle limit,
-a cap on open connections, TLS, bounded buffering (reading pauses past 1 MiB unread),
+decompression or multipart. What it does: per-origin keep-alive pools whose idle
+connections a timer closes (before the upstream's own keep-alive would), a cap on open
+connections in all and per origin, TLS, bounded buffering (reading pauses past 1 MiB unread),
 timeouts through a single timer per wait, and one retry, on a fresh connection, of a
 request whose reused connection turned out to be closed before any response byte (the
 server shut it while idle). Measured against aiohttp and httpx in ``docs/performance.md``.
@@ -42,7 +43,17 @@ class ConnectionClosed(HTTPError):
 class Origin:
     """Where requests go: scheme, host and port, and the bytes of the ``Host`` header."""
 
-    __slots__ = ("key", "scheme", "host", "port", "host_header", "tls", "ssl_context")
+    __slots__ = (
+        "key",
+        "scheme",
+        "host",
+        "port",
+        "host_header",
+        "tls",
+        "ssl_context",
+        "limit",
+        "keepalive",
+    )
 
     def __init__(
         self, scheme: str, host: str, port: int, ssl_context: ssl.SSLContext | None = None
@@ -58,6 +69,9 @@ class Origin:
         default = 443 if self.tls else 80
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if port == default else f"{name}:{port}"
+        # Open connections to this origin and seconds an idle one is kept (None: the pool's).
+        self.limit: int | None = None
+        self.keepalive: float | None = None
 
 
 def split_url(url: str, ssl_context: ssl.SSLContext | None = None) -> tuple[Origin, str]:
@@ -276,8 +290,11 @@ class Connection(asyncio.Protocol):
 
 
 class Pool:
-    """Keep-alive connections per origin, at most ``max_connections`` open in all.
-    Bound to the event loop it was made in."""
+    """Keep-alive connections per origin, at most ``max_connections`` open in all (and at
+    most an origin's own ``limit`` to it). An idle connection is closed ``keepalive`` seconds
+    (the origin's own, if set) after its last response, by a timer, so that it is neither
+    reused nor left open when the upstream is about to close it. Bound to the event loop it
+    was made in."""
 
     def __init__(
         self,
@@ -291,9 +308,12 @@ class Pool:
         self.max_connections = max_connections
         self.keepalive = keepalive
         self._ssl = ssl_context
-        self._idle: dict[tuple, list[Connection]] = {}
+        self._idle: dict[tuple, list[Connection]] = {}  # oldest first
         self._open = 0
+        self._per_origin: dict[tuple, int] = {}
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._origin_waiters: dict[tuple, collections.deque[asyncio.Future]] = {}
+        self._sweep_at: asyncio.TimerHandle | None = None
 
     @property
     def open_connections(self) -> int:
@@ -302,12 +322,15 @@ class Pool:
     def idle_connections(self) -> int:
         return sum(len(v) for v in self._idle.values())
 
+    def _keepalive(self, origin: Origin) -> float:
+        return self.keepalive if origin.keepalive is None else origin.keepalive
+
     async def acquire(self, origin: Origin, timeout: float, *, fresh: bool = False) -> Connection:
         """A connection to ``origin``: an idle one if any is fresh, else (or with
         ``fresh``) a new one. ``timeout`` bounds the wait for a free slot and the connect."""
         idle = None if fresh else self._idle.get(origin.key)
         if idle:
-            oldest = self.loop.time() - self.keepalive
+            oldest = self.loop.time() - self._keepalive(origin)
             while idle:
                 conn = idle.pop()
                 if not conn.closed and conn.idle_since > oldest:
@@ -318,12 +341,22 @@ class Pool:
 
     async def _connect(self, origin: Origin, timeout: float) -> Connection:
         loop = self.loop
+        key = origin.key
+        limit = self.max_connections if origin.limit is None else origin.limit
         deadline = loop.time() + timeout
-        while self._open >= self.max_connections:
-            if self._close_idle_elsewhere(origin):
-                continue  # an idle connection to another origin gave way
+        while True:
+            if self._per_origin.get(key, 0) >= limit:
+                if self._close_idle(key):
+                    continue  # an idle connection to this origin gave way (a fresh one)
+                queue = self._origin_waiters.setdefault(key, collections.deque())
+            elif self._open >= self.max_connections:
+                if self._close_idle(None, but=key):
+                    continue  # an idle connection to another origin gave way
+                queue = self._waiters
+            else:
+                break
             w = loop.create_future()
-            self._waiters.append(w)
+            queue.append(w)
             timer = loop.call_later(max(deadline - loop.time(), 0.0), _expire, w)
             try:
                 await w
@@ -331,10 +364,11 @@ class Pool:
                 timer.cancel()
                 if not w.done():
                     w.cancel()
-            idle = self._idle.get(origin.key)
+            idle = self._idle.get(key)
             if idle:
                 return await self.acquire(origin, deadline - loop.time())
         self._open += 1
+        self._per_origin[key] = self._per_origin.get(key, 0) + 1
         conn = Connection(self, origin)
         try:
             async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
@@ -346,20 +380,18 @@ class Pool:
                     server_hostname=origin.host if origin.tls else None,
                 )
         except BaseException:
-            if conn.counted:
-                conn.counted = False
-                self._open -= 1
-                self._notify()
+            self._uncount(conn)
             conn.close()
             raise
         return conn
 
-    def _close_idle_elsewhere(self, origin: Origin) -> bool:
-        """At the cap, close the longest-idle connection to another origin."""
+    def _close_idle(self, key: tuple | None, *, but: tuple | None = None) -> bool:
+        """At a cap, close the longest-idle connection (to ``key``, or to any origin but
+        ``but``)."""
         oldest: Connection | None = None
-        for key, conns in self._idle.items():
+        for k, conns in self._idle.items():
             if (
-                key != origin.key
+                (k == key if key is not None else k != but)
                 and conns
                 and (oldest is None or conns[0].idle_since < oldest.idle_since)
             ):
@@ -380,9 +412,29 @@ class Pool:
         if conn.reusable():
             conn.idle_since = self.loop.time()
             self._idle.setdefault(conn.origin.key, []).append(conn)
-            self._notify()
+            if self._sweep_at is None:
+                self._sweep_at = self.loop.call_later(self._keepalive(conn.origin), self._sweep)
+            self._notify(conn.origin.key)
         else:
             self.discard(conn)
+
+    def _sweep(self) -> None:
+        """Close the connections idle for longer than their keep-alive; come back when the
+        next one will be."""
+        self._sweep_at = None
+        now = self.loop.time()
+        later = None
+        for conns in self._idle.values():
+            while conns:
+                conn = conns[0]
+                until = conn.idle_since + self._keepalive(conn.origin)
+                if until > now:
+                    later = until if later is None else min(later, until)
+                    break
+                conns.pop(0)
+                self.discard(conn)
+        if later is not None:
+            self._sweep_at = self.loop.call_at(later, self._sweep)
 
     def discard(self, conn: Connection) -> None:
         conn.abort()
@@ -398,18 +450,31 @@ class Pool:
         if conn.counted:
             conn.counted = False
             self._open -= 1
-            self._notify()
+            key = conn.origin.key
+            left = self._per_origin[key] - 1
+            if left:
+                self._per_origin[key] = left
+            else:
+                del self._per_origin[key]
+            self._notify(key)
 
-    def _notify(self) -> None:
-        while self._waiters:
-            w = self._waiters.popleft()
-            if not w.done():
-                w.set_result(None)
-                return
+    def _notify(self, key: tuple) -> None:
+        """A slot (or an idle connection) to ``key`` is free: wake a request waiting for
+        that origin, else one waiting for any slot."""
+        queue = self._origin_waiters.get(key)
+        for waiters in (queue, self._waiters):
+            while waiters:
+                w = waiters.popleft()
+                if not w.done():
+                    w.set_result(None)
+                    return
 
     def close(self) -> None:
         """Close the idle connections (nothing is in flight on them, so a TLS one is not
         kept open for a shutdown exchange the loop may not live to finish)."""
+        if self._sweep_at is not None:
+            self._sweep_at.cancel()
+            self._sweep_at = None
         for conns in self._idle.values():
             for conn in conns:
                 conn.abort()

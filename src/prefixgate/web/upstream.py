@@ -1,8 +1,9 @@
 """Upstream health as the dashboard shows it: each channel's replicas from the config, their
 state in the router (ejected, down, in flight), their KV-event stream (``events/``: live,
-stale, what the index holds), their traffic and errors from the store, and the
+stale, what the index holds), their traffic and errors from the store, the
 host-memory (L2) tier verdict of the doctor's upstream-health check for channels
-with a ``metrics_url``."""
+with a ``metrics_url``, and admission (requests in flight, queued and refused) of the
+worker that answers and of each capped channel."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
     """Channels with their replicas (configured ones first, then replicas seen only in the
     store), joined with the store's per-replica figures."""
     by_key = {(r["channel"], r["replica"]): r for r in stats["replicas"]}
+    admission = gateway.admission.snapshot()
     hub = getattr(gateway, "events", None)
     events = {(e["channel"], e["replica"]): e for e in (hub.statuses() if hub else ())}
     seen: set[tuple] = set()
@@ -98,8 +100,14 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
                 "metrics_url": ch.metrics_url is not None,
                 "kv_events": ch.kv_events is not None,
                 "l2": l2.get(ch.name),
+                "admission": admission["channels"].get(ch.name),
                 "replicas": replicas,
             }
         )
     gone = [r for key, r in by_key.items() if key not in seen]
-    return {"channels": channels, "unconfigured": gone, "errors": stats["errors"]}
+    return {
+        "channels": channels,
+        "unconfigured": gone,
+        "errors": stats["errors"],
+        "admission": admission["worker"],
+    }

@@ -32,6 +32,20 @@
         f && f.fix.length ? h("div", { class: "fix" }, h("h3", { text: "Suggested fix" }), h("ul", {}, f.fix.map((s) => h("li", {}, s.split("`").map((part, i) => (i % 2 ? h("code", { text: part }) : part)))))) : null));
   }
 
+  function admissionStats(a) {
+    return h("div", { class: "stats" },
+      h("span", {}, "in flight ", h("b", { text: `${fmt.int(a.in_flight)} of ${fmt.int(a.limit)}` })),
+      h("span", {}, "queued ", h("b", { text: `${fmt.int(a.queued)} of ${fmt.int(a.max_queued)}` })),
+      h("span", {}, "refused (overloaded) ", h("b", { text: fmt.int(a.refused) })),
+      h("span", {}, "admitted after a wait ", h("b", { text: fmt.int(a.waited) })));
+  }
+
+  function admissionCard(a) {
+    return h("section", { class: "card", id: "admission" },
+      h("div", { class: "card-head" }, h("h2", { text: "Admission" }), h("span", { class: "sub", text: "this worker, since it started" })),
+      admissionStats(a));
+  }
+
   function eventsCell(ch, r) {
     if (!ch.kv_events) return "–";
     const e = r.events;
@@ -65,7 +79,7 @@
     ], ch.replicas, { rowClass: (r) => `replica-${r.state || "unconfigured"}` });
     return h("section", { class: "card channel", dataset: { channel: ch.name } },
       h("div", { class: "card-head" }, h("h2", { text: ch.name }), h("span", { class: "sub", text: `${ch.replicas.length} replica${ch.replicas.length === 1 ? "" : "s"}` })),
-      meta, table, l2Panel(ch.l2));
+      meta, ch.admission ? admissionStats(ch.admission) : null, table, l2Panel(ch.l2));
   }
 
   async function load() {
@@ -82,7 +96,7 @@
         { label: "requests", num: true, cell: (e) => fmt.int(e.requests) },
         { label: "last", num: true, cell: (e) => fmt.time(e.last) },
       ], d.errors) : h("p", { class: "empty", text: "No failed requests in this window." }));
-    content.replaceChildren(...d.channels.map(channelCard), errors);
+    content.replaceChildren(admissionCard(d.admission), ...d.channels.map(channelCard), errors);
   }
 
   PG.ready(() => {
