@@ -28,12 +28,28 @@ knows exactly what every replica holds when it routes, which no real router can;
 NOT know arrivals that have not happened yet. It is the ceiling of cache-aware routing
 under this decision rule, not the best schedule in hindsight.
 
-Reported per policy: the hit rate (Σ cached / Σ prompt tokens, the upstream's usage),
+Scenarios (``--scenarios``), each running every policy on the same traces: where the
+gateway's own estimate (``prefix``) and the engines' truth part ways.
+
+- ``single``: one gateway sees every request (its estimate is what it sent where);
+- ``gateways-2``, ``gateways-4``: N gateway instances (or ``--workers N``) behind a load
+  balancer that sends each request to the next gateway (not sticky per session), each
+  with its own routing state: each ``prefix`` estimate sees 1/N of the traffic and of
+  the in-flight load; ``precise`` on every gateway subscribes to the same engines' events;
+- ``gateways-4-redis``: the same with ``routing_shared`` on a throwaway ``redis-server``
+  (``prefix``'s block sets and in-flight counts shared; needs ``redis-server`` on PATH);
+- ``restarts``: one gateway, and every 4 s one replica (in turn) restarts: its cache is
+  cleared (an ``AllBlocksCleared`` event) at its first idle instant;
+- ``uneven-caches``: one gateway, the replicas' caches 0.5x to 1.5x the mean, which the
+  estimate is not told.
+
+Reported per scenario and policy: the hit rate (Σ cached / Σ prompt tokens, the upstream's usage),
 prefill tokens computed (Σ prompt − cached), TTFT p50/p90 as the gateway records it, the
 busiest replica's share of requests, the largest in-flight spread seen (max − min,
 sampled every 20 ms), and the routing sources the records name; each the mean over the
 traces of ``--seeds`` (one trace's figures move by a point or two from run to run), and
-the hit rate a cache holding the whole working set would give (cold misses only).
+the hit rate a cache holding the whole working set would give (cold misses only), and
+the goals checked per scenario.
 ``--json`` for JSON, with every run.
 
 Also measured: the cost of one routing decision for a 100k-token request: ``prefix``'s
@@ -41,13 +57,16 @@ estimate (render + tokenize + hash, match four LRUs) and ``precise`` (the sessio
 request, then its next turn reusing the previous one, and the lookups in four replicas'
 event indexes holding the prompt).
 
-    python benchmarks/routing.py [--groups 6 --users 8 --turns 6] [--seeds 1,2,3] [--json]
+    python benchmarks/routing.py [--groups 6 --users 8 --turns 6] [--seeds 1,2,3]
+        [--scenarios single,gateways-2,gateways-4,restarts] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import itertools
 import json
 import random
 import statistics
@@ -68,7 +87,7 @@ from prefixgate.routing.policies import Balance
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.traffic.text import code_pool, prose, take
-from prefixgate.upstream_sim import SimSettings, start_upstreams_in_thread
+from prefixgate.upstream_sim import SimSettings, SimUpstream
 
 B = 16  # the replicas' block size
 
@@ -184,8 +203,11 @@ class OracleView:
         pass
 
 
-async def _drive(url: str, sessions: list[list[Turn]], t0: float) -> int:
+async def _drive(urls: list[str], sessions: list[list[Turn]], t0: float) -> int:
+    """Every session's turns in order; each request to the next gateway in turn (a load
+    balancer that is not sticky)."""
     failures = 0
+    spread = itertools.count()
 
     async def one(client: httpx.AsyncClient, turns: list[Turn]) -> None:
         nonlocal failures
@@ -194,6 +216,7 @@ async def _drive(url: str, sessions: list[list[Turn]], t0: float) -> int:
             path, content = "/v1/chat/completions", json.dumps(t.body).encode()
             headers = {"x-session-id": t.session, "content-type": "application/json"}
             try:
+                url = urls[next(spread) % len(urls)]
                 async with client.stream("POST", url + path, headers=headers, content=content) as r:
                     async for _ in r.aiter_raw():
                         pass
@@ -211,7 +234,76 @@ async def _drive(url: str, sessions: list[list[Turn]], t0: float) -> int:
     return failures
 
 
-def run(policy: str, sessions, args, *, capacity: int) -> dict:
+class Scenario:
+    """Where the gateway's own estimate stands against the engines.
+
+    ``gateways``: gateway instances (or workers) behind a load balancer that spreads the
+    requests over them one by one (not sticky), each with its own routing state unless
+    ``shared`` (``routing_shared`` on a Redis); ``restart_every``: seconds between
+    restarts of one replica (rotating), its cache cleared (an ``AllBlocksCleared`` event);
+    ``capacity_spread``: the replicas' caches differ in size (0.5x to 1.5x the mean), which
+    the estimate is not told."""
+
+    def __init__(self, name: str, gateways: int = 1, shared: bool = False,
+                 restart_every: float = 0.0, capacity_spread: bool = False) -> None:  # fmt: skip
+        self.name, self.gateways, self.shared = name, gateways, shared
+        self.restart_every, self.capacity_spread = restart_every, capacity_spread
+
+    def describe(self) -> str:
+        parts = [f"{self.gateways} gateway{'s' if self.gateways > 1 else ''}"]
+        if self.gateways > 1:
+            parts.append("routing state shared in Redis" if self.shared else "each its own state")
+        if self.restart_every:
+            parts.append(f"a replica restarted every {self.restart_every:g} s")
+        if self.capacity_spread:
+            parts.append("replica caches 0.5x-1.5x the mean")
+        return ", ".join(parts)
+
+
+SCENARIOS = {
+    "single": Scenario("single"),
+    "gateways-2": Scenario("gateways-2", gateways=2),
+    "gateways-4": Scenario("gateways-4", gateways=4),
+    "gateways-4-redis": Scenario("gateways-4-redis", gateways=4, shared=True),
+    "restarts": Scenario("restarts", restart_every=4.0),
+    "uneven-caches": Scenario("uneven-caches", capacity_spread=True),
+}
+
+
+def _capacities(capacity: int, replicas: int, spread: bool) -> list[int]:
+    if not spread or replicas < 2:
+        return [capacity] * replicas
+    return [int(capacity * (0.5 + i / (replicas - 1))) // B * B for i in range(replicas)]
+
+
+def _start_replicas(settings: SimSettings, capacities: list[int]) -> list[SimUpstream]:
+    ups: list[SimUpstream] = []
+    try:
+        for i, c in enumerate(capacities):
+            one = dataclasses.replace(settings.for_replica(i), capacity_tokens=c)
+            ups.append(SimUpstream(one).start())
+    except BaseException:
+        for u in ups:
+            u.stop()
+        raise
+    return ups
+
+
+def restart(up: SimUpstream, timeout: float = 5.0) -> bool:
+    """Clear one replica's cache as a restart does, with an ``AllBlocksCleared`` event,
+    at the first instant it runs no request (a cache with blocks in use cannot be
+    cleared); ``False`` if it never idled within ``timeout``."""
+    sim = up.app.state.sim
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if sim.reset_prefix_cache():
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def run(policy: str, sessions, args, *, capacity: int, scenario: Scenario = SCENARIOS["single"],
+        redis_url: str | None = None) -> dict:  # fmt: skip
     events = PublisherSettings("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "kv")
     settings = SimSettings(
         block_size=B,
@@ -220,7 +312,7 @@ def run(policy: str, sessions, args, *, capacity: int) -> dict:
         decode_tokens_per_s=args.decode_rate,
         kv_events=events if policy == "precise" else None,
     )
-    ups = start_upstreams_in_thread(settings, replicas=args.replicas)
+    ups = _start_replicas(settings, _capacities(capacity, args.replicas, scenario.capacity_spread))
     balance = Balance(0.3, args.balance_abs, args.balance_rel)
     routing = {"oracle": "precise", "prefix-defaults": "prefix", "prefix-tuned": "prefix"}.get(
         policy, policy
@@ -240,49 +332,63 @@ def run(policy: str, sessions, args, *, capacity: int) -> dict:
         "routing_balance_rel": balance.rel,
         "routing_lru_blocks": lru,
     }
+    if scenario.shared and redis_url and routing in ("prefix", "least_busy"):
+        channel["routing_shared"] = redis_url
+        _flush_redis(redis_url)
     if routing == "precise":
         pubs = [u.app.state.sim.events for u in ups]
-        channel["kv_events"] = {  # the oracle's are never read: nothing publishes there
-            "replicas": [
-                {"endpoint": "tcp://*:" + p.endpoint.rsplit(":", 1)[1]}
-                if p is not None
-                else {"endpoint": f"tcp://127.0.0.1:{_free_port()}"}
-                for p in pubs
-            ],
+        # the oracle's are never read: each gateway connects to a port nothing publishes on
+        ports = [_free_port() if p is None else p.endpoint.rsplit(":", 1)[1] for p in pubs]
+        channel["kv_events"] = {
+            "replicas": [{"endpoint": f"tcp://*:{port}"} for port in ports],
             "topic": "kv",
             "block_size": B,
         }
     config = parse_config({"channels": [channel], "store": None})
     rec = _Records()
-    app = create_app(config, recorder=rec)
-    router = app.state.gateway.router
-    if policy == "oracle":
-        router.events = OracleView(ups)
-    gw = ServerThread(app).start()
+    routers, gws = [], []
+    for _ in range(scenario.gateways):  # each with its own state, as separate workers are
+        app = create_app(config, recorder=rec)
+        routers.append(app.state.gateway.router)
+        if policy == "oracle":
+            routers[-1].events = OracleView(ups)
+        gws.append(ServerThread(app).start())
     urls = [u.base_url for u in ups]
     if policy == "precise":
         for u in ups:
-            assert u.app.state.sim.events.wait_for_subscribers(1, 30)
+            assert u.app.state.sim.events.wait_for_subscribers(scenario.gateways, 30)
     spreads: list[int] = []
     over: list[bool] = []
+    restarts: list[bool] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.02):
-            loads = [router.inflight(u) for u in urls]
+            loads = [sum(r.inflight(u) for r in routers) for u in urls]
             spreads.append(max(loads) - min(loads))
             over.append(imbalanced(loads, balance))
 
-    sampler = threading.Thread(target=sample, daemon=True)
+    def restarter() -> None:
+        i = 0
+        while not stop.wait(scenario.restart_every):
+            restarts.append(restart(ups[i % len(ups)]))
+            i += 1
+
+    threads = [threading.Thread(target=sample, daemon=True)]
+    if scenario.restart_every:
+        threads.append(threading.Thread(target=restarter, daemon=True))
     t0 = time.monotonic()
-    sampler.start()
+    for th in threads:
+        th.start()
     try:
-        failures = asyncio.run(_drive(gw.url, sessions, t0))
+        failures = asyncio.run(_drive([g.url for g in gws], sessions, t0))
     finally:
         stop.set()
-        sampler.join()
+        for th in threads:
+            th.join()
         wall = time.monotonic() - t0
-        gw.stop()
+        for g in gws:
+            g.stop()
         evicted = sum(u.cache.evicted_blocks for u in ups)
         for u in ups:
             u.stop()
@@ -293,6 +399,7 @@ def run(policy: str, sessions, args, *, capacity: int) -> dict:
     per_replica = [sum(1 for r in ok if r.replica == u) for u in urls]
     return {
         "policy": policy,
+        "scenario": scenario.name,
         "requests": len(rec.records),
         "failed": failures + len(rec.records) - len(ok),
         "hit_rate": cached / prompt if prompt else 0.0,
@@ -306,15 +413,50 @@ def run(policy: str, sessions, args, *, capacity: int) -> dict:
         "imbalanced_samples": (sum(over) / len(over)) if over else 0.0,
         "route_sources": dict(Counter(r.route_source or "-" for r in ok)),
         "evicted_blocks": evicted,
+        "restarts": sum(restarts),
+        "restarts_missed": len(restarts) - sum(restarts),
         "wall_s": wall,
     }
+
+
+def _flush_redis(url: str) -> None:
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+
+
+def _start_redis():
+    """A throwaway redis-server on a free loopback port (for ``routing_shared``)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("the *-redis scenarios need redis-server on PATH")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    for _ in range(200):
+        try:
+            redis.Redis.from_url(url).ping()
+            return proc, url
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("redis-server did not start")
 
 
 def _mean(policy: str, rows: list[dict]) -> dict:
     """A policy's figures averaged over the seeds' runs (sources and failures summed)."""
     out: dict = {"policy": policy}
     for k in ("hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p90_ms", "busiest_share",
-              "inflight_spread_max", "imbalanced_samples", "evicted_blocks", "wall_s"):  # fmt: skip
+              "inflight_spread_max", "imbalanced_samples", "evicted_blocks", "restarts",
+              "wall_s"):  # fmt: skip
         out[k] = statistics.fmean(r[k] for r in rows)
     out["failed"] = sum(r["failed"] for r in rows)
     sources: Counter = Counter()
@@ -436,41 +578,70 @@ def main() -> None:
     )
     ap.add_argument("--balance-rel", type=float, default=1.5, help="relative imbalance")
     ap.add_argument("--policies", default="round_robin,session,prefix,precise,oracle")
+    ap.add_argument(
+        "--scenarios",
+        default="single,gateways-2,gateways-4,restarts",
+        help="comma-separated, of: " + ", ".join(SCENARIOS),
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
 
     seeds = [int(x) for x in args.seeds.split(",")]
     policies = args.policies.split(",")
-    traces, runs = [], {p: [] for p in policies}
-    for seed in seeds:
-        args.seed = seed
-        sessions = group_sessions(args)
-        ws = working_set(sessions)
-        capacity = int(ws * args.capacity_factor / args.replicas) // B * B
-        prompt = None
-        for p in policies:
-            t0 = time.monotonic()
-            row = run(p, sessions, args, capacity=capacity)
-            runs[p].append(row)
-            print(
-                f"seed {seed} {p}: hit {row['hit_rate']:.1%}, TTFT p90 "
-                f"{row['ttft_p90_ms']:.0f} ms ({time.monotonic() - t0:.0f} s)",
-                file=sys.stderr,
-                flush=True,
+    unknown = [n for n in args.scenarios.split(",") if n not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    scenarios = [SCENARIOS[n] for n in args.scenarios.split(",")]
+    redis_proc, redis_url = _start_redis() if any(s.shared for s in scenarios) else (None, None)
+    traces = []
+    runs = {s.name: {p: [] for p in policies} for s in scenarios}
+    try:
+        for seed in seeds:
+            args.seed = seed
+            sessions = group_sessions(args)
+            ws = working_set(sessions)
+            capacity = int(ws * args.capacity_factor / args.replicas) // B * B
+            prompt = None
+            for sc in scenarios:
+                for p in policies:
+                    t0 = time.monotonic()
+                    row = run(p, sessions, args, capacity=capacity, scenario=sc,
+                              redis_url=redis_url)  # fmt: skip
+                    runs[sc.name][p].append(row)
+                    print(
+                        f"seed {seed} {sc.name} {p}: hit {row['hit_rate']:.1%}, TTFT p90 "
+                        f"{row['ttft_p90_ms']:.0f} ms ({time.monotonic() - t0:.0f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    prompt = row["prompt_tokens"]
+            bound = 1 - ws / prompt if prompt else 0.0
+            traces.append(
+                {
+                    "seed": seed,
+                    "sessions": len(sessions),
+                    "requests": sum(map(len, sessions)),
+                    "working_set_tokens": ws,
+                    "capacity_per_replica": capacity,
+                    "cold_miss_bound": bound,
+                }  # fmt: skip
             )
-            prompt = row["prompt_tokens"]
-        bound = 1 - ws / prompt if prompt else 0.0
-        traces.append(
+    finally:
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait()
+    results = []
+    for sc in scenarios:
+        rows = [_mean(p, runs[sc.name][p]) for p in policies]
+        results.append(
             {
-                "seed": seed,
-                "sessions": len(sessions),
-                "requests": sum(map(len, sessions)),
-                "working_set_tokens": ws,
-                "capacity_per_replica": capacity,
-                "cold_miss_bound": bound,
-            }  # fmt: skip
+                "scenario": sc.name,
+                "description": sc.describe(),
+                "runs": rows,
+                "per_seed": runs[sc.name],
+                "goals": goals(rows),
+            }
         )
-    rows = [_mean(p, runs[p]) for p in policies]
     result = {
         "seeds": seeds,
         "traces": traces,
@@ -479,9 +650,7 @@ def main() -> None:
         "prefill_rate": args.prefill_rate,
         "decode_rate": args.decode_rate,
         "thresholds": {"match": 0.3, "abs": args.balance_abs, "rel": args.balance_rel},
-        "runs": rows,
-        "per_seed": runs,
-        "goals": goals(rows),
+        "scenarios": results,
         "decision_cost": decision_cost(),
     }
     if args.json:
@@ -495,18 +664,20 @@ def main() -> None:
         f"replicas x {t['capacity_per_replica']:,} tokens; prefill {args.prefill_rate:,.0f} "
         f"tok/s; hit rate with cold misses only {bound:.1%}. Means over the seeds:"
     )
-    head = f"{'policy':<16}{'hit rate':>9}{'prefill tok':>12}{'TTFT p50':>9}{'p90 ms':>8}"
-    head += f"{'busiest':>9}{'spread':>8}{'failed':>7}  sources"
-    print(head)
-    for r in rows:
-        print(
-            f"{r['policy']:<16}{r['hit_rate']:>9.1%}{r['prefill_tokens']:>12,.0f}"
-            f"{r['ttft_p50_ms']:>9.0f}{r['ttft_p90_ms']:>8.0f}{r['busiest_share']:>9.1%}"
-            f"{r['inflight_spread_max']:>8.0f}{r['failed']:>7}  "
-            + ", ".join(f"{k} {v}" for k, v in r["route_sources"].items())
-        )
-    for name, ok in result["goals"].items():
-        print(f"goal {name}: {'met' if ok else 'NOT met'}")
+    for sc in results:
+        print(f"\n{sc['scenario']}: {sc['description']}")
+        head = f"{'policy':<16}{'hit rate':>9}{'prefill tok':>12}{'TTFT p50':>9}{'p90 ms':>8}"
+        head += f"{'busiest':>9}{'spread':>8}{'failed':>7}  sources"
+        print(head)
+        for r in sc["runs"]:
+            print(
+                f"{r['policy']:<16}{r['hit_rate']:>9.1%}{r['prefill_tokens']:>12,.0f}"
+                f"{r['ttft_p50_ms']:>9.0f}{r['ttft_p90_ms']:>8.0f}{r['busiest_share']:>9.1%}"
+                f"{r['inflight_spread_max']:>8.0f}{r['failed']:>7}  "
+                + ", ".join(f"{k} {v}" for k, v in r["route_sources"].items())
+            )
+        for name, ok in sc["goals"].items():
+            print(f"goal {name}: {'met' if ok else 'NOT met'}")
     c = result["decision_cost"]
     print(
         f"one decision for a {c['tokens']:,}-token request ({c['blocks']} blocks, "

@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -51,7 +52,11 @@ import overhead as ov  # noqa: E402
 REDIS = "redis://127.0.0.1:6379/0"
 PRICES = {"models": {"fake": {"input": 3.0, "cached_input": 0.3, "output": 15.0}}}
 BUDGETS = ["1000000000 tokens/day", "100000 USD/month"]  # the key's
-OWNERS = {"team": ["100000 USD/month"]}
+# Names of this run's own: the shared Redis keeps a window's counters past the run, and
+# earlier runs' spending must not use up this run's budgets.
+RUN = secrets.token_hex(4)
+KEY_NAME, OWNER = f"bench-{RUN}", f"team-{RUN}"
+OWNERS = {OWNER: ["100000 USD/month"]}
 
 
 class Sink:
@@ -80,8 +85,8 @@ class Sink:
 
 def key_config(budgets: list[str]) -> dict:
     return {
-        "name": "bench",
-        "owner": "team",
+        "name": KEY_NAME,
+        "owner": OWNER,
         "key_sha256": hashlib.sha256(ov.KEY.encode()).hexdigest(),
         "budgets": budgets,
     }
@@ -132,8 +137,8 @@ def steps(n: int) -> list[dict]:
         cost_nano=3_000_000,
         cost_saved_nano=31_000_000,
         session_id="s",
-        key_name="bench",
-        key_owner="team",
+        key_name=KEY_NAME,
+        key_owner=OWNER,
         ttft_ms=120.0,
         segments_in=segs,
     )

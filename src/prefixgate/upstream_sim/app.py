@@ -159,6 +159,18 @@ class UpstreamSim:
         if self.events is not None and self._emitter is not None:
             self.events.publish(self._emitter.take())
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's ``reset_prefix_cache`` (or a restart) does,
+        and publish ``AllBlocksCleared``; ``False`` while a request holds blocks."""
+        try:
+            self.cache.reset()
+        except RuntimeError:
+            return False
+        if self._emitter is not None:
+            self._emitter.cleared()
+            self.publish_events()
+        return True
+
     def usage(self, lease: Lease, completion_tokens: int) -> dict[str, Any]:
         return usage_body(
             lease.prompt_tokens,
