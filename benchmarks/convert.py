@@ -14,6 +14,12 @@ conversion and encoding. ``dict API`` is ``anthropic_to_openai`` on a decoded di
 token counter and the cache model call): it encodes the dict and takes the typed way.
 The stream figures feed a 256-chunk OpenAI stream (decoded chunks, as the relay gives
 them) through ``AnthropicStream``. Goal: ≤ 0.5 ms for the request path.
+
+``codex path`` is the same for ``POST /v1/responses``, on the body of
+``tests/fixtures/codex/01_v0.171.0_exec_turn1.json`` (a real Codex CLI request, 40 KB of
+JSON): the typed decode with its checks (``decode_responses_body``), the conversion to Chat
+Completions and the encoding; ``codex_stream`` feeds the same 256-chunk stream through
+``ResponsesStream``. Goal: ≤ 0.3 ms for the codex path.
 """
 
 from __future__ import annotations
@@ -28,19 +34,24 @@ from pathlib import Path
 import msgspec
 
 from prefixgate.config import Limits
+from prefixgate.convert import responses_request
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert
+from prefixgate.convert.responses_response import response_base
+from prefixgate.convert.responses_stream import ResponsesStream
 from prefixgate.convert.stream import AnthropicStream
 from prefixgate.hygiene import strip_billing_header
 from prefixgate.hygiene.billing import strip_billing_header_typed
 from prefixgate.protocol.messages_body import _plain_path, decode_messages_body
+from prefixgate.protocol.responses import decode_responses_body
 from prefixgate.sse import SSEDecoder
 
 HERE = Path(__file__).resolve().parent
-FIXTURE = "01_v2.1.332_print_turn1.json"
+FIXTURE = "claude-code/01_v2.1.332_print_turn1.json"
+CODEX_FIXTURE = "codex/01_v0.171.0_exec_turn1.json"
 
 
-def fixture_body() -> bytes:
-    path = HERE.parent / "tests" / "fixtures" / "claude-code" / FIXTURE
+def fixture_body(name: str = FIXTURE) -> bytes:
+    path = HERE.parent / "tests" / "fixtures" / name
     body = json.loads(path.read_text())["body"]
     return (body if isinstance(body, str) else json.dumps(body)).encode()
 
@@ -112,8 +123,7 @@ def main() -> None:
 
     chunks = stream_chunks(args.chunks)
 
-    def stream() -> None:
-        conv = AnthropicStream(model="claude", stop_sequences=None, exclude_cache=True)
+    def feed(conv) -> None:
         conv.start()
         dec = SSEDecoder()
         for c in chunks:
@@ -121,6 +131,20 @@ def main() -> None:
                 if data != b"[DONE]":
                     conv.feed(decode(data))
         conv.finish()
+
+    def stream() -> None:
+        feed(AnthropicStream(model="claude", stop_sequences=None, exclude_cache=True))
+
+    codex_raw = fixture_body(CODEX_FIXTURE)
+    codex = decode_responses_body(codex_raw, limits)
+
+    def codex_path() -> bytes:
+        return encode(
+            responses_request.convert(decode_responses_body(codex_raw, limits).typed, opts)
+        )
+
+    def codex_stream() -> None:
+        feed(ResponsesStream(response_base(codex), responses_request.tool_map(codex.typed)))
 
     results = {
         "body_bytes": len(raw),
@@ -131,12 +155,16 @@ def main() -> None:
         "dict_api": timed(dict_api, args.n),
         f"stream_{args.chunks}_chunks": timed(stream, max(50, args.n // 10)),
     }
+    results["codex_body_bytes"] = len(codex_raw)
+    results["codex_path"] = timed(codex_path, args.n)
+    results[f"codex_stream_{args.chunks}_chunks"] = timed(codex_stream, max(50, args.n // 10))
     s = results[f"stream_{args.chunks}_chunks"]
     results["stream_per_chunk_us"] = 1000 * s["p50_ms"] / args.chunks
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(f"Claude Code request: {len(raw) / 1024:.0f} KiB of JSON")
+    print(f"Codex request: {len(codex_raw) / 1024:.0f} KiB of JSON")
     print(f"{'figure':<28}{'p50 ms':>10}{'p99 ms':>10}")
     for k, v in results.items():
         if isinstance(v, dict):
@@ -144,6 +172,8 @@ def main() -> None:
     print(f"stream, per chunk: {results['stream_per_chunk_us']:.1f} µs")
     goal = results["request_path"]["p50_ms"]
     print(f"request path goal ≤ 0.5 ms: {'met' if goal <= 0.5 else 'NOT met'} ({goal:.3f} ms)")
+    goal = results["codex_path"]["p50_ms"]
+    print(f"codex path goal ≤ 0.3 ms: {'met' if goal <= 0.3 else 'NOT met'} ({goal:.3f} ms)")
     sys.stdout.flush()
 
 

@@ -39,6 +39,17 @@ class ListRecorder:
         self.records.append(record)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_render_orders():
+    """Each test's gateways learn their upstream's template order afresh: what a process
+    learned is kept by channel name and URL, and tests reuse both (ports are recycled)."""
+    from prefixgate.upstream import order
+
+    order._learned.clear()
+    order._told.clear()
+    yield
+
+
 @pytest.fixture
 def upstream():
     fake = ScriptedUpstream()

@@ -280,3 +280,40 @@ class ScriptedUpstream:
                 raise
 
         return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+class RecordingUpstream:
+    """An ASGI wrapper that keeps each request's path, JSON body (and its bytes, ``raw``),
+    status and (for errors) the response body."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.seen: list[dict] = []
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        body, out = bytearray(), bytearray()
+        entry: dict = {"path": scope["path"]}
+
+        async def recv():
+            msg = await receive()
+            if msg["type"] == "http.request":
+                body.extend(msg.get("body", b""))
+            return msg
+
+        async def snd(msg):
+            if msg["type"] == "http.response.start":
+                entry["status"] = msg["status"]
+            elif msg["type"] == "http.response.body" and entry.get("status", 200) >= 400:
+                out.extend(msg.get("body", b""))
+            await send(msg)
+
+        await self.app(scope, recv, snd)
+        entry["raw"] = bytes(body)
+        entry["body"] = json.loads(entry["raw"]) if body else None
+        entry["error"] = out.decode("utf-8", "replace") if out else None
+        self.seen.append(entry)
+
+    def chats(self) -> list[dict]:
+        return [e for e in self.seen if e["path"].endswith("/chat/completions")]

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.conftest import FIXTURE_ROOT, FIXTURES
+from tests.conftest import FIXTURE_ROOT
 
 ROW = re.compile(r"^\| `([^`]+)` \| `([0-9a-f]{64})` \| ([\d,]+) \|$", re.MULTILINE)
 LISTED = {
@@ -36,7 +36,11 @@ def test_fixture_bytes_are_the_recorded_ones(name: str):
     assert (hashlib.sha256(data).hexdigest(), len(data)) == LISTED[name]
 
 
-@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted(FIXTURE_ROOT.glob("*/*.json")),
+    ids=lambda p: p.relative_to(FIXTURE_ROOT).as_posix(),
+)
 def test_captures_carry_no_credential(path):
     headers = json.loads(path.read_text())["headers"]
     secret = {k: v for k, v in headers.items() if k.lower() in ("x-api-key", "authorization")}

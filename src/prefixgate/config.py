@@ -166,6 +166,12 @@ class ChannelConfig(_Model):
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
     render_order: RenderOrder = "auto"  # auto: learned from the upstream (upstream/order.py)
+    # How /v1/responses reaches this channel: converted to Chat Completions (any
+    # OpenAI-compatible server), or passed through to the upstream's own /responses.
+    responses_api: Literal["convert", "passthrough"] = "convert"
+    # Whether the upstream's model takes images; false: a request holding one is refused
+    # (400) before anything is sent.
+    accepts_images: bool = True
     # The engine's prompt, for the KV events and `routing: precise` (events/tokens.py): its
     # chat template (a .jinja file or tokenizer_config.json; unset: the simulated upstream's
     # format in render_order) and its tokenizer ("approx", or "hf:PATH" to tokenizer.json).

@@ -105,6 +105,9 @@ class Gateway:
     async def chat(self, request: Request) -> Response:
         return await pipeline.run(pipeline.Exchange(self, request, pipeline.CHAT))
 
+    async def responses(self, request: Request) -> Response:
+        return await pipeline.run(pipeline.Exchange(self, request, pipeline.RESPONSES))
+
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens as the first channel that would serve it renders it, after
         that channel's hygiene steps. No record (nothing is sent upstream)."""

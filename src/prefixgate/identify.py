@@ -66,3 +66,18 @@ def session_of_chat(body: dict, headers) -> tuple[str | None, str | None]:
     if sid:
         return sid, "header"
     return None, None
+
+
+def session_of_responses(body: dict, headers) -> tuple[str | None, str | None]:
+    """Codex CLI's ``session-id`` header (its ``prompt_cache_key`` is the same id), else
+    the request's ``prompt_cache_key`` (what OpenAI routes its prompt cache by), else as
+    a chat request: ``user``, then ``x-session-id``."""
+    sid = headers.get("session-id")
+    if sid and headers.get("originator", "").startswith("codex"):
+        return sid, "codex"
+    key = body.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        return key, "prompt-cache-key"
+    if sid:
+        return sid, "header"
+    return session_of_chat(body, headers)

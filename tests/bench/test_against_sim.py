@@ -1,5 +1,6 @@
 """End to end against the simulated vLLM with KNOWN rates (prefill 20,000 tok/s, decode
-200 tok/s): directly (OpenAI Chat) and through the gateway's ``/v1/messages``.
+200 tok/s): directly (OpenAI Chat) and through the gateway's ``/v1/messages`` and
+``/v1/responses``.
 
 The simulator sleeps ``uncached_prompt_tokens / prefill_rate`` before the first token and
 ``1 / decode_rate`` per further token, so the expected TTFT of a request is computed from
@@ -101,7 +102,13 @@ def test_gateway_anthropic_matches_configured_rates(stack):
     check_decode_and_prefill(run.targets[0])
 
 
-@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_gateway_responses_matches_configured_rates(stack):
+    target = Target("gateway", stack.gateway_url, api="responses", metrics_url=stack.metrics_url)
+    run = bench([target], ["decode", "prefill"], ACCURACY, model="sim-model")
+    check_decode_and_prefill(run.targets[0])
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
 def test_thinking_reports_visible_ttft_after_reasoning(stack, api):
     url = stack.openai_url if api == "openai" else stack.gateway_url
     params = ScenarioParams(runs=1, output_tokens=64)

@@ -1,5 +1,5 @@
-"""The SSE decoder and the OpenAI / Anthropic stream parsers on hand-made streams, and the
-request bodies."""
+"""The SSE decoder and the OpenAI Chat / Anthropic / OpenAI Responses stream parsers on
+hand-made streams, and the request bodies."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import pytest
 from prefixgate.bench.client import (
     AnthropicStreamParser,
     OpenAIStreamParser,
+    ResponsesStreamParser,
     SSEDecoder,
     anthropic_body,
     openai_body,
+    responses_body,
 )
 from prefixgate.bench.model import RequestResult, RequestSpec, Target
 
@@ -145,6 +147,63 @@ def test_anthropic_error_event():
     assert not out.success and "overloaded_error" in out.error and "busy" in out.error
 
 
+def r_event(kind: str, **data) -> tuple[str, str]:
+    return kind, json.dumps({"type": kind, **data})
+
+
+def test_responses_stream_timeline():
+    r = RequestResult(start=1.0)
+    usage = {
+        "input_tokens": 104,
+        "input_tokens_details": {"cached_tokens": 80},
+        "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 3},
+    }
+    seq = [
+        (1.010, *r_event("response.created", response={"usage": None})),
+        (1.011, *r_event("response.output_item.added", item={"type": "reasoning"})),
+        (1.100, *r_event("response.reasoning_text.delta", delta="abc")),
+        (1.131, *r_event("response.output_item.done", item={"type": "reasoning"})),
+        (1.150, *r_event("response.output_text.delta", delta="Hi")),
+        (1.200, *r_event("response.output_text.delta", delta="!")),
+        (1.205, *r_event("response.function_call_arguments.delta", delta="{}")),
+        (
+            1.220,
+            *r_event(
+                "response.incomplete",
+                response={"usage": usage, "incomplete_details": {"reason": "max_output_tokens"}},
+            ),
+        ),
+    ]
+    out = feed_all(ResponsesStreamParser(r), seq)
+    assert out.success
+    assert out.ttft == pytest.approx(0.100)  # the first delta, reasoning included
+    assert out.ttft_visible == pytest.approx(0.150)  # the first text delta
+    assert out.itl == pytest.approx([0.019, 0.050, 0.005])
+    assert out.latency == pytest.approx(0.220)
+    # input_tokens includes the cached part already (OpenAI semantics)
+    assert (out.input_tokens, out.cached_tokens, out.output_tokens) == (104, 80, 7)
+    assert out.usage_seen and out.text == "Hi!" and out.reasoning_chars == 3
+    assert out.finish_reason == "length"
+
+
+def test_responses_failed_event():
+    out = feed_all(
+        ResponsesStreamParser(RequestResult(start=0.0)),
+        [
+            (0.1, *r_event("response.created", response={})),
+            (
+                0.2,
+                *r_event(
+                    "response.failed",
+                    response={"error": {"code": "server_error", "message": "boom"}},
+                ),
+            ),
+        ],
+    )
+    assert not out.success and "server_error" in out.error and "boom" in out.error
+
+
 def test_sse_decoder_events_comments_and_multiline():
     dec = SSEDecoder()
     lines = [
@@ -182,6 +241,12 @@ def test_bodies():
     assert openai_body(RequestSpec(spec.messages, 16), "m")["chat_template_kwargs"] == {
         "enable_thinking": False
     }
+    resp = responses_body(spec, "m")
+    assert "ignore_eos" not in resp and resp["instructions"] == "S"
+    assert resp["input"] == [{"role": "user", "content": "U"}]
+    assert resp["max_output_tokens"] == 256 and resp["store"] is False and resp["stream"]
+    assert resp["reasoning"] == {"effort": "medium"}
+    assert responses_body(RequestSpec(spec.messages, 16), "m")["reasoning"] == {"effort": "none"}
 
 
 def test_target_urls():
@@ -195,4 +260,10 @@ def test_target_urls():
         Target("g", "http://h:8787/v1", api="anthropic").endpoint() == "http://h:8787/v1/messages"
     )
     assert g.scrape_url() == "http://h:8787/metrics"
+    assert Target("r", "http://h:8787/v1", api="responses").endpoint() == (
+        "http://h:8787/v1/responses"
+    )
+    assert Target("r", "http://h:8787", api="responses").endpoint() == (
+        "http://h:8787/v1/responses"
+    )
     assert Target("x", "http://h/v1", metrics_url="").scrape_url() is None

@@ -1,5 +1,6 @@
 """The conversion micro-benchmark (benchmarks/convert.py) runs, and its three ways from
-the Claude Code request to the upstream request agree (it asserts so before timing)."""
+the Claude Code request to the upstream request agree (it asserts so before timing); the
+real Codex request goes through the Responses path."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def test_convert_benchmark_reports_every_figure() -> None:
         check=True,
     )
     figures = json.loads(out.stdout)
-    for name in ("decode", "convert", "request_path", "plain_path", "dict_api", "stream_16_chunks"):
+    names = ("decode", "convert", "request_path", "plain_path", "dict_api", "stream_16_chunks")
+    for name in (*names, "codex_path", "codex_stream_16_chunks"):
         assert figures[name]["p50_ms"] > 0, name
     assert figures["stream_per_chunk_us"] > 0

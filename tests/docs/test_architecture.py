@@ -21,6 +21,7 @@ def test_the_documented_pipeline_is_the_codes():
     assert lines == {
         "/v1/messages": pipeline.describe(pipeline.MESSAGES.steps),
         "/v1/chat/completions": pipeline.describe(pipeline.CHAT.steps),
+        "/v1/responses": pipeline.describe(pipeline.RESPONSES.steps),
     }
 
 

@@ -1,6 +1,7 @@
 """Schema-driven fuzzing (schemathesis) of the gateway's own OpenAPI document: whatever a
-client sends to /v1/messages, /v1/messages/count_tokens or /v1/chat/completions, the
-answer is never a 5xx and never a hang, and errors come in the route's own shape."""
+client sends to /v1/messages, /v1/messages/count_tokens, /v1/chat/completions or
+/v1/responses, the answer is never a 5xx and never a hang, and errors come in the route's
+own shape."""
 
 from __future__ import annotations
 

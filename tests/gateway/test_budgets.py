@@ -65,6 +65,7 @@ def _wait_settled(gw) -> None:
 
 
 def test_a_token_budget_refuses_in_each_protocol(gateway, upstream):
+    """Chat Completions, Messages and Responses, each in its own envelope."""
     secret, key = _key(["300 tokens/day"])
     gw = gateway(keys=[key])
     a = anthropic.Anthropic(base_url=gw.url, api_key=secret, max_retries=0)
@@ -90,8 +91,12 @@ def test_a_token_budget_refuses_in_each_protocol(gateway, upstream):
         a.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
     assert ainfo.value.body["error"]["type"] == "rate_limit_error"
     assert "of its budget of 300 tokens/day" in ainfo.value.body["error"]["message"]
+    with pytest.raises(openai.RateLimitError) as rinfo:
+        o.responses.create(model="m", input="x", max_output_tokens=8)
+    assert rinfo.value.code == "insufficient_quota" and "budget exceeded" in rinfo.value.message
     recs = gw.records
-    assert [r.status for r in recs] == [200, 200, 200, 429, 429]
+    assert [r.status for r in recs] == [200, 200, 200, 429, 429, 429]
+    assert recs[-1].endpoint == "responses"
     assert recs[-1].error_type == "insufficient_quota"
     assert _spent(gw, "key:") == [(3 * TOKENS, 0)]
     a.close()

@@ -36,7 +36,7 @@ def say(pytestconfig: pytest.Config):
 
 def _skip_if_asked() -> None:
     if harness.skip_requested():
-        pytest.skip("PREFIXGATE_SKIP_REAL=1: tests against real vLLM / Claude Code skipped")
+        pytest.skip("PREFIXGATE_SKIP_REAL=1: tests against real vLLM and agent CLIs skipped")
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +85,19 @@ def vllm_kv_events(vllm_python, tiny_model, say) -> Iterator[tuple[harness.VllmS
 
 
 @pytest.fixture(scope="session")
+def agent_model(vllm_python, say) -> harness.Path:
+    return harness.ensure_agent_model(vllm_python, say)
+
+
+@pytest.fixture(scope="session")
+def vllm_agent(vllm_python, agent_model, say) -> Iterator[harness.VllmServer]:
+    """vLLM serving the agent model: a 64k window, answers that end by themselves."""
+    yield from _serve(
+        vllm_python, agent_model, say, "vllm-agent", max_model_len=harness.AGENT_MAX_MODEL_LEN
+    )
+
+
+@pytest.fixture(scope="session")
 def vllm_kv_events_b(vllm_python, tiny_model, say) -> Iterator[tuple[harness.VllmServer, dict]]:
     """A second vLLM like ``vllm_kv_events`` (its own event addresses, the same small KV
     cache): two replicas of one channel."""
@@ -100,10 +113,22 @@ def claude_exe(say) -> harness.Path:
     return harness.ensure_claude_code(say)
 
 
+@pytest.fixture(scope="session")
+def codex_exe(say) -> harness.Path:
+    _skip_if_asked()
+    return harness.ensure_codex(say)
+
+
+@pytest.fixture(scope="session")
+def opencode_exe(say) -> harness.Path:
+    _skip_if_asked()
+    return harness.ensure_opencode(say)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     steps = harness.TIMINGS.steps
     if not steps:
         return
-    terminalreporter.section("real vLLM / Claude Code setup")
+    terminalreporter.section("real vLLM and agent CLIs: setup")
     for name, secs in steps.items():
         terminalreporter.write_line(f"{name}: {secs:.1f} s")

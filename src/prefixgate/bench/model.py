@@ -8,13 +8,14 @@ from typing import Any, Literal
 
 __all__ = ["API", "RequestResult", "RequestSpec", "Target"]
 
-API = Literal["openai", "anthropic"]
+API = Literal["openai", "anthropic", "responses"]
 
 
 @dataclass(frozen=True)
 class Target:
     """One serving configuration. ``url`` is the API base: ``http://host:8000/v1`` for an
-    OpenAI-style server, ``http://host:8787`` (or ``.../v1``) for Anthropic Messages.
+    OpenAI-style server (Chat Completions or Responses), ``http://host:8787`` (or
+    ``.../v1``) for Anthropic Messages.
     ``metrics_url`` None: derived (``<url without /v1>/metrics``); "" disables scraping."""
 
     name: str
@@ -26,6 +27,8 @@ class Target:
         base = self.url.rstrip("/")
         if self.api == "openai":
             return base + "/chat/completions"
+        if self.api == "responses":
+            return base + ("/responses" if base.endswith("/v1") else "/v1/responses")
         return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
     def models_url(self) -> str:

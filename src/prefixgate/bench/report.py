@@ -311,7 +311,10 @@ def _notes(tr: TargetRun, sr: Any) -> list[str]:
     if short:
         got = sum(r.output_tokens for r in short) / len(short)
         want = sum(r.max_tokens for r in short) / len(short)
-        why = " (Anthropic has no ignore_eos)" if tr.target.api == "anthropic" else ""
+        why = {
+            "anthropic": " (Anthropic has no ignore_eos)",
+            "responses": " (the Responses API has no ignore_eos)",
+        }.get(tr.target.api, "")
         out.append(
             f"- {tr.target.name} / {sr.name}: {len(short)} of {s['completed']} outputs stopped "
             f"before max_tokens (mean {got:.0f} of {want:.0f} tokens){why}; rates are over "

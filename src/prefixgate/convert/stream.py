@@ -31,6 +31,24 @@ def sse(event: str, data: dict) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + _encode(data) + b"\n\n"
 
 
+def fold_tool_delta(calls: dict, delta: dict, make) -> tuple:
+    """One chat ``tool_calls`` delta folded into its pending call (``make()`` when its
+    index is new; the call has ``id`` and ``name``, each kept from the first delta that
+    gives it): ``(call, index, arguments fragment)``."""
+    idx = delta.get("index", 0)
+    if not isinstance(idx, int):
+        idx = 0
+    call = calls.get(idx)
+    if call is None:
+        call = calls[idx] = make()
+    fn = delta.get("function") or {}
+    if delta.get("id") and call.id is None:
+        call.id = delta["id"]
+    if fn.get("name") and call.name is None:
+        call.name = fn["name"]
+    return call, idx, fn.get("arguments") or ""
+
+
 class _PendingTool:
     __slots__ = ("id", "name", "args", "block")
 
@@ -164,18 +182,7 @@ class AnthropicStream:
         self._open_tool = None
 
     def _tool_delta(self, out: list[bytes], call: dict) -> None:
-        idx = call.get("index", 0)
-        if not isinstance(idx, int):
-            idx = 0
-        tool = self._tools.get(idx)
-        if tool is None:
-            tool = self._tools[idx] = _PendingTool()
-        fn = call.get("function") or {}
-        if call.get("id") and tool.id is None:
-            tool.id = call["id"]
-        if fn.get("name") and tool.name is None:
-            tool.name = fn["name"]
-        args = fn.get("arguments") or ""
+        tool, idx, args = fold_tool_delta(self._tools, call, _PendingTool)
         if tool.block is None:
             if args:
                 tool.args.append(args)

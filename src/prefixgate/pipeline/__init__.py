@@ -16,6 +16,12 @@ from prefixgate import hygiene as _hygiene
 from prefixgate.convert.request import plain
 from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, run
 from prefixgate.pipeline.relays import relay_chat, relay_messages
+from prefixgate.pipeline.responses import (
+    convert_responses,
+    decode_responses,
+    relay_responses,
+    upstream_chat_of_responses,
+)
 from prefixgate.pipeline.steps import (
     Failover,
     admit,
@@ -60,6 +66,18 @@ CHAT_STEPS = (
     relay_chat,
 )
 
+RESPONSES_STEPS = (
+    authenticate,
+    read,
+    decode_responses,
+    admit,
+    queue,
+    budget,
+    plan,
+    Failover(convert_responses, capture, send),
+    relay_responses,
+)
+
 
 def _messages_prompt(x: Exchange, ch) -> dict:
     return plain(upstream_chat_request(x, ch))
@@ -67,6 +85,11 @@ def _messages_prompt(x: Exchange, ch) -> dict:
 
 def _chat_prompt(x: Exchange, ch) -> dict:
     return openai_proto.materialize(x.body)[0]
+
+
+def _responses_prompt(x: Exchange, ch) -> dict:
+    # the conversation as Chat, also for a passthrough channel: the same prompt either way
+    return plain(upstream_chat_of_responses(x, ch))
 
 
 MESSAGES = Endpoint(
@@ -88,6 +111,15 @@ CHAT = Endpoint(
     steps=CHAT_STEPS,
 )
 
+RESPONSES = Endpoint(
+    name="responses",
+    error_bytes=openai_proto.error_bytes,
+    request_id_header="x-request-id",  # OpenAI's name
+    kinds=("openai",),
+    prompt=_responses_prompt,
+    steps=RESPONSES_STEPS,
+)
+
 
 def describe(steps: tuple) -> str:
     """The steps as one line: ``authenticate → read → … → relay_messages → finish``; a
@@ -103,4 +135,13 @@ def describe(steps: tuple) -> str:
     return " → ".join([*names, "finish"])
 
 
-__all__ = ["CHAT", "MESSAGES", "Endpoint", "Exchange", "describe", "error_response", "run"]
+__all__ = [
+    "CHAT",
+    "MESSAGES",
+    "RESPONSES",
+    "Endpoint",
+    "Exchange",
+    "describe",
+    "error_response",
+    "run",
+]

@@ -45,7 +45,7 @@ class Endpoint:
     shape and request-id header), the channel kinds that can serve it, the prompt a
     channel would receive (for the ``prefix`` routing policy), and the ordered steps."""
 
-    name: str  # the record's endpoint: "messages" | "chat"
+    name: str  # the record's endpoint: "messages" | "chat" | "responses"
     error_bytes: Callable[[GatewayError], bytes]
     request_id_header: str
     kinds: tuple[str, ...]
@@ -98,7 +98,7 @@ class Exchange:
         self.principal: Principal | None = None
         self.admitted = False  # holds a rate-limit slot, given back by finish()
         self.raw = b""  # the body as received
-        self.body: Any = None  # decoded: a MessagesBody or a chat dict
+        self.body: Any = None  # decoded: a MessagesBody, a ResponsesBody or a chat dict
         self.targets: list[Target] = []  # the failover order
         self.target: Target | None = None  # the one being tried
         self.hygienic: dict[str, Any] = {}  # channel -> the typed request after hygiene

@@ -12,7 +12,7 @@ means the client left.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from starlette.responses import Response, StreamingResponse
@@ -124,6 +124,15 @@ def messages_stream(x: Exchange) -> StreamingResponse:
         stop_sequences=body.get("stop_sequences"),
         exclude_cache=ch.anthropic_messages_exclude_cache,
     )
+    exclude = ch.anthropic_messages_exclude_cache
+    return converted_stream(x, conv, lambda u: _reported(rec, u.to_anthropic(exclude)))
+
+
+def converted_stream(x: Exchange, conv, report: Callable[[Usage], None]) -> StreamingResponse:
+    """A chat stream relayed through a converting state machine (``start``, ``feed``,
+    ``finish``, ``error``; its ``usage`` and ``finish_reason``); ``report`` records the
+    usage the client was shown."""
+    rec = x.record
 
     async def gen() -> AsyncIterator[bytes]:
         pending = [conv.start()]  # what goes out with the next write
@@ -143,7 +152,7 @@ def messages_stream(x: Exchange) -> StreamingResponse:
                 raise UpstreamError("upstream stream ended before it finished")
             pending.append(conv.finish())
             rec.status = 200
-            _reported(rec, conv.usage.to_anthropic(ch.anthropic_messages_exclude_cache))
+            report(conv.usage)
             reply.end(conv.usage)
             yield b"".join(pending)
         except GatewayError as e:
@@ -164,8 +173,12 @@ def _reported(rec, usage: dict) -> None:
     rec.reported_output_tokens = usage.get("output_tokens")
 
 
-# -- Anthropic out, from an Anthropic upstream (passthrough) -----------------------------
-def _anthropic_usage(u: object, usage: Usage) -> None:
+# -- passed through: an upstream that speaks the client's protocol ----------------------
+def _anthropic_usage(obj: dict, usage: Usage) -> None:
+    """Usage from an Anthropic answer or stream event (``message_start`` holds it in its
+    message, ``message_delta`` at the top)."""
+    msg = obj.get("message")
+    u = msg.get("usage") if isinstance(msg, dict) else obj.get("usage")
     if not isinstance(u, dict):
         return
     cached = u.get("cache_read_input_tokens") or 0
@@ -179,7 +192,15 @@ def _anthropic_usage(u: object, usage: Usage) -> None:
 
 
 def anthropic_passthrough(x: Exchange) -> Response:
-    """``x.first`` is the first body chunk of a stream, or the whole JSON object otherwise."""
+    return passthrough(x, _anthropic_usage, anthropic_proto.error_event)
+
+
+def passthrough(
+    x: Exchange, usage_of: Callable[[dict, Usage], None], error_event: Callable[..., bytes]
+) -> Response:
+    """The upstream's answer as it came, the public model name restored; ``usage_of``
+    reads the usage of the whole answer or of each stream event into the record's.
+    ``x.first`` is the first body chunk of a stream, or the whole JSON object otherwise."""
     rec, public, ch = x.record, x.body["model"], x.channel
     upstream_model = x.out["model"]
     usage = Usage()
@@ -187,7 +208,7 @@ def anthropic_passthrough(x: Exchange) -> Response:
     secret = secret_of(ch)
     if not rec.stream:
         obj = x.first
-        _anthropic_usage(obj.get("usage"), usage)
+        usage_of(obj, usage)
         if swap:
             obj["model"] = public
         rec.status = 200
@@ -205,11 +226,7 @@ def anthropic_passthrough(x: Exchange) -> Response:
                     except msgspec.DecodeError:
                         continue
                     if isinstance(obj, dict):
-                        msg = obj.get("message")
-                        _anthropic_usage(
-                            (msg or {}).get("usage") if isinstance(msg, dict) else obj.get("usage"),
-                            usage,
-                        )
+                        usage_of(obj, usage)
                 if rec.first_byte_at is None:
                     rec.first_byte_at = time.time()
                 out = chunk.replace(swap[0], swap[1]) if swap else chunk
@@ -223,7 +240,7 @@ def anthropic_passthrough(x: Exchange) -> Response:
         except GatewayError as e:
             failed(rec, e)
             await x.close(usage)
-            yield anthropic_proto.error_event(e)
+            yield error_event(e)
         finally:
             await x.close(usage)
 

@@ -150,6 +150,73 @@ class ChatRequest(Struct):
     user: str | None = None
 
 
+# -- OpenAI Responses --------------------------------------------------------------------
+class InputText(Struct, tag_field="type", tag="input_text"):
+    text: str
+
+
+class InputImage(Struct, tag_field="type", tag="input_image"):
+    image_url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class OutputText(Struct, tag_field="type", tag="output_text"):
+    text: str
+
+
+class MessageItem(Struct, tag_field="type", tag="message"):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText | InputImage | OutputText]
+
+
+class FunctionCallItem(Struct, tag_field="type", tag="function_call"):
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(Struct, tag_field="type", tag="function_call_output"):
+    call_id: str
+    output: str | list[InputText | InputImage]
+
+
+class SummaryText(Struct, tag_field="type", tag="summary_text"):
+    text: str
+
+
+class ReasoningItem(Struct, tag_field="type", tag="reasoning"):
+    summary: list[SummaryText]
+    encrypted_content: str | None = None
+
+
+class FunctionTool(Struct, tag_field="type", tag="function"):
+    name: str
+    parameters: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class Reasoning(Struct):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(Struct):
+    model: NonEmpty
+    input: str | list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: Positive | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    reasoning: Reasoning | None = None
+    stream: bool = False
+    store: bool | None = None
+    prompt_cache_key: str | None = None
+
+
 # -- the document ----------------------------------------------------------------------------
 def _error_schemas() -> dict[str, Any]:
     return {
@@ -220,7 +287,7 @@ _ERROR_CODES = (
 
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        [MessagesRequest, CountTokensRequest, ChatRequest],
+        [MessagesRequest, CountTokensRequest, ChatRequest, ResponsesRequest],
         ref_template="#/components/schemas/{name}",
     )
     components.update(_error_schemas())
@@ -235,6 +302,7 @@ def openapi_document() -> dict[str, Any]:
             "/v1/chat/completions": _operation(
                 "OpenAI Chat Completions", "ChatRequest", "OpenAIError"
             ),
+            "/v1/responses": _operation("OpenAI Responses", "ResponsesRequest", "OpenAIError"),
         },
         "components": {
             "schemas": components,

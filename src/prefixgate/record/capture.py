@@ -12,6 +12,7 @@ from prefixgate.config import ChannelConfig
 from prefixgate.convert.request import plain
 from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
+from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
 from prefixgate.record.model import Record
 from prefixgate.record.segments import (
@@ -20,7 +21,11 @@ from prefixgate.record.segments import (
     segments_of_chat,
     segments_openai,
 )
+from prefixgate.record.segments_responses import segments_responses, segments_responses_from_bytes
 from prefixgate.upstream.order import render_order
+
+# The protocol a request came in, by the record's endpoint.
+_API_IN = {"chat": "openai", "responses": "responses"}
 
 
 class _SeenHashes:
@@ -38,6 +43,13 @@ class _SeenHashes:
             self._d[h] = None
         while len(self._d) > self._limit:
             self._d.popitem(last=False)
+
+
+_SEGMENTS_OF = {
+    "openai": segments_openai,
+    "anthropic": segments_anthropic,
+    "responses": segments_responses,
+}
 
 
 class Capturer:
@@ -67,14 +79,14 @@ class Capturer:
             {} if (channel.capture_text or getattr(principal, "capture_text", False)) else None
         )
         known = self._seen
-        api_in = "openai" if rec.endpoint == "chat" else "anthropic"
+        api_in = _API_IN.get(rec.endpoint, "anthropic")
         tools_first = render_order(channel) == "tools_first"
         objects: list[dict] | None = None
 
         def decoded() -> list[dict]:
             nonlocal objects
             if objects is None:
-                if isinstance(body_in, MessagesBody):  # typed, with raw texts inside
+                if isinstance(body_in, MessagesBody | ResponsesBody):  # typed, raw texts
                     objects = [body_in.plain(), plain(body_out)]
                 else:
                     objects = materialize(body_in, body_out)
@@ -82,9 +94,12 @@ class Capturer:
 
         segs = None
         if texts is None and raw_in is not None:
-            segs = segments_from_bytes(raw_in, api_in)
+            if api_in == "responses":
+                segs = segments_responses_from_bytes(raw_in)
+            else:
+                segs = segments_from_bytes(raw_in, api_in)
         if segs is None:
-            of = segments_openai if api_in == "openai" else segments_anthropic
+            of = _SEGMENTS_OF[api_in]
             segs = of(decoded()[0], texts=texts, known=known)
         rec.segments_in = segs
         if (
@@ -101,15 +116,25 @@ class Capturer:
         else:
             passthrough = False
             api_out = "openai" if channel.kind == "openai" else "anthropic"
-            first = tools_first if api_out == "openai" else False
+            if api_in == "responses" and channel.responses_api == "passthrough":
+                api_out = "responses"
+            first = tools_first if api_out != "anthropic" else False
             segs = None
-            if texts is None and isinstance(body_in, MessagesBody) and api_out == "openai":
+            if api_out == "responses":
+                segs = list(rec.segments_in) if texts is None else None  # sent as it came
+            elif (
+                texts is None
+                and isinstance(body_in, MessagesBody | ResponsesBody)
+                and api_out == "openai"
+            ):
                 # built here from the typed request: its pieces are encoded alone
                 segs = segments_of_chat(body_out, tools_first=first)
             elif texts is None and raw_out is not None:
                 segs = segments_from_bytes(raw_out, api_out, tools_first=first)
             if segs is None:
-                if api_out == "openai":
+                if api_out == "responses":
+                    segs = segments_responses(decoded()[1], texts=texts, known=known)
+                elif api_out == "openai":
                     segs = segments_openai(
                         decoded()[1], tools_first=first, texts=texts, known=known
                     )

@@ -57,7 +57,7 @@ class Record(msgspec.Struct, kw_only=True):
     # who
     key_name: str | None = None
     key_owner: str | None = None
-    endpoint: str = ""  # "messages" | "chat" | "count_tokens"
+    endpoint: str = ""  # "messages" | "chat" | "responses"
     client: str | None = None  # user-agent family, e.g. "claude-cli", "opencode", "openai-python"
     client_version: str | None = None
     session_id: str | None = None

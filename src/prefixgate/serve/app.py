@@ -138,6 +138,8 @@ def create_app(
         Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
         Route("/chat/completions", gateway.chat, methods=["POST"]),
+        Route("/v1/responses", gateway.responses, methods=["POST"]),
+        Route("/responses", gateway.responses, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -156,6 +158,8 @@ def create_app(
         "/v1/messages": gateway.messages,
         "/v1/chat/completions": gateway.chat,
         "/chat/completions": gateway.chat,
+        "/v1/responses": gateway.responses,
+        "/responses": gateway.responses,
     }
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
     return AccessLog(outer) if config.server.access_log else outer

@@ -103,7 +103,11 @@ class BudgetKeeper:
     def estimate(self, raw_len: int, body, model: str) -> tuple[int, int]:
         """(tokens, nanos) a request is held for before it runs."""
         prompt = raw_len // BYTES_PER_TOKEN
-        want = body.get("max_completion_tokens") or body.get("max_tokens")
+        want = (
+            body.get("max_completion_tokens")
+            or body.get("max_tokens")
+            or body.get("max_output_tokens")  # a Responses request's
+        )
         out = self.output_estimate
         if isinstance(want, int) and not isinstance(want, bool) and 0 < want < out:
             out = want

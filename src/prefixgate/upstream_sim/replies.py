@@ -238,16 +238,18 @@ def _last_user_text(messages: Sequence[dict[str, Any]]) -> str:
 
 def select_tools(job: ChatJob) -> list[dict[str, Any]]:
     """The tools the reply calls: a named ``tool_choice``; else every ``[[call:Name]]``
-    trigger in the last user message that names a given tool; with ``required`` and no
-    trigger, the first tool. ``tool_choice="none"`` calls nothing."""
+    trigger in the last user message that names a given tool, while that message ends
+    the conversation (once a tool's result follows it, the agent answers in text, as it
+    would after its calls); with ``required`` and no trigger, the first tool.
+    ``tool_choice="none"`` calls nothing."""
     if not job.tools or job.tool_choice == "none":
         return []
     by_name = dict(zip(_tool_names(job.tools), job.tools, strict=True))
     if isinstance(job.tool_choice, dict):
         return [by_name[job.tool_choice["function"]["name"]]]
-    triggered = [
-        by_name[n] for n in CALL_TRIGGER.findall(_last_user_text(job.messages)) if n in by_name
-    ]
+    last = job.messages[-1].get("role") if job.messages else None
+    text = _last_user_text(job.messages) if last == "user" else ""
+    triggered = [by_name[n] for n in CALL_TRIGGER.findall(text) if n in by_name]
     if triggered:
         return triggered
     if job.tool_choice == "required":

@@ -1,0 +1,141 @@
+"""The steps of ``POST /v1/responses`` that differ from the other endpoints' (their order
+is in :mod:`prefixgate.pipeline`): decode, convert, relay.
+
+For a channel with ``responses_api: convert`` (the default: any OpenAI-compatible server)
+the request goes upstream as Chat Completions (``convert/responses_request.py``) and the
+answer comes back as Responses events (``convert/responses_stream.py``); with
+``responses_api: passthrough`` the upstream's own ``/responses`` gets the request as it
+came, the model mapped. Nothing is stored between requests: Codex sends ``store: false``
+and its whole conversation each turn.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.responses import Response, StreamingResponse
+
+from prefixgate.convert.request import ConvertOptions
+from prefixgate.convert.responses_request import convert, tool_map
+from prefixgate.convert.responses_response import chat_to_response, response_base
+from prefixgate.convert.responses_stream import ResponsesStream
+from prefixgate.errors import GatewayError, InvalidRequest
+from prefixgate.identify import session_of_responses
+from prefixgate.pipeline.exchange import Exchange
+from prefixgate.pipeline.relays import Answer, _reported, converted_stream, passthrough
+from prefixgate.pipeline.steps import _decoded
+from prefixgate.protocol import openai as openai_proto
+from prefixgate.protocol.responses import decode_responses_body
+from prefixgate.upstream.channel import bearer, secret_of, stream_error
+from prefixgate.usage import Usage
+
+_encode = msgspec.json.encode
+
+
+async def decode_responses(x: Exchange) -> None:
+    """A Responses request, decoded into typed structs (texts raw) and checked as it is:
+    what a stateless gateway cannot serve is refused here, before anything is sent."""
+    _decoded(x, decode_responses_body(x.raw, x.gateway.config.limits), session_of_responses)
+
+
+def upstream_chat_of_responses(x: Exchange, ch) -> dict:
+    """The Chat request a channel receives for a Responses request, made once per channel
+    (the ``prefix`` routing policy and the send share it)."""
+    out = x.prepared.get(ch.name)
+    if out is None:
+        options = ConvertOptions(
+            ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
+        )
+        out = x.prepared[ch.name] = convert(x.body.typed, options)
+    return out
+
+
+async def convert_responses(x: Exchange) -> None:
+    """Responses in: to Chat Completions (deterministic; texts stay raw JSON), or passed
+    through with the model mapped to an upstream that serves ``/responses`` itself. An
+    image for a channel whose model takes none is refused (400), not sent."""
+    ch, target = x.channel, x.target
+    if x.body.images and not ch.accepts_images:
+        raise InvalidRequest(
+            f"input holds an image, and the model {x.body['model']!r} takes text only"
+        )
+    if ch.responses_api == "passthrough":
+        x.out = {**x.body.whole(), "model": ch.upstream_model(x.body["model"])}
+        x.url = target.base_url + "/responses"
+    else:
+        x.out = upstream_chat_of_responses(x, ch)
+        x.url = target.base_url + "/chat/completions"
+    x.headers = bearer(ch)
+    x.data = _encode(x.out)
+
+
+async def relay_responses(x: Exchange) -> Response:
+    """Responses out: from a Chat upstream converted (a stream through the state machine
+    that emits the Responses event sequence), from a Responses upstream passed through."""
+    if x.channel.responses_api == "passthrough":
+        return passthrough(x, _responses_usage, _failed_event)
+    if x.record.stream:
+        return responses_stream(x)
+    return responses_once(x)
+
+
+def _reported_responses(rec, usage: dict) -> None:
+    details = usage.get("input_tokens_details") or {}
+    _reported(
+        rec,
+        {
+            "input_tokens": usage.get("input_tokens"),
+            "cache_read_input_tokens": details.get("cached_tokens"),
+            "output_tokens": usage.get("output_tokens"),
+        },
+    )
+
+
+def responses_once(x: Exchange) -> Response:
+    rec = x.record
+    try:
+        err = stream_error(x.first, secret_of(x.channel))
+        if err is not None:
+            raise err
+        resp, usage = chat_to_response(x.first, x.body)
+    except GatewayError as e:
+        return x.fail(e)
+    rec.status = 200
+    _reported_responses(rec, resp["usage"])
+    return Answer(_encode(resp), x, usage)
+
+
+def responses_stream(x: Exchange) -> StreamingResponse:
+    rec = x.record
+    conv = ResponsesStream(response_base(x.body), tool_map(x.body.typed))
+    return converted_stream(x, conv, lambda u: _reported_responses(rec, u.to_responses()))
+
+
+# -- passed through ---------------------------------------------------------------------
+def _responses_usage(obj: dict, usage: Usage) -> None:
+    """Usage from a whole Responses answer, or from the stream event that ends one."""
+    if obj.get("object") == "response":
+        u = obj.get("usage")
+    else:
+        resp = obj.get("response")
+        u = resp.get("usage") if isinstance(resp, dict) else None
+    if isinstance(u, dict):
+        new = Usage.from_responses(u)
+        usage.prompt_tokens, usage.cached_tokens = new.prompt_tokens, new.cached_tokens
+        usage.completion_tokens, usage.reasoning_tokens = (
+            new.completion_tokens,
+            new.reasoning_tokens,
+        )
+
+
+def _failed_event(err: GatewayError) -> bytes:
+    """A failure after a passed-through stream started, as Responses says it."""
+    body = openai_proto.error_body(err)["error"]
+    data = {
+        "type": "response.failed",
+        "response": {
+            "object": "response",
+            "status": "failed",
+            "error": {"code": body["code"] or body["type"], "message": body["message"]},
+        },
+    }
+    return b"event: response.failed\ndata: " + _encode(data) + b"\n\n"

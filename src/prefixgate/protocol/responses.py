@@ -1,0 +1,422 @@
+"""OpenAI Responses API (``POST /v1/responses``): the request as the hot path reads it, and
+its checks. Errors are answered in OpenAI's envelope (``protocol/openai.py``).
+
+What Codex CLI sends is mostly text (its instructions as developer messages, tool
+descriptions and schemas, command output in tool results) that the gateway moves but never
+reads. The request is decoded once into the structs below, where those texts stay
+``msgspec.Raw`` (the JSON string as the client wrote it, written back verbatim when the
+upstream request is encoded), as ``protocol/messages_body.py`` does for Anthropic.
+
+Every item is one struct (``Item``) whose ``type`` says which of its fields matter: a
+message item may come without a ``type`` (the SDK's short form ``{"role", "content"}``),
+which a tagged union cannot read. :func:`_check_item` then says, per type, what is missing
+or wrong, naming the field (``input[3].call_id``), and refuses what a stateless gateway in
+front of a Chat Completions server cannot serve: item references and a previous response
+(there is no stored response), an unknown item type, a tool output without its call, a
+file by id. Nothing is sent upstream for a refused request.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+from msgspec import Raw, Struct
+
+from prefixgate.config import Limits
+from prefixgate.errors import InvalidRequest
+from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep
+from prefixgate.protocol.messages_body import is_string
+
+
+class Part(Struct):
+    """One content part: ``input_text``, ``output_text``, ``refusal``, ``input_image``,
+    ``input_file``, ``summary_text``, ``reasoning_text``."""
+
+    type: str
+    text: Raw = Raw()
+    refusal: Raw = Raw()
+    image_url: Any = None
+    file_id: Any = None
+    detail: Any = None
+    file_data: Any = None
+    filename: Any = None
+    file_url: Any = None
+
+
+class Item(Struct):
+    """One input item; which fields count depends on ``type``."""
+
+    type: str = "message"
+    role: str | None = None
+    content: str | list[Part] | None = None  # message; reasoning's raw text parts
+    call_id: str | None = None  # function_call(_output), custom_tool_call(_output)
+    name: str | None = None
+    namespace: str | None = None
+    arguments: Raw = Raw()  # function_call: a JSON string, sent on as it came
+    input: Raw = Raw()  # custom_tool_call: the tool's text input
+    output: Raw = Raw()  # a string, or (after the check) a list of parts
+    summary: list[Part] | None = None  # reasoning
+    id: Any = None
+    status: Any = None
+    encrypted_content: Any = None
+
+
+class Tool(Struct):
+    """A tool: ``function``, ``custom`` (free-form text input), ``namespace`` (a group of
+    functions), or a hosted tool (web search …) that a self-hosted upstream cannot run."""
+
+    type: str
+    name: str | None = None
+    description: Raw = Raw()
+    parameters: Raw = Raw()
+    strict: Any = None
+    format: Any = None
+    tools: list[Tool] | None = None  # namespace
+
+
+class Request(Struct):
+    model: str
+    input: str | list[Item]
+    instructions: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: int | float | None = None
+    top_p: int | float | None = None
+    stream: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    background: bool | None = None
+    prompt: Any = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+# What the rest of the gateway reads as a dict (relay, identity, records).
+_PLAIN_FIELDS = ("model", "stream", "user", "prompt_cache_key", "metadata", "max_output_tokens")
+
+# Hosted tools: dropped on the way to a Chat upstream, as Anthropic's server tools are.
+HOSTED_TOOLS = frozenset(
+    (
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "computer_use_preview",
+        "computer",
+        "code_interpreter",
+        "image_generation",
+        "mcp",
+        "local_shell",
+        "shell",
+        "apply_patch",
+    )
+)
+_ROLES = ("user", "assistant", "system", "developer")
+_TEXT_IN = frozenset(("input_text", "input_image", "input_file"))
+_TEXT_SYSTEM = frozenset(("input_text",))
+_TEXT_OUT = frozenset(("output_text", "refusal", "input_text"))
+_UNSTORED = {
+    "item_reference": "this gateway keeps no items; send the item itself",
+}
+
+
+class ResponsesBody(dict):
+    """A checked Responses request: a dict of its small top-level fields, the whole
+    request typed in ``typed``, its bytes in ``raw``, and whether it holds an image."""
+
+    __slots__ = ("typed", "raw", "images")
+
+    def __init__(self, typed: Request, raw: bytes, images: bool) -> None:
+        super().__init__((k, v) for k in _PLAIN_FIELDS if (v := getattr(typed, k)) is not None)
+        self.typed = typed
+        self.raw = raw
+        self.images = images
+
+    def whole(self) -> dict:
+        """Every top-level field as it came (what a Responses upstream receives): the
+        heavy and unknown ones raw (they encode back verbatim)."""
+        return _TOP.decode(self.raw)
+
+    def plain(self) -> dict:
+        """The request decoded in full, as plain JSON objects."""
+        return _ANY.decode(self.raw)
+
+
+_TOP = msgspec.json.Decoder(dict[str, Raw])
+_ANY = msgspec.json.Decoder()
+_DECODER = msgspec.json.Decoder(Request)
+_PARTS = msgspec.json.Decoder(list[Part])
+_AT = re.compile(r"`\$\.?([^`]*)`")
+
+
+def decode_responses_body(raw: bytes, limits: Limits) -> ResponsesBody:
+    """Decode and check a Responses request (``InvalidRequest`` names what is wrong)."""
+    check_body_bytes(raw, limits)
+    try:
+        typed = _DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise _shape_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep(limits) from None
+    images = check_request(typed, limits)
+    return ResponsesBody(typed, raw, images)
+
+
+def _shape_error(text: str) -> InvalidRequest:
+    """msgspec's ``Expected `str`, got `int` - at `$.input[0].role``` as ``input[0].role:
+    Expected `str`, got `int```, with the field as ``param``."""
+    m = _AT.search(text)
+    if m is None:
+        if text.startswith("Expected `object`"):
+            return InvalidRequest("request body must be a JSON object")
+        return InvalidRequest(f"request body: {text}")
+    where = m.group(1)
+    what = text[: m.start()].rstrip(" -")
+    if not where:
+        return InvalidRequest(f"request body: {what}")
+    return InvalidRequest(f"{where}: {what}", param=where)
+
+
+def check_request(req: Request, limits: Limits) -> bool:
+    """What the structs cannot say; returns whether the request holds an image."""
+    if not req.model:
+        raise InvalidRequest("model: a non-empty string is required", param="model")
+    for name, why in (
+        ("previous_response_id", "this gateway stores no responses"),
+        ("conversation", "this gateway stores no conversations"),
+        ("prompt", "prompt templates are not supported"),
+    ):
+        if getattr(req, name) is not None:
+            raise InvalidRequest(
+                f"{name}: {why}; send the whole conversation in input (store: false)",
+                param=name,
+            )
+    if req.background:
+        raise InvalidRequest(
+            "background: background responses need stored state, which this gateway keeps none of",
+            param="background",
+        )
+    mot = req.max_output_tokens
+    if mot is not None and mot < 1:
+        raise InvalidRequest(
+            "max_output_tokens: a positive integer is required", param="max_output_tokens"
+        )
+    room = limits.max_json_depth
+    for name in ("tool_choice", "reasoning", "text", "metadata"):
+        _deep(getattr(req, name), room, 2, name)
+    _check_tool_choice(req.tool_choice)
+    _check_tools(req.tools, limits)
+    items = req.input
+    if type(items) is str:
+        return False
+    if not items:
+        raise InvalidRequest("input: at least one item is required", param="input")
+    if len(items) > limits.max_messages:
+        raise InvalidRequest(
+            f"input: at most {limits.max_messages} items are accepted", param="input"
+        )
+    state = _Walk(limits)
+    for i, item in enumerate(items):
+        _check_item(item, f"input[{i}]", state)
+    return state.images
+
+
+class _Walk:
+    __slots__ = ("limits", "parts", "calls", "images")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.parts = 0
+        self.calls: dict[str, str] = {}  # call id -> the kind of its call, seen so far
+        self.images = False
+
+    def count(self, n: int, where: str) -> None:
+        self.parts += n
+        if self.parts > self.limits.max_blocks:
+            raise InvalidRequest(
+                f"{where}: at most {self.limits.max_blocks} content parts are accepted",
+                param=where,
+            )
+
+
+def _need(value: object, kind: type, where: str, what: str) -> None:
+    if not isinstance(value, kind):
+        raise InvalidRequest(f"{where}: {what} is required", param=where)
+
+
+def _need_text(raw: Raw, where: str) -> None:
+    if not is_string(raw):
+        raise InvalidRequest(f"{where}: a string is required", param=where)
+
+
+def _check_item(item: Item, where: str, state: _Walk) -> None:
+    kind = item.type
+    if kind == "message":
+        if item.role not in _ROLES:
+            raise InvalidRequest(
+                f"{where}.role: must be one of {', '.join(_ROLES)}", param=f"{where}.role"
+            )
+        content = item.content
+        if content is None:
+            raise InvalidRequest(
+                f"{where}.content: a string or an array of parts is required",
+                param=f"{where}.content",
+            )
+        if type(content) is list:
+            allowed = (
+                _TEXT_OUT
+                if item.role == "assistant"
+                else _TEXT_IN
+                if item.role == "user"
+                else _TEXT_SYSTEM
+            )
+            _check_parts(content, f"{where}.content", allowed, state)
+    elif kind == "function_call" or kind == "custom_tool_call":
+        _need(item.call_id, str, f"{where}.call_id", "a string")
+        _need(item.name, str, f"{where}.name", "a string")
+        if kind == "function_call":
+            _need_text(item.arguments, f"{where}.arguments")
+        else:
+            _need_text(item.input, f"{where}.input")
+        state.calls[item.call_id] = kind  # type: ignore[index]
+    elif kind == "function_call_output" or kind == "custom_tool_call_output":
+        _need(item.call_id, str, f"{where}.call_id", "a string")
+        call = kind.removesuffix("_output")
+        if state.calls.get(item.call_id) != call:  # type: ignore[arg-type]
+            raise InvalidRequest(
+                f"{where}.call_id: no earlier {call} item has call_id {item.call_id!r}",
+                param=f"{where}.call_id",
+            )
+        _check_output(item, f"{where}.output", state)
+    elif kind == "reasoning":
+        _need(item.summary, list, f"{where}.summary", "an array")
+        _check_parts(item.summary, f"{where}.summary", frozenset(("summary_text",)), state)
+        if item.content is not None:
+            if type(item.content) is not list:
+                raise InvalidRequest(f"{where}.content: must be an array", param=f"{where}.content")
+            _check_parts(item.content, f"{where}.content", frozenset(("reasoning_text",)), state)
+    elif kind in _UNSTORED:
+        raise InvalidRequest(f"{where}.type: {kind}: {_UNSTORED[kind]}", param=f"{where}.type")
+    else:
+        raise InvalidRequest(
+            f"{where}.type: unsupported item type {kind!r} (accepted: message, function_call,"
+            " function_call_output, custom_tool_call, custom_tool_call_output, reasoning)",
+            param=f"{where}.type",
+        )
+
+
+def _check_parts(parts: list[Part], where: str, allowed: frozenset, state: _Walk) -> None:
+    state.count(len(parts), where)
+    room = state.limits.max_json_depth
+    for j, p in enumerate(parts):
+        at = f"{where}[{j}]"
+        if p.type not in allowed:
+            raise InvalidRequest(
+                f"{at}.type: {p.type!r} is not accepted here (accepted: "
+                f"{', '.join(sorted(allowed))})",
+                param=f"{at}.type",
+            )
+        if p.type == "refusal":
+            _need_text(p.refusal, f"{at}.refusal")
+        elif p.type == "input_image":
+            if not isinstance(p.image_url, str) or not p.image_url:
+                what = "a file_id" if p.file_id is not None else "no image_url"
+                raise InvalidRequest(
+                    f"{at}: {what}: this gateway stores no files; send the image as an"
+                    " image_url (a data: URL or an https URL)",
+                    param=f"{at}.image_url",
+                )
+            _deep(p.detail, room, 6, f"{at}.detail")
+            state.images = True
+        elif p.type == "input_file":
+            raise InvalidRequest(
+                f"{at}: input_file is not supported by a Chat Completions upstream; send the"
+                " file's text as input_text",
+                param=f"{at}.type",
+            )
+        else:
+            _need_text(p.text, f"{at}.text")
+
+
+def _check_output(item: Item, where: str, state: _Walk) -> None:
+    out = item.output
+    if len(out) == 0:
+        raise InvalidRequest(f"{where}: a string or an array of parts is required", param=where)
+    if is_string(out):
+        return
+    if memoryview(out)[0] != 91:  # '['
+        raise InvalidRequest(f"{where}: a string or an array of parts is required", param=where)
+    try:
+        parts = _PARTS.decode(out)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        m = _AT.search(text)
+        at = where + (m.group(1) if m else "")
+        raise InvalidRequest(
+            f"{at}: {text[: m.start()].rstrip(' -') if m else text}", param=at
+        ) from None
+    except (msgspec.DecodeError, RecursionError):
+        raise InvalidRequest(f"{where}: nested too deeply", param=where) from None
+    _check_parts(parts, where, _TEXT_IN, state)
+    item.output = parts  # type: ignore[assignment]
+
+
+def _check_tools(tools: list[Tool] | None, limits: Limits) -> None:
+    if not tools:
+        return
+    n = 0
+    room = limits.max_json_depth
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        inner = t.tools if t.type == "namespace" else None
+        if t.type in ("function", "custom", "namespace"):
+            _need(t.name, str, f"{where}.name", "a string")
+        if t.type == "namespace":
+            _need(inner, list, f"{where}.tools", "an array of functions")
+            for j, f in enumerate(inner or ()):
+                if f.type not in ("function", "custom") or not isinstance(f.name, str):
+                    raise InvalidRequest(
+                        f"{where}.tools[{j}]: a function or custom tool with a name is required",
+                        param=f"{where}.tools[{j}]",
+                    )
+        n += len(inner) if inner else 1
+        if t.type in ("function", "namespace") or t.type == "custom":
+            for f in inner or (t,):
+                if f.parameters and memoryview(f.parameters)[0] not in (123, 110):  # '{', 'n'
+                    raise InvalidRequest(
+                        f"{where}.parameters: must be an object", param=f"{where}.parameters"
+                    )
+                _deep(f.format, room, 3, f"{where}.format")
+    if n > limits.max_tools:
+        raise InvalidRequest(f"tools: at most {limits.max_tools} tools are accepted", param="tools")
+
+
+def _check_tool_choice(tc: object) -> None:
+    if tc is None or tc in ("auto", "none", "required"):
+        return
+    if isinstance(tc, dict) and isinstance(tc.get("type"), str):
+        if tc["type"] in ("function", "custom") and not isinstance(tc.get("name"), str):
+            raise InvalidRequest(
+                "tool_choice.name: required for a function", param="tool_choice.name"
+            )
+        return
+    raise InvalidRequest(
+        "tool_choice: must be auto, none, required or an object with a type", param="tool_choice"
+    )
+
+
+def _deep(value: object, room: int, at: int, where: str) -> None:
+    """``value`` sits at depth ``at`` (the body is depth 1): past the limit, refused."""
+    if type(value) in (dict, list) and at - 1 + json_depth(value, room) > room:
+        raise InvalidRequest(f"{where}: nested deeper than {room} levels", param=where)
