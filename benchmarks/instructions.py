@@ -57,6 +57,7 @@ def count(
     chat,
     keep: Path | None = None,
     sets: tuple[str, ...] = (),
+    model: str = "fake",
 ) -> float:
     """Instructions per request of one case (``src``: the package sources to run)."""
     endpoint, stream, store = case
@@ -102,7 +103,7 @@ def count(
     try:
         ov.wait_http(f"http://127.0.0.1:{port}/healthz", gateway, timeout=600)
         url, body, headers = ov.request_of(
-            "prefixgate", f"http://127.0.0.1:{port}", (endpoint, stream, 1, "fake"), anth, chat
+            "prefixgate", f"http://127.0.0.1:{port}", (endpoint, stream, 1, model), anth, chat
         )
         headers = {**headers, "content-type": "application/json"}
         with httpx.Client(timeout=120) as client:
@@ -158,6 +159,12 @@ def main() -> None:
     )
     ap.add_argument("--only", help="count only the cases whose name contains this")
     ap.add_argument(
+        "--model",
+        default="fake",
+        help="the model asked for: fake-long streams 256 content chunks instead of 4, so "
+        "(fake-long - fake) / 252 is the cost of one relayed chunk",
+    )
+    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -182,11 +189,11 @@ def main() -> None:
             sets = tuple(args.set)
             row = {
                 "case": name,
-                "instructions": count(case, args.n, None, anth, chat, args.keep, sets),
+                "instructions": count(case, args.n, None, anth, chat, args.keep, sets, args.model),
             }
             if ref_tree is not None:
                 row["ref_instructions"] = count(
-                    case, args.n, ref_tree / "src", anth, chat, args.keep, sets
+                    case, args.n, ref_tree / "src", anth, chat, args.keep, sets, args.model
                 )
             rows.append(row)
     finally:

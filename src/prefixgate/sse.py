@@ -13,19 +13,25 @@ class SSEDecoder:
         self._buf = b""
 
     def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
-        buf = self._buf + chunk
-        if b"\r" in buf:
+        buf = self._buf + chunk if self._buf else chunk
+        # ``find`` rather than ``in``: a bytes ``in`` first tries its operand as an int
+        # and raises (and clears) a TypeError, thousands of instructions an event.
+        if buf.find(b"\r") >= 0:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events: list[tuple[bytes | None, bytes]] = []
-        while True:
-            end = buf.find(b"\n\n")
-            if end < 0:
-                break
-            block, buf = buf[:end], buf[end + 2 :]
+        find, start = buf.find, 0
+        # Scanned with an offset, the rest sliced off once: a read holding many events
+        # costs linear, not quadratic, copying.
+        while (end := find(b"\n\n", start)) >= 0:
+            block = buf[start:end]
+            start = end + 2
+            if block[:6] == b"data: " and block.find(b"\n") < 0:
+                events.append((None, block[6:]))  # the common event: one data line
+                continue
             ev = _parse_block(block)
             if ev is not None:
                 events.append(ev)
-        self._buf = buf
+        self._buf = buf[start:] if start else buf
         return events
 
     def flush(self) -> list[tuple[bytes | None, bytes]]:

@@ -557,6 +557,29 @@ def test_body_that_stalls_times_out_on_idle():
     run(main())
 
 
+def test_body_that_trickles_past_the_idle_timeout_then_stalls():
+    """The idle timeout counts from the last bytes, not the first wait: bytes every 50 ms
+    for longer than the 0.2 s idle timeout go through (the waits share one timer, moved
+    on as they go), and the stall after them times out."""
+
+    async def handler(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(response(b"", "Content-Length: 20", length=False), *[b"x"] * 12, pause=0.05)
+        await peer.wait_eof(2.0)
+
+    async def main():
+        async with RawServer(handler) as srv:
+            async with client() as up:
+                resp = await up.open(srv.url, BODY, timeouts=FAST)
+                got = b""
+                with pytest.raises(UpstreamTimeout, match="mid-response"):
+                    while (chunk := await resp.next(0.2)) is not None:
+                        got += chunk
+                assert got == b"x" * 12
+
+    run(main())
+
+
 @pytest.mark.parametrize(
     "answer",
     [

@@ -27,8 +27,25 @@ log = logging.getLogger(__name__)
 _encode = msgspec.json.encode
 
 
+_HEADS: dict[str, bytes] = {}  # "event: NAME\ndata: " of each event name, built once
+
+
 def sse(event: str, data: dict) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + _encode(data) + b"\n\n"
+    head = _HEADS.get(event)
+    if head is None:
+        head = _HEADS[event] = b"event: " + event.encode() + b"\ndata: "
+    return b"".join((head, _encode(data), b"\n\n"))
+
+
+# A text or thinking delta, the bulk of a stream, written around its one encoded string:
+# the same bytes as ``sse("content_block_delta", {...})`` of the whole event.
+_DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+_DELTA_KINDS = {
+    "text_delta": b',"delta":{"type":"text_delta","text":',
+    "thinking_delta": b',"delta":{"type":"thinking_delta","thinking":',
+    "input_json_delta": b',"delta":{"type":"input_json_delta","partial_json":',
+}
+_DELTA_TAIL = b"}}\n\n"
 
 
 def fold_tool_delta(calls: dict, delta: dict, make) -> tuple:
@@ -109,11 +126,11 @@ class AnthropicStream:
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if reasoning:
                 self._switch(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                out.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
+                out.append(self._delta("thinking_delta", reasoning))
             text = delta.get("content")
             if text:
                 self._switch(out, "text", {"type": "text", "text": ""})
-                out.append(self._delta({"type": "text_delta", "text": text}))
+                out.append(self._delta("text_delta", text))
             for call in delta.get("tool_calls") or ():
                 self._tool_delta(out, call)
             if choice.get("finish_reason"):
@@ -154,11 +171,11 @@ class AnthropicStream:
         return b"".join(out)
 
     # -- blocks -------------------------------------------------------------------------
-    def _delta(self, delta: dict) -> bytes:
+    def _delta(self, kind: str, value: str) -> bytes:
+        """A ``content_block_delta`` of the open block: ``{"type": kind, <its field>: value}``."""
         self.saw_content = True
-        return sse(
-            "content_block_delta",
-            {"type": "content_block_delta", "index": self._index, "delta": delta},
+        return b"".join(
+            (_DELTA_HEAD, b"%d" % self._index, _DELTA_KINDS[kind], _encode(value), _DELTA_TAIL)
         )
 
     def _switch(self, out: list[bytes], kind: str, block: dict) -> None:
@@ -192,7 +209,7 @@ class AnthropicStream:
         if not args:
             return
         if self._open == "tool" and self._open_tool == idx:
-            out.append(self._delta({"type": "input_json_delta", "partial_json": args}))
+            out.append(self._delta("input_json_delta", args))
         else:
             # Anthropic blocks cannot reopen; a late fragment of a closed tool call is lost.
             log.warning("dropped %d chars of arguments for closed tool call %d", len(args), idx)
@@ -211,7 +228,5 @@ class AnthropicStream:
         tool.block = self._index
         self._open_tool = idx
         if tool.args:
-            out.append(
-                self._delta({"type": "input_json_delta", "partial_json": "".join(tool.args)})
-            )
+            out.append(self._delta("input_json_delta", "".join(tool.args)))
             tool.args.clear()

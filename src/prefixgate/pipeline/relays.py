@@ -230,7 +230,7 @@ def passthrough(
                 if rec.first_byte_at is None:
                     rec.first_byte_at = time.time()
                 out = chunk.replace(swap[0], swap[1]) if swap else chunk
-                if secret and secret in out:  # an error event echoing the channel's key
+                if secret and out.find(secret) >= 0:  # an error event echoing the channel's key
                     out = out.replace(secret, b"<redacted>")
                 chunk = await x.upstream.next(idle)
                 if chunk is None:
@@ -271,17 +271,18 @@ def chat_stream(x: Exchange) -> StreamingResponse:
             events = _Events(x)
             async for objs in events:
                 for obj in objs:
-                    if isinstance(obj.get("usage"), dict):
-                        usage = Usage.from_openai(obj["usage"])
-                    if not want_usage and "usage" in obj:
-                        if not obj.get("choices"):
-                            continue  # the usage-only chunk the client did not ask for
-                        del obj["usage"]
+                    if "usage" in obj:
+                        if isinstance(obj["usage"], dict):
+                            usage = Usage.from_openai(obj["usage"])
+                        if not want_usage:
+                            if not obj.get("choices"):
+                                continue  # the usage-only chunk the client did not ask for
+                            del obj["usage"]
                     if obj.get("model") not in (None, public):
                         obj["model"] = public
                     if rec.first_byte_at is None and obj.get("choices"):
                         rec.first_byte_at = time.time()
-                    pending.append(b"data: " + _encode(obj) + b"\n\n")
+                    pending += (b"data: ", _encode(obj), b"\n\n")
                 if pending and not events.done:
                     yield b"".join(pending)
                     pending = []

@@ -86,6 +86,9 @@ def split_url(url: str, ssl_context: ssl.SSLContext | None = None) -> tuple[Orig
     return Origin(parts.scheme, parts.hostname, port, ssl_context), path
 
 
+_TIMER_SLACK = 0.001  # a timer may run this early (the loop's clock resolution)
+
+
 def _expire(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
@@ -105,6 +108,11 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.paused = False
+        # One timer for the waits of a stream, re-armed only when it lapses: a chunk every
+        # few ms costs no timer of its own (see :meth:`wait`).
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -142,6 +150,7 @@ class Connection(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
         self.closed = True
         self._ended(exc)
         self.pool._lost(self)
@@ -223,6 +232,7 @@ class Connection(asyncio.Protocol):
         return self.complete and not self.closed and self.error is None and self.keep_alive
 
     def close(self) -> None:
+        self._stop_timer()
         if not self.closed:
             self.closed = True
             if self.transport is not None:
@@ -231,6 +241,7 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         """Close at once: a broken or unfinished connection (a TLS one does not wait out a
         shutdown its peer may never answer, as after refusing our certificate)."""
+        self._stop_timer()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -249,13 +260,36 @@ class Connection(asyncio.Protocol):
     async def wait(self, timeout: float) -> None:
         """Until the parser has news (headers, body bytes, the end, an error); raises
         :class:`TimeoutError` after ``timeout`` seconds."""
-        w = self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(max(timeout, 0.0), _expire, w)
+        loop = self.loop
+        w = self.waiter = loop.create_future()
+        self.deadline = deadline = loop.time() + max(timeout, 0.0)
+        if self.timer is None or self.timer_at > deadline:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer_at = deadline
+            self.timer = loop.call_at(deadline, self._check_deadline)
         try:
             await w
         finally:
-            timer.cancel()
             self.waiter = None
+
+    def _check_deadline(self) -> None:
+        """The timer lapsed: a wait past its deadline times out; one that began later is
+        timed again, at its own deadline; with no wait the timer is gone until the next."""
+        self.timer = None
+        w = self.waiter
+        if w is None or w.done():
+            return
+        if self.loop.time() + _TIMER_SLACK >= self.deadline:
+            w.set_exception(TimeoutError())
+        else:
+            self.timer_at = self.deadline
+            self.timer = self.loop.call_at(self.deadline, self._check_deadline)
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     async def headers_of_response(self, timeout: float) -> None:
         deadline = self.loop.time() + timeout
@@ -409,6 +443,7 @@ class Pool:
 
     def release(self, conn: Connection) -> None:
         """Done with ``conn``'s response: keep the connection if it can carry another."""
+        conn._stop_timer()
         if conn.reusable():
             conn.idle_since = self.loop.time()
             self._idle.setdefault(conn.origin.key, []).append(conn)
