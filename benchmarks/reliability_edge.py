@@ -318,8 +318,8 @@ def host_rules(args) -> dict:
 
 @case("connection-cap")
 def connection_cap(args) -> dict:
-    """Past ``server.max_connections``, 503 in the route's shape; served again once the
-    connections held are gone."""
+    """Past ``server.max_connections``, the route's overloaded answer (529 on
+    ``/v1/messages``, as admission's); served again once the connections held are gone."""
     work = Path(tempfile.mkdtemp(prefix="prefixgate-reliability-"))
     cap, out = 100, {}
     messages = json.dumps({"model": "fake", "max_tokens": 8, "messages": []}).encode()
@@ -345,11 +345,11 @@ def connection_cap(args) -> dict:
         f"{impl}: {s} {shape}{' retry-after' if ra else ''}, then {again}"
         for impl, (s, shape, ra, again) in out.items()
     )
-    met = all(v == (503, "overloaded_error", True, 200) for v in out.values())
+    met = all(v == (529, "overloaded_error", True, 200) for v in out.values())
     return row(
         f"connection {cap + 1} past a cap of {cap}",
         result,
-        "503 overloaded_error with retry-after, closed; 200 once below the cap",
+        "529 overloaded_error with retry-after, closed; 200 once below the cap",
         met,
     )
 

@@ -131,7 +131,7 @@ def test_an_endless_header_line_is_refused_at_the_bound(short):
         assert r is None or r.status == 431
 
 
-def test_past_the_connection_cap_a_client_gets_503_in_its_route_shape(capped):
+def test_past_the_connection_cap_a_client_gets_its_routes_overloaded_answer(capped):
     held = [Conn(capped.port, timeout=WAIT) for _ in range(3)]
     try:
         for c in held:  # each counted: served once
@@ -140,7 +140,7 @@ def test_past_the_connection_cap_a_client_gets_503_in_its_route_shape(capped):
         with Conn(capped.port, timeout=WAIT) as c:
             c.send(post("/v1/messages", {"model": "m", "max_tokens": 1, "messages": []}))
             r = c.read_response()
-            assert r.status == 503 and r.header("retry-after") == "1"
+            assert r.status == 529 and r.header("retry-after") == "1"  # as admission's
             assert r.header("connection") == "close"
             err = json.loads(r.body)
             assert err["type"] == "error" and err["error"]["type"] == "overloaded_error"

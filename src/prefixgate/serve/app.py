@@ -290,14 +290,16 @@ def _http_error(status: int, message: str) -> GatewayError:
 
 
 def refusal_app(limit: int):
-    """The answer past the connection cap (``serve/edge.py``): 503 in the route's error
-    shape, so that an SDK says what happened, and retries."""
+    """The answer past the connection cap (``serve/edge.py``): the route's overloaded
+    answer, as admission gives it (529 in Anthropic's shape, 503 in OpenAI's), so that an
+    SDK says what happened, and retries."""
     err = Unavailable(f"the gateway is at its connection limit ({limit}); retry shortly")
 
     async def refuse(scope, receive, send) -> None:
         if scope["type"] == "http":
             shape = _shape_of(Headers(scope=scope), scope["path"])
-            await send_refusal(send, shape(err), b"application/json")
+            status = 529 if shape is anthropic_proto.error_bytes else 503
+            await send_refusal(send, shape(err), b"application/json", status)
 
     return refuse
 

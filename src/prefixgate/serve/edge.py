@@ -77,16 +77,16 @@ def host_error(hosts: int, http_version: str) -> str | None:
     return None
 
 
-async def send_refusal(send, body: bytes, content_type: bytes) -> None:
-    """503 with ``retry-after: 1`` (clients and SDKs retry it after a pause) and
-    ``connection: close`` (the connection is given back at once)."""
+async def send_refusal(send, body: bytes, content_type: bytes, status: int = 503) -> None:
+    """A refusal (503, or Anthropic's 529) with ``retry-after: 1`` (clients and SDKs retry
+    it after a pause) and ``connection: close`` (the connection is given back at once)."""
     headers = [
         (b"content-type", content_type),
         (b"content-length", str(len(body)).encode()),
         (b"retry-after", b"1"),
         (b"connection", b"close"),
     ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
