@@ -309,11 +309,18 @@ class RecordingUpstream:
                 out.extend(msg.get("body", b""))
             await send(msg)
 
-        await self.app(scope, recv, snd)
-        entry["raw"] = bytes(body)
-        entry["body"] = json.loads(entry["raw"]) if body else None
-        entry["error"] = out.decode("utf-8", "replace") if out else None
-        self.seen.append(entry)
+        try:
+            await self.app(scope, recv, snd)
+        finally:
+            # Kept even when the call does not end by itself (a server stopped while the
+            # answer's tail was still being forwarded: its client already had the answer).
+            entry["raw"] = bytes(body)
+            try:
+                entry["body"] = json.loads(entry["raw"]) if body else None
+            except ValueError:  # a body cut short
+                entry["body"] = None
+            entry["error"] = out.decode("utf-8", "replace") if out else None
+            self.seen.append(entry)
 
     def chats(self) -> list[dict]:
         return [e for e in self.seen if e["path"].endswith("/chat/completions")]

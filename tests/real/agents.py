@@ -253,6 +253,7 @@ class TwoTurns:
     records: list
     bodies: list[dict]
     raws: list[bytes] = field(default_factory=list)  # the bodies' bytes
+    seen: list[tuple] = field(default_factory=list)  # every request the upstream saw
 
     @property
     def hit_rate(self) -> float:
@@ -275,6 +276,16 @@ def converse(make_cli, tmp_path: Path, vllm=None, *, first="say hi", second="and
     sent = [e for e in s.upstream.chats() if e["status"] == 200 and e["body"].get("tools")]
     turns.bodies = [e["body"] for e in sent]
     turns.raws = [e["raw"] for e in sent]
+    # what the upstream saw, for a failure's message: path, status, messages, tools
+    turns.seen = [
+        (
+            e["path"],
+            e.get("status"),
+            len((e["body"] or {}).get("messages", ())),
+            bool((e["body"] or {}).get("tools")),
+        )
+        for e in s.upstream.seen
+    ]
     return turns
 
 
@@ -288,7 +299,7 @@ def check_stable_prefix(turns: TwoTurns, *, volatile: tuple[str, ...], block: in
     strings in ``volatile`` in the prompt (request fields such as ``user`` are no tokens); and turn 2 served from the cache for all of turn 1's full
     blocks but ``slack`` of them (0 on the simulated vLLM, whose tokens are exact)."""
     assert len(turns.records) == 2, [(r.status, r.prompt_tokens) for r in turns.records]
-    assert len(turns.bodies) == 2
+    assert len(turns.bodies) == 2, turns.seen
     b1, b2 = turns.bodies
     assert b2["tools"] == b1["tools"]
     assert b2["messages"][: len(b1["messages"])] == b1["messages"]
