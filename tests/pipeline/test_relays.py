@@ -175,3 +175,79 @@ def test_chat_once_with_an_error_in_a_200_answers_the_error():
     )
     [rec] = recorder.records
     assert rec.status == 502
+
+
+def _chat_datas(client: Client) -> list[bytes]:
+    return [line[6:] for line in client.body.split(b"\n") if line.startswith(b"data: ")]
+
+
+def test_chat_chunks_go_out_as_the_upstream_wrote_them_with_the_public_model_name():
+    """Chunks without usage or errors are not decoded: their bytes (key order, numbers,
+    escapes) reach the client as they came, the upstream's model name swapped for the one
+    the client asked for; the others are decoded and rewritten as before."""
+    body = {"model": "public", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    raw = [
+        b'{"id":"c1","object":"chat.completion.chunk","created":1.50,"model":"up/m-1",'
+        b'"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+        # A content chunk that mentions the model and "usage" in its text: still as it came.
+        b'{"id":"c1","model":"up/m-1","choices":[{"index":0,"delta":'
+        b'{"content":"the \\"usage\\" of \\"model\\":\\"up/m-1\\" \\u00e9"}}]}',
+        # Another spelling of the model field: decoded, rewritten.
+        b'{"id":"c1","model": "up/m-1","choices":[{"index":0,"delta":{"content":"x"}}]}',
+        b'{"id":"c1","choices":[{"index":0,"delta":{"content":"y"}}]}',
+        b'{"id":"c1","model":"up/m-1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+        b'"usage":null}',
+        b'{"id":"c1","model":"up/m-1","choices":[],"usage":{"prompt_tokens":5,'
+        b'"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}',
+        b"[DONE]",
+    ]
+    x, resp, recorder = _exchange(CHAT, body, FakeReply.sse(*raw))
+    x.out = {"model": "up/m-1"}
+    client = Client()
+    _answer(x, relay_chat, client)
+    datas = _chat_datas(client)
+    assert datas[0] == raw[0].replace(b'"model":"up/m-1"', b'"model":"public"')
+    assert datas[1] == raw[1].replace(b'"model":"up/m-1"', b'"model":"public"', 1)
+    assert b"\\u00e9" in datas[1] and b'\\"model\\":\\"up/m-1\\"' in datas[1]
+    assert json.loads(datas[2])["model"] == "public"
+    assert datas[3] == raw[3]
+    assert json.loads(datas[4]) == {
+        "id": "c1",
+        "model": "public",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+    }  # the usage the client did not ask for is not shown
+    assert datas[5:] == [b"[DONE]"]  # nor the usage-only chunk
+    assert b"up/m-1" not in client.body.replace(b'\\"up/m-1\\"', b"")
+    [rec] = recorder.records
+    assert (rec.status, rec.prompt_tokens, rec.cached_tokens) == (200, 5, 4)
+
+
+@pytest.mark.parametrize("relay", ["chat", "messages"])
+def test_a_stream_cut_anywhere_into_reads_gives_the_same_answer(relay):
+    """However the upstream's bytes are split into reads (an event across two reads, many
+    events in one), the client gets the same events and the record the same usage."""
+    endpoint, fn, body = (
+        (CHAT, relay_chat, {**MSG, "stream_options": {"include_usage": True}})
+        if relay == "chat"
+        else (MESSAGES, relay_messages, MSG)
+    )
+    whole = b"".join(
+        FakeReply.sse(ROLE, _delta("Hel"), _delta("lo \u00e9"), DONE, b"[DONE]").chunks
+    )
+
+    def run(size: int) -> tuple[list[bytes], tuple]:
+        pieces = [whole[i : i + size] for i in range(0, len(whole), size)]
+        reply = FakeReply(200, {"content-type": "text/event-stream"}, pieces)
+        x, _, recorder = _exchange(endpoint, body, reply)
+        client = Client()
+        _answer(x, fn, client)
+        [rec] = recorder.records
+        events = [e for e in client.body.split(b"\n\n") if e]
+        if relay == "messages":  # ids are random per answer
+            events = [e for e in events if b"message_start" not in e]
+        return events, (rec.status, rec.prompt_tokens, rec.cached_tokens)
+
+    expected = run(len(whole))
+    assert expected[1] == (200, 50, 32)
+    for size in (1, 2, 3, 7, 16, 61, 200):
+        assert run(size) == expected, size

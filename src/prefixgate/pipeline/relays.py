@@ -1,26 +1,34 @@
 """The last step: relaying the open upstream response to the client, in the client's
 protocol.
 
-Each relay reads the upstream with the channel's idle timeout, converts (or passes
-through), keeps the raw upstream usage for the record, and leaves finishing to the
-exchange (:meth:`~.exchange.Exchange.finish`), which runs once the answer's last byte went
-out, when it failed, or when the client went away (the upstream request is then cancelled
-by closing its connection). A relay sets the record's status; one still unset at the end
-means the client left.
+A whole (JSON) answer is converted or passed through at once (:class:`Answer`). A stream
+goes through a :class:`Relay`, which says what each upstream read becomes for the client
+and does no I/O: :class:`Converted` (a chat stream through a state machine that emits
+Anthropic's or the Responses API's event sequence), :class:`ChatRelay` (chat passed
+through, decoding only the chunks that carry usage or errors) and :class:`Passthrough` (an
+upstream that speaks the client's protocol). :class:`Stream` drives a relay: spliced into
+the I/O callbacks when both ends are this project's own HTTP code (``splice.py``), else
+pumped by the response's task. A relay keeps the raw upstream usage for the record and
+finishes the record (:meth:`~.exchange.Exchange.finish`) before the answer's last bytes
+go out; a record still without a status at the end means the client left, and the
+upstream request is then cancelled by closing its connection.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import msgspec
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from prefixgate.convert.response import openai_to_anthropic
 from prefixgate.convert.stream import AnthropicStream
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.pipeline.exchange import Exchange
+from prefixgate.pipeline.splice import GRACE, Splice
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.record.reason import failed
@@ -30,7 +38,6 @@ from prefixgate.usage import Usage
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 async def relay_messages(x: Exchange) -> Response:
@@ -61,42 +68,6 @@ def _json(data: bytes) -> dict:
     return obj
 
 
-class _Events:
-    """The JSON objects of an upstream SSE stream, a list per read from the upstream (what
-    arrived together leaves together: one write to the client, not one per event), until
-    ``[DONE]`` (then ``done``) or EOF. An error object raises, after the objects before it
-    have been handed over; the channel's key is scrubbed from it."""
-
-    def __init__(self, x: Exchange) -> None:
-        self.x = x
-        self.done = False
-
-    async def __aiter__(self) -> AsyncIterator[list[dict]]:
-        x = self.x
-        resp, idle, secret = x.upstream, x.channel.timeouts.idle, secret_of(x.channel)
-        dec = SSEDecoder()
-        chunk: bytes | None = x.first
-        while True:
-            datas = dec.feed(chunk) if chunk is not None else dec.flush()
-            objs: list[dict] = []
-            for _, data in datas:
-                if data == b"[DONE]":
-                    self.done = True
-                    break
-                obj = _json(data)
-                err = stream_error(obj, secret)
-                if err is not None:
-                    if objs:
-                        yield objs
-                    raise err
-                objs.append(obj)
-            if objs:
-                yield objs
-            if self.done or chunk is None:
-                return
-            chunk = await resp.next(idle)
-
-
 # -- Anthropic out, from an OpenAI-compatible upstream ------------------------------------
 def messages_once(x: Exchange) -> Response:
     ch, body, rec = x.channel, x.body, x.record
@@ -117,7 +88,7 @@ def messages_once(x: Exchange) -> Response:
     return Answer(_encode(msg), x, usage)
 
 
-def messages_stream(x: Exchange) -> StreamingResponse:
+def messages_stream(x: Exchange) -> Stream:
     ch, body, rec = x.channel, x.body, x.record
     conv = AnthropicStream(
         model=body["model"],
@@ -125,46 +96,7 @@ def messages_stream(x: Exchange) -> StreamingResponse:
         exclude_cache=ch.anthropic_messages_exclude_cache,
     )
     exclude = ch.anthropic_messages_exclude_cache
-    return converted_stream(x, conv, lambda u: _reported(rec, u.to_anthropic(exclude)))
-
-
-def converted_stream(x: Exchange, conv, report: Callable[[Usage], None]) -> StreamingResponse:
-    """A chat stream relayed through a converting state machine (``start``, ``feed``,
-    ``finish``, ``error``; its ``usage`` and ``finish_reason``); ``report`` records the
-    usage the client was shown."""
-    rec = x.record
-
-    async def gen() -> AsyncIterator[bytes]:
-        pending = [conv.start()]  # what goes out with the next write
-        try:
-            events = _Events(x)
-            async for objs in events:
-                for obj in objs:
-                    out = conv.feed(obj)
-                    if out:
-                        if rec.first_byte_at is None:
-                            rec.first_byte_at = time.time()
-                        pending.append(out)
-                if pending and not events.done:
-                    yield b"".join(pending)
-                    pending = []
-            if not events.done and conv.finish_reason is None:
-                raise UpstreamError("upstream stream ended before it finished")
-            pending.append(conv.finish())
-            rec.status = 200
-            report(conv.usage)
-            reply.end(conv.usage)
-            yield b"".join(pending)
-        except GatewayError as e:
-            failed(rec, e)
-            pending.append(conv.error(e))
-            await x.close(conv.usage)
-            yield b"".join(pending)
-        finally:
-            await x.close(conv.usage)
-
-    reply = Stream(gen(), x)
-    return reply
+    return Stream(Converted(x, conv, lambda u: _reported(rec, u.to_anthropic(exclude))))
 
 
 def _reported(rec, usage: dict) -> None:
@@ -201,51 +133,16 @@ def passthrough(
     """The upstream's answer as it came, the public model name restored; ``usage_of``
     reads the usage of the whole answer or of each stream event into the record's.
     ``x.first`` is the first body chunk of a stream, or the whole JSON object otherwise."""
-    rec, public, ch = x.record, x.body["model"], x.channel
-    upstream_model = x.out["model"]
-    usage = Usage()
-    swap = (upstream_model.encode(), public.encode()) if upstream_model != public else None
-    secret = secret_of(ch)
+    rec = x.record
     if not rec.stream:
-        obj = x.first
+        obj, usage = x.first, Usage()
         usage_of(obj, usage)
-        if swap:
-            obj["model"] = public
+        if x.out["model"] != x.body["model"]:
+            obj["model"] = x.body["model"]
         rec.status = 200
         return Answer(_encode(obj), x, usage)
 
-    async def gen() -> AsyncIterator[bytes]:
-        dec = SSEDecoder()
-        chunk: bytes | None = x.first
-        idle = ch.timeouts.idle
-        try:
-            while chunk is not None:
-                for _, data in dec.feed(chunk):
-                    try:
-                        obj = _decode(data)
-                    except msgspec.DecodeError:
-                        continue
-                    if isinstance(obj, dict):
-                        usage_of(obj, usage)
-                if rec.first_byte_at is None:
-                    rec.first_byte_at = time.time()
-                out = chunk.replace(swap[0], swap[1]) if swap else chunk
-                if secret and out.find(secret) >= 0:  # an error event echoing the channel's key
-                    out = out.replace(secret, b"<redacted>")
-                chunk = await x.upstream.next(idle)
-                if chunk is None:
-                    rec.status = 200
-                    reply.end(usage)
-                yield out
-        except GatewayError as e:
-            failed(rec, e)
-            await x.close(usage)
-            yield error_event(e)
-        finally:
-            await x.close(usage)
-
-    reply = Stream(gen(), x)
-    return reply
+    return Stream(Passthrough(x, usage_of, error_event))
 
 
 # -- OpenAI out (chat completions passthrough) -------------------------------------------
@@ -260,86 +157,277 @@ def chat_once(x: Exchange) -> Response:
     return Answer(_encode(obj), x, Usage.from_openai(obj.get("usage")))
 
 
-def chat_stream(x: Exchange) -> StreamingResponse:
-    rec, public = x.record, x.body["model"]
-    want_usage = bool((x.body.get("stream_options") or {}).get("include_usage"))
-
-    async def gen() -> AsyncIterator[bytes]:
-        usage = Usage()
-        pending: list[bytes] = []  # what goes out with the next write
-        try:
-            events = _Events(x)
-            async for objs in events:
-                for obj in objs:
-                    if "usage" in obj:
-                        if isinstance(obj["usage"], dict):
-                            usage = Usage.from_openai(obj["usage"])
-                        if not want_usage:
-                            if not obj.get("choices"):
-                                continue  # the usage-only chunk the client did not ask for
-                            del obj["usage"]
-                    if obj.get("model") not in (None, public):
-                        obj["model"] = public
-                    if rec.first_byte_at is None and obj.get("choices"):
-                        rec.first_byte_at = time.time()
-                    pending += (b"data: ", _encode(obj), b"\n\n")
-                if pending and not events.done:
-                    yield b"".join(pending)
-                    pending = []
-            if not events.done:
-                raise UpstreamError("upstream stream ended before it finished")
-            rec.status = 200
-            reply.end(usage)
-            pending.append(b"data: [DONE]\n\n")
-            yield b"".join(pending)
-        except GatewayError as e:
-            failed(rec, e)
-            await x.close(usage)
-            pending.append(openai_proto.error_chunk(e))
-            yield b"".join(pending)
-        finally:
-            await x.close(usage)
-
-    reply = Stream(gen(), x)
-    return reply
+def chat_stream(x: Exchange) -> Stream:
+    return Stream(ChatRelay(x))
 
 
-class Stream(StreamingResponse):
-    """A relay's SSE response.
+# -- stream relays: what happens to each upstream read, without I/O ---------------------
+class Relay:
+    """A stream's way from the upstream's bytes to the client's, without I/O: ``feed``
+    each body read and write what it returns; once ``done`` (the upstream's end marker
+    seen) or at the upstream's end, ``end()`` gives the last bytes; a failure (raised by
+    ``feed`` or ``end``, or the connection's) is answered with ``fail(err)``'s bytes.
+    ``end`` and ``fail`` finish the record before returning its last bytes, so a client
+    holding the whole answer implies a journaled record. Driven by the response's task
+    (:class:`Stream`) or inside the I/O callbacks (``pipeline/splice.py``)."""
 
-    The relay calls ``end(usage)`` before it yields its last chunk: the record is finished
-    (journaled) then, and that chunk goes out with the end of the body in one write; closing
-    the upstream runs after it. The exchange is also closed when the client leaves before
-    the body started (the generator then never runs its own cleanup) or mid-stream."""
+    done = False
 
-    def __init__(self, content, x: Exchange) -> None:
-        super().__init__(
-            content, media_type="text/event-stream", headers={**SSE_HEADERS, **x.id_headers()}
-        )
+    def __init__(self, x: Exchange) -> None:
         self.x = x
-        self.last = False
-        self.usage: Usage | None = None
+        self.rec = x.record
+        self.held: list[bytes] = []  # made but not yet returned (an error cut the read)
+        self.dec = SSEDecoder()
+        self.secret = secret_of(x.channel)
 
-    def end(self, usage: Usage) -> None:
-        """The answer is whole: finish the record now, before its last chunk goes out,
-        so that a client holding the whole answer implies a journaled record."""
-        self.last, self.usage = True, usage
-        self.x.finish(usage)
+    @property
+    def usage(self) -> Usage:
+        raise NotImplementedError
 
-    async def stream_response(self, send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        async for chunk in self.body_iterator:
-            await send({"type": "http.response.body", "body": chunk, "more_body": not self.last})
-        if not self.last:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    def feed(self, chunk: bytes) -> bytes:
+        raise NotImplementedError
+
+    def end(self) -> bytes:
+        raise NotImplementedError
+
+    def error_bytes(self, err: GatewayError) -> bytes:
+        raise NotImplementedError
+
+    def fail(self, err: GatewayError) -> bytes:
+        failed(self.rec, err)
+        self.x.finish(self.usage)
+        return self._take() + self.error_bytes(err)
+
+    def _take(self) -> bytes:
+        held = self.held
+        if not held:
+            return b""
+        self.held = []
+        return held[0] if len(held) == 1 else b"".join(held)
+
+    def _first_byte(self) -> None:
+        if self.rec.first_byte_at is None:
+            self.rec.first_byte_at = time.time()
+
+
+class Converted(Relay):
+    """A chat stream through a converting state machine (``start``, ``feed``, ``finish``,
+    ``error``; its ``usage`` and ``finish_reason``); ``report`` records the usage the
+    client was shown."""
+
+    def __init__(self, x: Exchange, conv, report: Callable[[Usage], None]) -> None:
+        super().__init__(x)
+        self.conv, self.report = conv, report
+        self.held = [conv.start()]
+
+    @property
+    def usage(self) -> Usage:
+        return self.conv.usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._events(self.dec.feed(chunk))
+        return self._take()
+
+    def _events(self, datas) -> None:
+        conv, held, secret = self.conv, self.held, self.secret
+        for _, data in datas:
+            if data == b"[DONE]":
+                self.done = True
+                return
+            obj = _json(data)
+            err = stream_error(obj, secret)
+            if err is not None:
+                raise err
+            out = conv.feed(obj)
+            if out:
+                self._first_byte()
+                held.append(out)
+
+    def end(self) -> bytes:
+        if not self.done:
+            self._events(self.dec.flush())
+            if not self.done and self.conv.finish_reason is None:
+                raise UpstreamError("upstream stream ended before it finished")
+        self.held.append(self.conv.finish())
+        self.rec.status = 200
+        self.report(self.conv.usage)
+        self.x.finish(self.conv.usage)
+        return self._take()
+
+    def error_bytes(self, err: GatewayError) -> bytes:
+        return self.conv.error(err)
+
+
+class ChatRelay(Relay):
+    """OpenAI chat chunks passed through. An event that holds no ``"usage"`` or
+    ``"error"`` key and names the upstream's model as the upstream writes it (compact
+    JSON) goes out as it came, the model's name swapped in its bytes; only the others
+    are decoded: the usage kept for the record (and its chunk dropped when the client did
+    not ask for it), an error raised, an unusual model field rewritten."""
+
+    def __init__(self, x: Exchange) -> None:
+        super().__init__(x)
+        self.public = public = x.body["model"]
+        self.want_usage = bool((x.body.get("stream_options") or {}).get("include_usage"))
+        self._usage = Usage()
+        theirs, ours = b'"model":' + _encode(x.out["model"]), b'"model":' + _encode(public)
+        self.theirs, self.ours = theirs, ours
+
+    @property
+    def usage(self) -> Usage:
+        return self._usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        held, theirs, ours = self.held, self.theirs, self.ours
+        for _, data in self.dec.feed(chunk):
+            if data == b"[DONE]":
+                self.done = True
+                break
+            if data.find(b'"usage"') < 0 and data.find(b'"error"') < 0:
+                if data.find(theirs) >= 0:
+                    if theirs != ours:
+                        data = data.replace(theirs, ours)
+                    held += (b"data: ", data, b"\n\n")
+                    self._first_byte()
+                    continue
+                if data.find(b'"model"') < 0:
+                    held += (b"data: ", data, b"\n\n")
+                    self._first_byte()
+                    continue
+            out = self._decoded(data)
+            if out is not None:
+                held += (b"data: ", out, b"\n\n")
+        return self._take()
+
+    def _decoded(self, data: bytes) -> bytes | None:
+        obj = _json(data)
+        err = stream_error(obj, self.secret)
+        if err is not None:
+            raise err
+        if "usage" in obj:
+            if isinstance(obj["usage"], dict):
+                self._usage = Usage.from_openai(obj["usage"])
+            if not self.want_usage:
+                if not obj.get("choices"):
+                    return None  # the usage-only chunk the client did not ask for
+                del obj["usage"]
+        if obj.get("model") not in (None, self.public):
+            obj["model"] = self.public
+        if obj.get("choices"):
+            self._first_byte()
+        return _encode(obj)
+
+    def end(self) -> bytes:
+        if not self.done:
+            raise UpstreamError("upstream stream ended before it finished")
+        self.rec.status = 200
+        self.x.finish(self._usage)
+        return self._take() + b"data: [DONE]\n\n"
+
+    def error_bytes(self, err: GatewayError) -> bytes:
+        return openai_proto.error_chunk(err)
+
+
+class Passthrough(Relay):
+    """An upstream that speaks the client's protocol: its bytes as they came, the public
+    model name restored and the channel's key redacted; ``usage_of`` reads the usage of
+    each event that has any into the record's. Ends with the upstream's body."""
+
+    def __init__(self, x: Exchange, usage_of: Callable[[dict, Usage], None], error_event) -> None:
+        super().__init__(x)
+        self.usage_of, self.error_event = usage_of, error_event
+        self._usage = Usage()
+        theirs, public = x.out["model"], x.body["model"]
+        self.swap = (theirs.encode(), public.encode()) if theirs != public else None
+
+    @property
+    def usage(self) -> Usage:
+        return self._usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        for _, data in self.dec.feed(chunk):
+            if data.find(b'"usage"') >= 0:
+                try:
+                    obj = _decode(data)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(obj, dict):
+                    self.usage_of(obj, self._usage)
+        self._first_byte()
+        if self.swap:
+            chunk = chunk.replace(*self.swap)
+        if self.secret and chunk.find(self.secret) >= 0:  # an error event echoing the key
+            chunk = chunk.replace(self.secret, b"<redacted>")
+        return chunk
+
+    def end(self) -> bytes:
+        self.rec.status = 200
+        self.x.finish(self._usage)
+        return b""
+
+    def error_bytes(self, err: GatewayError) -> bytes:
+        return self.error_event(err)
+
+
+class Stream:
+    """A relay's SSE response (ASGI). Spliced when the server and the upstream response
+    allow it (``pipeline/splice.py``), else pumped by this task: a read, then a ``send``,
+    per chunk. The exchange is closed at the end either way, and when the client leaves
+    (the task is cancelled, or ``send`` raises)."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.status_code = 200
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in relay.x.id_headers().items()),
+        ]
 
     async def __call__(self, scope, receive, send) -> None:
+        relay = self.relay
+        x = relay.x
         try:
-            await super().__call__(scope, receive, send)
+            ext = scope.get("extensions")
+            client = ext.get("prefixgate.splice") if ext else None
+            spliceable = getattr(x.upstream, "spliceable", None)
+            if client is not None and spliceable is not None:
+                client.start(self.status_code, self.raw_headers)
+                await Splice(relay, client, spliceable(), x.channel.timeouts.idle).run(x.first)
+            else:
+                await self._pump(send)
         finally:
-            await self.x.close(self.usage or Usage())
+            await x.close(relay.usage)
+
+    async def _pump(self, send) -> None:
+        relay, x = self.relay, self.relay.x
+        upstream, idle = x.upstream, x.channel.timeouts.idle
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            chunk, rest = x.first, False
+            try:
+                while True:
+                    out = relay.feed(chunk)
+                    if relay.done:
+                        last, rest = out + relay.end(), True
+                        break
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    chunk = await upstream.next(idle)
+                    if chunk is None:
+                        last = relay.end()
+                        break
+            except GatewayError as e:
+                last = relay.fail(e)
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+        except OSError:
+            return  # the client left (ASGI 2.4's send raises): closed on the way out
+        if rest:  # the body's last bytes, usually a moment behind [DONE]: the connection is kept
+            with contextlib.suppress(GatewayError, TimeoutError):
+                async with asyncio.timeout(GRACE):
+                    while await upstream.next(GRACE) is not None:
+                        pass
 
 
 class Answer(Response):

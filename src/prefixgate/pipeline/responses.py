@@ -12,7 +12,7 @@ and its whole conversation each turn.
 from __future__ import annotations
 
 import msgspec
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from prefixgate.convert.request import ConvertOptions
 from prefixgate.convert.responses_request import convert, tool_map
@@ -21,7 +21,7 @@ from prefixgate.convert.responses_stream import ResponsesStream
 from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.identify import session_of_responses
 from prefixgate.pipeline.exchange import Exchange
-from prefixgate.pipeline.relays import Answer, _reported, converted_stream, passthrough
+from prefixgate.pipeline.relays import Answer, Converted, Stream, _reported, passthrough
 from prefixgate.pipeline.steps import _decoded
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.responses import decode_responses_body
@@ -104,10 +104,10 @@ def responses_once(x: Exchange) -> Response:
     return Answer(_encode(resp), x, usage)
 
 
-def responses_stream(x: Exchange) -> StreamingResponse:
+def responses_stream(x: Exchange) -> Stream:
     rec = x.record
     conv = ResponsesStream(response_base(x.body), tool_map(x.body.typed))
-    return converted_stream(x, conv, lambda u: _reported_responses(rec, u.to_responses()))
+    return Stream(Converted(x, conv, lambda u: _reported_responses(rec, u.to_responses())))
 
 
 # -- passed through ---------------------------------------------------------------------

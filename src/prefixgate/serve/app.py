@@ -324,6 +324,8 @@ class AccessLog:
             return
         t0 = time.perf_counter()
         seen = {"status": 0, "bytes": 0, "id": "", "done": False}
+        if "extensions" in scope:  # a splice would write past ``send``: pumped, to be seen
+            scope = {**scope, "extensions": {}}
 
         async def logged(message) -> None:
             if message["type"] == "http.response.start":

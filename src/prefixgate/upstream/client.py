@@ -221,6 +221,11 @@ class UpstreamResponse:
         except http1.HTTPError as exc:
             raise UpstreamError(f"upstream connection failed mid-response: {exc}") from exc
 
+    def spliceable(self) -> http1.Connection:
+        """The connection, for a splice to take the rest of the body from
+        (``pipeline/splice.py``); the response is still closed with :meth:`aclose`."""
+        return self._conn
+
     async def aclose(self) -> None:
         """Done with the response: a fully read one gives its connection back to the pool;
         an unfinished one closes it (which cancels the request upstream)."""

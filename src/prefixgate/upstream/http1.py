@@ -18,6 +18,7 @@ import collections
 import contextlib
 import socket
 import ssl
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -94,6 +95,16 @@ def _expire(waiter: asyncio.Future) -> None:
         waiter.set_exception(TimeoutError())
 
 
+class Sink(Protocol):
+    """Who takes a response's body inside the connection's callbacks (a splice)."""
+
+    def body(self, data: bytes) -> None: ...
+
+    def news(self) -> None: ...  # the connection completed or failed
+
+    def flush(self) -> None: ...  # the end of one read
+
+
 class Connection(asyncio.Protocol):
     """One keep-alive connection; carries one request/response at a time."""
 
@@ -113,6 +124,9 @@ class Connection(asyncio.Protocol):
         self.deadline = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
+        # A splice (pipeline/splice.py) takes the body as it is parsed, inside
+        # data_received, instead of a reader woken per chunk.
+        self.sink: Sink | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -138,12 +152,15 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         busypoll.touch(self.loop)
         self.got_bytes = True
+        sink = self.sink
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(HTTPError("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(HTTPError(f"malformed HTTP response from the upstream: {exc}"))
+        if sink is not None:
+            sink.flush()  # what this read brought leaves in one write
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -154,6 +171,7 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self._ended(exc)
         self.pool._lost(self)
+        self.parser = None  # it holds this protocol's methods: no cycle left to the collector
 
     # -- httptools callbacks -----------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -173,6 +191,9 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self.sink.body(body)
+            return
         if body:
             self.chunks.append(body)
             self.buffered += len(body)
@@ -192,9 +213,35 @@ class Connection(asyncio.Protocol):
 
     # -- state -------------------------------------------------------------------------
     def _wake(self) -> None:
+        if self.sink is not None:
+            self.sink.news()  # the end, or an error
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def attach(self, sink: Sink) -> None:
+        """Hand the rest of the body to ``sink`` as it is parsed (what is buffered
+        first); its ``news`` is told of the end or an error. No timer runs for it."""
+        self._stop_timer()
+        if self.chunks:
+            sink.body(self.take())
+        self.sink = sink
+        if self.complete or self.error is not None:
+            sink.news()
+        sink.flush()
+
+    def detach(self) -> None:
+        self.sink = None
+        self.hold(False)
+
+    def hold(self, on: bool) -> None:
+        """Stop (or resume) reading from the upstream: its consumer cannot keep up."""
+        if on != self.paused and self.transport is not None and not self.closed:
+            self.paused = on
+            if on:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
 
     def _fail(self, err: HTTPError) -> None:
         if self.error is None and not self.complete:

@@ -1,0 +1,162 @@
+"""Relaying a stream inside the I/O callbacks: the upstream connection's parser hands each
+body read to the relay, and what the relay makes of it is written to the client's
+connection there and then, with no task woken per chunk.
+
+This is how a stream is relayed when both ends are this project's own HTTP/1.1 code (the
+server's ``prefixgate.splice`` extension, the client's :class:`~prefixgate.upstream.http1.
+Connection`); anywhere else (``--http uvicorn``, the in-memory fake transport) the same
+relay is pumped by the response's task, a read and a ``send`` per chunk
+(:class:`~prefixgate.pipeline.relays.Stream`). The per-chunk cost of both is in
+docs/performance.md ("Agent-scale streaming").
+
+What the task still does: it starts the splice and waits for its end, and it is cancelled
+when the client leaves (the server's doing), which detaches the splice and closes the
+upstream response. Back-pressure: while the client's connection is past its write buffer's
+high-water mark the upstream connection stops reading, and reads again when it drains.
+An upstream that sends nothing for ``idle`` seconds fails the stream, as a read would: one
+timer per stream, re-armed only when it lapses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prefixgate.errors import GatewayError, UpstreamError, UpstreamTimeout
+
+log = logging.getLogger("prefixgate.relay")
+GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
+
+
+class Splice:
+    """One stream spliced from an upstream connection (``conn``) into a client's response
+    (``client``: the server's request, with ``write_body``) through ``relay``."""
+
+    __slots__ = ("relay", "client", "conn", "idle", "loop", "out", "ended", "done", "last", "timer")
+
+    def __init__(self, relay, client, conn, idle: float) -> None:
+        self.relay, self.client, self.conn, self.idle = relay, client, conn, idle
+        self.loop = conn.loop
+        self.out: list[bytes] = []  # made of this read, written at its end (flush)
+        self.ended = False  # the last bytes are in ``out``
+        self.done = self.loop.create_future()
+        self.last = self.loop.time()  # when the upstream last sent body bytes
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def run(self, first: bytes) -> None:
+        """Relay ``first`` and the rest of the body; return once the answer is complete
+        (or failed) and written."""
+        self.body(first)
+        self.timer = self.loop.call_at(self.last + self.idle, self._check_idle)
+        self.conn.attach(self)
+        try:
+            await self.done
+        finally:
+            self._stop()
+
+    # -- the connection's side (http1.Sink) ------------------------------------------------
+    def body(self, data: bytes) -> None:
+        if self.ended:
+            return  # past the stream's end (bytes after [DONE]): dropped
+        self.last = self.loop.time()
+        try:
+            out = self.relay.feed(data)
+            if self.relay.done:
+                out += self.relay.end()
+                self.ended = True
+        except GatewayError as e:
+            out = self.relay.fail(e)
+            self.ended = True
+        except Exception:
+            out = self._internal()
+        if out:
+            self.out.append(out)
+
+    def news(self) -> None:
+        """The upstream response completed or failed."""
+        if self.ended:
+            self._settled()  # the end of a body whose answer already went out
+            return
+        conn = self.conn
+        if conn.error is not None:
+            err = UpstreamError(f"upstream connection failed mid-response: {conn.error}")
+        elif conn.complete:
+            err = None
+        else:
+            return
+        try:
+            out = self.relay.end() if err is None else self.relay.fail(err)
+        except GatewayError as e:
+            out = self.relay.fail(e)
+        except Exception:
+            out = self._internal()
+        self.ended = True
+        self.out.append(out)
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what this read made, in one write; the last bytes end the response."""
+        out = self.out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            client = self.client
+            client.write_body(data, not self.ended)
+            if client.conn.write_paused and not self.ended:
+                self.conn.hold(True)  # the client's buffer is full: stop reading upstream
+                client.conn.on_resume = self._resume
+        elif self.ended:
+            self.client.write_body(b"", False)
+        if self.ended:
+            self._settled()
+
+    def _settled(self) -> None:
+        """Done once the answer went out and the upstream's body ended too, so that its
+        connection is reused (an answer ends at ``[DONE]``, usually a moment before the
+        body's last bytes); an upstream slow to end it has ``GRACE`` seconds."""
+        if self.done.done():
+            return
+        conn = self.conn
+        if conn.complete or conn.error is not None or conn.closed:
+            self.done.set_result(None)
+        elif self.timer is None or self.timer.when() > self.loop.time() + GRACE:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_later(GRACE, self._give_up)
+
+    def _give_up(self) -> None:
+        self.timer = None
+        if not self.done.done():
+            self.done.set_result(None)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _resume(self) -> None:
+        self.client.conn.on_resume = None
+        self.conn.hold(False)
+
+    def _check_idle(self) -> None:
+        self.timer = None
+        if self.ended:
+            self._give_up()
+            return
+        due = self.last + self.idle
+        if self.loop.time() + 0.001 < due:
+            self.timer = self.loop.call_at(due, self._check_idle)
+            return
+        err = UpstreamTimeout(f"upstream sent nothing for {self.idle:g} s mid-response")
+        self.out.append(self.relay.fail(err))
+        self.ended = True
+        self.flush()
+
+    def _internal(self) -> bytes:
+        log.exception("internal error relaying a stream")
+        self.ended = True
+        return self.relay.fail(GatewayError("internal error"))
+
+    def _stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.conn.detach()
+        if self.client.conn.on_resume == self._resume:
+            self.client.conn.on_resume = None
