@@ -211,7 +211,11 @@ class ScriptedUpstream:
         self.headers.append(dict(request.headers))
         r = self.script(body)
         if r.hang_before:
-            await asyncio.sleep(r.hang_before)
+            try:
+                await asyncio.sleep(r.hang_before)
+            except asyncio.CancelledError:  # the gateway closed the connection meanwhile
+                self.cancelled += 1
+                raise
         if r.status != 200:
             return JSONResponse(
                 r.error or {"error": {"message": "scripted failure"}},

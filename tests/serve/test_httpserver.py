@@ -830,10 +830,10 @@ def test_graceful_timeout_cancels_what_is_left(probe):
         with Conn(run.port) as c:
             c.send(request("GET", "/slow"))  # five seconds of work
             assert probe.entered.wait(TIMEOUT)
-            t0 = time.monotonic()
             run.server.should_exit = True
             run.thread.join(TIMEOUT)
-            assert not run.thread.is_alive() and time.monotonic() - t0 < 1.0
+            assert not run.thread.is_alive()
+            # Cancelled, not left to finish its five seconds.
             assert probe.stopped.is_set() and probe.outcome == "cancelled"
             assert c.wait_closed() == b""  # closed without an answer
         assert run.error is None
@@ -869,12 +869,12 @@ def test_idle_keep_alive_connection_is_closed_after_keepalive(probe):
             c.send(request("POST", "/echo?delay=0.5", body=b"slow"))  # longer than keepalive
             assert c.read_response().body == b"slow"  # a request is not idle
             t0 = time.monotonic()
-            assert c.wait_closed(2.0) == b""
-            assert 0.25 <= time.monotonic() - t0 < 1.0
+            assert c.wait_closed(TIMEOUT) == b""
+            assert time.monotonic() - t0 >= 0.25  # not before its keep-alive ran out
         with Conn(run.port) as c:  # a connection that never sends anything
             t0 = time.monotonic()
-            assert c.wait_closed(2.0) == b""
-            assert 0.25 <= time.monotonic() - t0 < 1.0
+            assert c.wait_closed(TIMEOUT) == b""
+            assert time.monotonic() - t0 >= 0.25
 
 
 # -- found by these tests, fixed ------------------------------------------------------------------
