@@ -16,8 +16,9 @@ newcomer. No I/O here; everything runs on the serving event loop.
 A count is a proxy for the CPU a worker has, and the right count depends on the machine
 and the traffic. :class:`LagShed` watches the CPU itself, through the event loop: a timer
 that should run every ``interval`` seconds runs late when the loop has more to do than it
-can (every open stream's next chunk waits as long); while it runs more than
-``server.shed_loop_lag`` seconds late, new requests are refused as overloaded (the
+can (every open stream's next chunk waits as long); once it runs more than
+``server.shed_loop_lag`` seconds late twice in a row (a backlog, not a single pause such
+as the process being descheduled once), new requests are refused as overloaded (the
 streams already admitted keep their pace), until it runs under half of that again.
 """
 
@@ -171,8 +172,11 @@ class LagShed:
 
     def _tick(self) -> None:
         now = self._loop.time()
-        self.late = late = max(0.0, now - self._due)
-        self.active = late > (self.threshold / 2 if self.active else self.threshold)
+        last, self.late = self.late, max(0.0, now - self._due)
+        if self.active:
+            self.active = self.late > self.threshold / 2
+        else:  # two late ticks in a row: a backlog, not one pause (the process descheduled)
+            self.active = min(last, self.late) > self.threshold
         self._due = now + self.interval
         self._handle = self._loop.call_at(self._due, self._tick)
 

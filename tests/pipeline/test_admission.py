@@ -227,9 +227,7 @@ def test_upstream_connection_caps_follow_admission_and_the_channels_settings(gat
     assert set(gw2.gateway.upstream._limits.values()) == {(7, 4.0)}
 
 
-def test_while_the_loop_runs_late_new_requests_are_refused_and_then_taken_again(
-    gateway, upstream
-):
+def test_while_the_loop_runs_late_new_requests_are_refused_and_then_taken_again(gateway, upstream):
     """The loop-lag shed: a worker whose event loop is held (here by a callback that
     blocks it 0.4 s at a time, as a saturated core would) refuses new requests with its
     protocol's overloaded answer and retry-after, records them and sends nothing
