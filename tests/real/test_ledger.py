@@ -81,11 +81,12 @@ def drive(app, url: str, server: harness.VllmServer, replicas: tuple, *, turns: 
     histories = {s: [{"role": "system", "content": session_prompt(nonce, s)}] for s in range(3)}
     sent: list[str] = []
     hub = app.state.events
-    deadline = time.monotonic() + 60
-    for replica in replicas:
-        while not hub.subscriber("real", replica).ready.is_set():  # listening, replay read
-            assert time.monotonic() < deadline, hub.statuses()
-            time.sleep(0.01)
+    deadline = time.monotonic() + 120
+    # listening, the replay read, and each engine's publisher connected (its handshake):
+    # what an engine publishes before that is lost (ZeroMQ's late join)
+    while not all(hub.subscriber("real", r).listening for r in replicas):
+        assert time.monotonic() < deadline, hub.statuses()
+        time.sleep(0.01)
     index = hub.channels["real"].index
     with httpx.Client(timeout=120) as http:
         for n in range(turns):
