@@ -287,6 +287,22 @@ def kv_events_config() -> dict:
     }
 
 
+def kv_events_channel(server: VllmServer, events: dict) -> dict:
+    """The gateway's channel for one vLLM started with ``--kv-events-config events``: its
+    ``kv_events`` section names the same addresses (the subscriber binds the endpoint the
+    engine's PUB connects to, and connects to its replay ROUTER), at ``BLOCK_SIZE``."""
+    return {
+        "name": "real",
+        "base_url": server.base_url,
+        "kv_events": {
+            "endpoint": events["endpoint"],
+            "replay_endpoint": events["replay_endpoint"],
+            "topic": events["topic"],
+            "block_size": BLOCK_SIZE,
+        },
+    }
+
+
 def kv_events_args(events: dict, num_blocks: int) -> tuple[str, ...]:
     """Server arguments for events and a KV cache of ``num_blocks`` blocks (the window
     shrinks to fit: vLLM refuses a window its cache cannot hold)."""

@@ -41,16 +41,7 @@ def turn(session: int, n: int) -> list[dict]:
 
 
 async def _run(server: harness.VllmServer, events: dict, say) -> list[dict]:
-    channel = {
-        "name": "real",
-        "base_url": server.base_url,
-        "kv_events": {
-            "endpoint": events["endpoint"],
-            "replay_endpoint": events["replay_endpoint"],
-            "topic": events["topic"],
-            "block_size": B,
-        },
-    }
+    channel = harness.kv_events_channel(server, events)
     hub = EngineEvents.from_config(parse_config({"channels": [channel]}))
     replica = server.base_url
     nonce = secrets.token_hex(4)

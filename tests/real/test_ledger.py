@@ -30,16 +30,7 @@ B = harness.BLOCK_SIZE
 
 def test_the_ledger_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None:
     server, events = vllm_kv_events
-    channel = {
-        "name": "real",
-        "base_url": server.base_url,
-        "kv_events": {
-            "endpoint": events["endpoint"],
-            "replay_endpoint": events["replay_endpoint"],
-            "topic": events["topic"],
-            "block_size": B,
-        },
-    }
+    channel = harness.kv_events_channel(server, events)
     dsn = f"sqlite:///{tmp_path}/real.db"
     config = parse_config(
         {"channels": [channel], "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")}}
