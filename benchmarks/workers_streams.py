@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -62,7 +63,8 @@ class Placement:
 class SlicedSubject(streams.Subject):
     """``streams.py``'s gateway under test, its workers placed once they all listen.
     Each worker's CPU time and quota throttling are read where ``streams.measure`` scrapes
-    ``/metrics``: just before the level's streams start and just after they end."""
+    ``/metrics``: just before the level's streams start and just after they end; then
+    also the streams each worker relayed (its own ``/metrics``)."""
 
     placement: Placement
 
@@ -72,7 +74,7 @@ class SlicedSubject(streams.Subject):
         deadline = time.monotonic() + 60
         while True:  # every worker forked and answering (the kernel picks who answers)
             pids = [self.proc.pid] if n == 1 else tree(self.proc.pid)[1:]
-            if len(pids) == n and await self._answering(set(pids)):
+            if len(pids) == n and len(await self._by_worker(set(pids))) == n:
                 break
             if time.monotonic() > deadline:
                 raise SystemExit(f"{n} workers did not all come up ({pids})")
@@ -80,32 +82,47 @@ class SlicedSubject(streams.Subject):
         self.workers = sorted(pids)
         self.placement.place(self.proc.pid, self.workers)
         self.samples: list[tuple[float, list[float], list[dict]]] = []
+        self.streams: list[int] = []
 
-    async def _answering(self, pids: set[int], tries: int = 200) -> bool:
-        seen: set[int] = set()
+    async def _by_worker(self, pids: set[int], tries: int = 200) -> dict[int, str]:
+        """``/metrics`` of each of ``pids`` (by ``prefixgate_worker_info``), scraped on a
+        new connection each time until all have answered or ``tries`` ran out."""
+        seen: dict[int, str] = {}
         for _ in range(tries):
             text = (await streams.http_get(self.url + "/metrics", 2))[1].decode()
-            for line in text.splitlines():
-                if line.startswith("prefixgate_worker_info{"):
-                    seen.add(int(line.split('pid="', 1)[1].split('"', 1)[0]))
-            if seen >= pids:
-                return True
-        return False
+            pid = re.search(r'^prefixgate_worker_info\{pid="(\d+)"\}', text, re.M)
+            if pid:
+                seen[int(pid.group(1))] = text
+            if set(seen) >= pids:
+                break
+        return seen
 
     async def metrics(self) -> str:
         cpu = [cpu_seconds(p) for p in self.workers]
         self.samples.append((time.monotonic(), cpu, self.placement.throttled(len(self.workers))))
+        if len(self.samples) == 2:  # the level is over
+            texts = await self._by_worker(set(self.workers))
+            self.streams = [_relayed(texts.get(p, "")) for p in self.workers]
         return await super().metrics()
 
     def per_worker(self) -> dict:
-        """Each worker's share of a core over the level, and the share of its quota's
-        periods in which it was throttled."""
+        """Each worker's streams, its share of a core over the level, and the share of its
+        quota's periods in which it was throttled."""
         (t0, cpu0, th0), (t1, cpu1, th1) = self.samples[0], self.samples[-1]
         pairs = zip(cpu0, cpu1, strict=True)
-        out: dict = {"worker_cpu": [round((b - a) / (t1 - t0), 3) for a, b in pairs]}
+        out: dict = {
+            "worker_streams": self.streams,
+            "worker_cpu": [round((b - a) / (t1 - t0), 3) for a, b in pairs],
+        }
         if th1 and th1[0]:
             out["throttled"] = [_throttled(a, b) for a, b in zip(th0, th1, strict=True)]
         return out
+
+
+def _relayed(metrics: str) -> int:
+    """Requests for the level's model (``fake``, not the warm-up's) a worker finished."""
+    pattern = r'^prefixgate_requests_total\{[^}]*model="fake"[^}]*\} (\S+)$'
+    return round(sum(float(v) for v in re.findall(pattern, metrics, re.M)))
 
 
 def _throttled(before: dict[str, int], after: dict[str, int]) -> float:
@@ -308,6 +325,7 @@ def table(result: dict) -> str:
         ("added p99", lambda r: _f(r.get("added_gap_p99_ms"))),
         ("TTFT p99 ms", lambda r: _f(r["ttft_p99_ms"])),
         ("CPU µs/chunk", lambda r: _f(r["cpu_us_per_chunk"])),
+        ("streams each worker", lambda r: " ".join(str(c) for c in r.get("worker_streams", []))),
         ("CPU each worker", lambda r: " ".join(_f(c, "{:.0%}") for c in r.get("worker_cpu", []))),
         ("throttled", lambda r: " ".join(_f(c, "{:.0%}") for c in r.get("throttled", []))),
         ("load CPU", lambda r: _f(r["load_side_cpu_share"], "{:.0%}")),
