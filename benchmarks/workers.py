@@ -3,6 +3,7 @@
     python benchmarks/workers.py [--workers 1 2] [--seconds 4] [--repeats 3] [--json]
     python benchmarks/workers.py --streams [--workers 1 2 3] [--slice 0.3] [--bound-ms 10]
                                  [--chunks 200] [--ramp 3] [--start 100] [--json]
+    python benchmarks/workers.py --streams --per-worker 100,130 [--repeats 3]
 
 **Requests per second** (the default): ``prefixgate serve --workers N`` (no store) against
 the fast fake upstream of ``overhead.py``, at concurrency 32, for
@@ -28,8 +29,11 @@ For one worker, N starts at ``--start`` and doubles until a level fails, then bi
 (``--steps`` grid points a doubling); for N workers the search starts at N times one
 worker's capacity. The figures: the largest N that passed per worker count, the ratio to
 one worker (the goal is N), and for every level run the gaps, the CPU per relayed chunk,
-each worker's share of a core and how often its quota throttled it, the counts and the
-records against the streams answered. Without writable cgroups the workers are only
+the streams each worker took, each worker's share of a core and how often its quota
+throttled it, the counts and the records against the streams answered. With
+``--per-worker L,…`` there is no search: each worker count w runs w × L streams for each
+L, the counts one after the other, ``--repeats`` times (the machine's drift then falls on
+every count alike): scaling is the same gaps at the same load a worker. Without writable cgroups the workers are only
 pinned, one core each, and counts that do not fit the machine are left out (said in the
 output). Progress on stderr.
 """

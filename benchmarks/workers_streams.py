@@ -266,42 +266,86 @@ async def run(args) -> dict:
         _say(result["placement"])
         placement = Placement(slices, fraction)
         runner = Runner(args, upstream_url, work, placement)
-        base: int | None = None
         try:
-            for w in args.workers:
-                why = placement.fits(w)
-                if why:
-                    _say(f"{w} worker(s): left out: {why}")
-                    result["runs"].append({"workers": w, "left_out": why})
-                    continue
-                search = Search(runner, w)
-                if base is None:
-                    k = await search.run(0, args.steps)
-                else:
-                    goal = base + round(args.steps * math.log2(w / args.workers[0]))
-                    k = await search.run(goal, max(1, args.steps // 2))
-                if base is None and k is not None:
-                    base = k
-                result["runs"].append(
-                    {
-                        "workers": w,
-                        "capacity": None if k is None else n_at(args, k),
-                        "levels": [r for r in runner.rows if r["workers"] == w],
-                    }
-                )
+            if args.per_worker:
+                await fixed_loads(args, runner, placement, result)
+            else:
+                await capacities(args, runner, placement, result)
         finally:
             server.close()
     result["load_average_end"] = _load_average()
     result["direct"] = {str(n): r for n, r in sorted(runner.direct.items())}
+    return result
+
+
+async def capacities(args, runner: Runner, placement: Placement, result: dict) -> None:
+    """The largest level each worker count passes, and the ratio to the first count's."""
+    base: int | None = None
+    for w in args.workers:
+        why = placement.fits(w)
+        if why:
+            _say(f"{w} worker(s): left out: {why}")
+            result["runs"].append({"workers": w, "left_out": why})
+            continue
+        search = Search(runner, w)
+        if base is None:
+            k = await search.run(0, args.steps)
+            base = k
+        else:
+            goal = base + round(args.steps * math.log2(w / args.workers[0]))
+            k = await search.run(goal, max(1, args.steps // 2))
+        result["runs"].append(
+            {
+                "workers": w,
+                "capacity": None if k is None else n_at(args, k),
+                "levels": [r for r in runner.rows if r["workers"] == w],
+            }
+        )
     caps = {r["workers"]: r.get("capacity") for r in result["runs"] if r.get("capacity")}
     first = caps.get(args.workers[0])
     result["ratio"] = {str(w): round(c / first, 2) for w, c in caps.items()} if first else {}
-    return result
+
+
+async def fixed_loads(args, runner: Runner, placement: Placement, result: dict) -> None:
+    """``--per-worker L,…``: w workers at w × L streams for each worker count, one after
+    the other (so that the machine's drift falls on every count alike), ``--repeats``
+    times: at the same load a worker, the same gaps is what scaling means."""
+    counts = [w for w in args.workers if not placement.fits(w)]
+    for w in sorted(set(args.workers) - set(counts)):
+        result["runs"].append({"workers": w, "left_out": placement.fits(w)})
+    for rep in range(args.repeats):
+        for load in args.per_worker:
+            for w in counts:
+                _say(f"repeat {rep + 1}/{args.repeats}, {load} streams a worker")
+                row = await runner.level(w, w * load)
+                row.update(per_worker_load=load, repeat=rep)
+    summary = []
+    for load in args.per_worker:
+        for w in counts:
+            rows = [r for r in runner.rows if r["workers"] == w and r["per_worker_load"] == load]
+            summary.append(
+                {
+                    "per_worker_load": load,
+                    "workers": w,
+                    "n": w * load,
+                    "passed": sum(r["passed"] for r in rows),
+                    "runs": len(rows),
+                    "added_gap_p99_ms": [r.get("added_gap_p99_ms") for r in rows],
+                    "cpu_us_per_chunk": [r["cpu_us_per_chunk"] for r in rows],
+                    "throttled_max": [max(r.get("throttled") or [0]) for r in rows],
+                }
+            )
+    result["fixed"] = summary
+    result["runs"].append({"levels": runner.rows})
 
 
 # -- the table ------------------------------------------------------------------------------
 def _f(v, fmt="{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
+
+
+def _order(row: dict) -> tuple:
+    return (row.get("per_worker_load", 0), row["workers"], row["n"], row.get("repeat", 0))
 
 
 def table(result: dict) -> str:
@@ -342,8 +386,19 @@ def table(result: dict) -> str:
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.append("")
+    for f in result.get("fixed", []):
+        added = sorted(a for a in f["added_gap_p99_ms"] if a is not None)
+        lines.append(
+            f"{f['per_worker_load']} streams a worker, {f['workers']} worker(s) (N = {f['n']}): "
+            f"passed {f['passed']}/{f['runs']}, added gap p99 "
+            + " / ".join(_f(a) for a in f["added_gap_p99_ms"])
+            + f" ms (median {_f(added[len(added) // 2] if added else None)}), CPU µs/chunk "
+            + " / ".join(_f(c) for c in f["cpu_us_per_chunk"])
+        )
     for run in result["runs"]:
-        w = run["workers"]
+        w = run.get("workers")
+        if "capacity" not in run and "left_out" not in run:
+            continue
         if "left_out" in run:
             lines.append(f"{w} worker(s): left out ({run['left_out']})")
             continue
@@ -373,6 +428,12 @@ def add_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=6, help="levels a doubling (the search's grid)")
     g.add_argument("--max-levels", type=int, default=7, help="levels at most a worker count")
     g.add_argument("--max-n", type=int, default=6000)
+    g.add_argument(
+        "--per-worker",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=None,
+        help="instead of the search: w workers at w × each of these loads (--repeats times)",
+    )
     g.add_argument("--set", action="append", help="a gateway setting: server.max_in_flight=500")
 
 
