@@ -94,16 +94,21 @@ def rss_mib(pid: int) -> float:
     return total / 1024
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process and its children."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    user = system = 0
     for p in tree(pid):
         try:
             f = (Path(f"/proc/{p}/stat")).read_text().rsplit(")", 1)[1].split()
-            total += int(f[11]) + int(f[12])
+            user, system = user + int(f[11]), system + int(f[12])
         except (OSError, IndexError):
             pass
-    return total / tick
+    return user / tick, system / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_times(pid))
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:

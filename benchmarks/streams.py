@@ -10,13 +10,18 @@ core 1; the gateway (`prefixgate serve`, SQLite store with segment capture, defa
 settings but for ``--set`` and ``server.loop_watch`` on) is one process pinned to core 0. Loopback only. At each level,
 N streams start evenly over ``--ramp`` seconds, half ``/v1/messages`` and half
 ``/v1/chat/completions`` (with ``include_usage``), ~2 KB prompts; ``direct`` sends the
-same number of chat streams to the upstream itself. The gateway starts afresh for each
+same number of chat streams to the upstream itself, and with ``--floor`` through a bare
+uvloop relay (``overhead_floor.py``: no parsing beyond the framing, one read and one
+write a chunk), the least any Python relay costs on this machine. The gateway starts afresh for each
 level. With ``litellm`` installed (as `overhead.py` installs it), the LiteLLM proxy at
 N = 100 in the same run.
 
 Figures per level and path: inter-chunk gap p50 / p99 / max (and what the gateway added
 to the direct path's at the same N), time to the first content event p50 / p99, the
-gateway's CPU per relayed content chunk and its share of the core, resident memory per
+gateway's CPU per relayed content chunk (over the whole level, requests' own work
+included) and its share of the core, the relay's own CPU per chunk (user + system, and
+user alone, over the steady window when every stream has started and none has ended:
+nothing but chunks is relayed then), resident memory per
 open stream (peak minus the level's start, over the most streams open at once), the
 longest event-loop pause (``prefixgate_loop_lag_seconds`` from ``/metrics``: the bucket
 it fell in) and garbage collections, completed / refused (an overloaded answer with
@@ -49,6 +54,7 @@ from overhead import (  # noqa: E402
     LOAD_CPU,
     Gateway,
     cpu_seconds,
+    cpu_times,
     free_port,
     rss_mib,
     stop,
@@ -66,7 +72,8 @@ def _say(*parts) -> None:
 
 # -- requests ---------------------------------------------------------------------------
 def requests_for(target: str, url: str, model: str = "fake") -> list[sl.Request]:
-    """Half Messages, half Chat (``direct``: all Chat, as the gateway sends upstream)."""
+    """Half Messages, half Chat (``direct`` and the floor: all Chat, as the gateway sends
+    upstream)."""
     out = []
     for i in range(16):
         text = f"{PROMPT} (task {i})"
@@ -80,7 +87,7 @@ def requests_for(target: str, url: str, model: str = "fake") -> list[sl.Request]
             ],
         }
         auth = {"authorization": f"Bearer {KEY}"}
-        if target == "direct":
+        if target == "direct" or target.startswith("floor"):
             out.append(sl.request(url, "/v1/chat/completions", chat, auth))
             continue
         out.append(sl.request(url, "/v1/chat/completions", chat, auth))
@@ -145,6 +152,11 @@ class Subject:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name} exited with {self.proc.returncode}")
             try:
+                if self.name.startswith("floor"):  # it never closes a client: listening is up
+                    host, port = self.url.removeprefix("http://").split(":")
+                    _, w = await asyncio.open_connection(host, int(port))
+                    w.close()
+                    return
                 if (await http_get(self.url + health, 2))[0] == 200:
                     return
             except (TimeoutError, OSError, ValueError):
@@ -244,9 +256,15 @@ async def measure(target: str, n: int, upstream_url: str, work: Path, args, make
     rss0 = rss_mib(subject.pid) if subject else 0.0
     peak = [rss0]
 
+    window: list[tuple[float, tuple[float, float], int]] = []  # (t, (user, sys), chunks)
+
     def progress(lv: sl.Level, t: float) -> None:
         if subject is not None:
             peak[0] = max(peak[0], rss_mib(subject.pid))
+            # The steady window: every stream started, none ended; the gateway does nothing
+            # but relay chunks then, so its CPU over the chunks is the relay's own cost.
+            if t >= args.ramp + 0.5 and lv.completed == 0:
+                window.append((t, cpu_times(subject.pid), lv.chunks))
         _say(
             f"  {target} N={n} {t:5.1f}s open {lv.open_now:5d} (max {lv.open_max}) "
             f"done {lv.completed} refused {lv.refused} reset {lv.reset} chunks {lv.chunks}"
@@ -260,6 +278,11 @@ async def measure(target: str, n: int, upstream_url: str, work: Path, args, make
     pause, _ = longest(m0, m1, "prefixgate_loop_lag_seconds")
     gc_pause, gcs = longest(m0, m1, "prefixgate_gc_pause_seconds")
     records = subject.stop() if subject else None
+    steady = steady_user = None
+    if len(window) >= 2 and window[-1][2] > window[0][2]:
+        (_, (u0, s0), c0), (_, (u1, s1), c1) = window[0], window[-1]
+        steady = round(1e6 * ((u1 - u0) + (s1 - s0)) / (c1 - c0), 1)
+        steady_user = round(1e6 * (u1 - u0) / (c1 - c0), 1)
     ms = lambda v: None if v is None else round(1000 * v, 2)  # noqa: E731
     ttfts = sorted(lv.ttfts)
     q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None  # noqa: E731
@@ -272,6 +295,9 @@ async def measure(target: str, n: int, upstream_url: str, work: Path, args, make
         "ttft_p99_ms": ms(q(ttfts, 0.99)),
         "chunks": lv.chunks,
         "cpu_us_per_chunk": round(1e6 * cpu / lv.chunks, 1) if cpu and lv.chunks else None,
+        "relay_cpu_us_per_chunk": steady,
+        "relay_user_cpu_us_per_chunk": steady_user,
+        "steady_window_s": round(window[-1][0] - window[0][0], 1) if len(window) >= 2 else None,
         "cpu_share": round(cpu / lv.seconds, 3) if cpu is not None and lv.seconds else None,
         "load_side_cpu_share": round(load_cpu / lv.seconds, 3) if lv.seconds else None,
         "rss_start_mib": round(rss0, 1) if subject else None,
@@ -294,6 +320,12 @@ async def measure(target: str, n: int, upstream_url: str, work: Path, args, make
         "records": records,
         "seconds": round(lv.seconds, 1),
     }
+
+
+def _relay(r: dict) -> str:
+    if r.get("relay_cpu_us_per_chunk") is None:
+        return "-"
+    return f"{_f(r['relay_cpu_us_per_chunk'])} ({_f(r['relay_user_cpu_us_per_chunk'])})"
 
 
 def added(row: dict, direct: dict) -> dict:
@@ -350,7 +382,7 @@ async def run(args) -> dict:
     port = free_port()
     server = await loop.create_server(up.protocol, "127.0.0.1", port, backlog=8192)
     upstream_url = f"http://127.0.0.1:{port}"
-    targets = ["direct", "prefixgate"]
+    targets = ["direct", *(["floor-nopoll"] if args.floor else []), "prefixgate"]
     litellm = None
     if not args.no_litellm:
         litellm = _litellm_available(args.litellm_version)
@@ -398,6 +430,7 @@ def table(result: dict) -> str:
         ("added p99 ms", lambda r: _f(r.get("added_gap_p99_ms"))),
         ("TTFT p50/p99 ms", lambda r: f"{_f(r['ttft_p50_ms'])}/{_f(r['ttft_p99_ms'])}"),
         ("CPU µs/chunk", lambda r: _f(r["cpu_us_per_chunk"])),
+        ("relay µs/chunk (user)", lambda r: _relay(r)),
         ("CPU", lambda r: _f(r["cpu_share"], "{:.0%}")),
         ("load CPU", lambda r: _f(r["load_side_cpu_share"], "{:.0%}")),
         ("KiB/stream", lambda r: _f(r["rss_per_stream_kib"])),
@@ -411,7 +444,7 @@ def table(result: dict) -> str:
     ]
     rows = []
     for level in result["levels"]:
-        for path in ("direct", "prefixgate", "litellm"):
+        for path in ("direct", "floor-nopoll", "prefixgate", "litellm"):
             if path in level:
                 rows.append({**level[path], "_path": path})
     cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
@@ -437,6 +470,11 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, default=5.0, help="seconds to start a level's streams")
     ap.add_argument("--soak", type=int, default=0, help="short streams for the memory soak")
     ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the floor: a bare uvloop relay of the same streams (overhead_floor.py)",
+    )
     ap.add_argument("--litellm-version", default=LITELLM_VERSION)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--set", action="append", help="a gateway setting: server.max_in_flight=500")

@@ -3,6 +3,7 @@ to the client reads only the first event of a chunk that may hold a whole answer
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,3 +28,22 @@ def test_first_event_skips_comment_blocks_and_waits_for_a_complete_one():
     assert first_event(b"event: a\r\ndata: x\r\n\r\n") == (b"a", b"x")
     assert first_event(b"data: incomplete\n") is None
     assert first_event(b"<html>garbage</html>") is None
+
+
+@pytest.mark.parametrize(
+    "chunks, events",
+    [
+        ([b"data: {}\n\n"], [(None, b"{}")]),  # one whole event in a read: the short way
+        ([b"data: a\ndata: b\n\n"], [(None, b"a\nb")]),
+        ([b"data:x\n\n"], [(None, b"x")]),
+        ([b"event: e\ndata: x\n\n"], [(b"e", b"x")]),
+        ([b"data: x\r\n\r\n"], [(None, b"x")]),
+        ([b"data: a\n\ndata: b\n\n"], [(None, b"a"), (None, b"b")]),
+        ([b"data: a", b"\n\n", b"data: b\n\n"], [(None, b"a"), (None, b"b")]),
+        ([b"data: a\n", b"\ndata: b\n\n"], [(None, b"a"), (None, b"b")]),
+    ],
+)
+def test_one_event_per_read_and_the_general_case_agree(chunks, events):
+    dec = SSEDecoder()
+    got = [ev for c in chunks for ev in dec.feed(c)]
+    assert got == events and dec.pending == 0

@@ -12,6 +12,14 @@ A :class:`Gate` is one such cap: ``server.max_in_flight`` for the worker,
 ``max_in_flight`` of a channel for the requests sent to it. A slot freed while requests
 wait is handed to the oldest of them directly, so a waiter is never overtaken by a
 newcomer. No I/O here; everything runs on the serving event loop.
+
+A count is a proxy for the CPU a worker has, and the right count depends on the machine
+and the traffic. :class:`LagShed` watches the CPU itself, through the event loop: a timer
+that should run every ``interval`` seconds runs late when the loop has more to do than it
+can (every open stream's next chunk waits as long); once it runs more than
+``server.shed_loop_lag`` seconds late twice in a row (a backlog, not a single pause such
+as the process being descheduled once), new requests are refused as overloaded (the
+streams already admitted keep their pace), until it runs under half of that again.
 """
 
 from __future__ import annotations
@@ -136,13 +144,60 @@ class Gate:
         }
 
 
+class LagShed:
+    """Whether the event loop runs too late to take new requests (see the module doc): a
+    timer every ``interval`` seconds, started and stopped by the app's lifespan."""
+
+    __slots__ = ("threshold", "interval", "late", "active", "shed", "_loop", "_due", "_handle")
+
+    def __init__(self, threshold: float, interval: float = 0.1) -> None:
+        self.threshold, self.interval = threshold, interval
+        self.late = 0.0  # how late the last tick ran, seconds
+        self.active = False
+        self.shed = 0  # requests refused for it, since start
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._due = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._due = self._loop.time() + self.interval
+        self._handle = self._loop.call_at(self._due, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self.active = False
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        last, self.late = self.late, max(0.0, now - self._due)
+        if self.active:
+            self.active = self.late > self.threshold / 2
+        else:  # two late ticks in a row: a backlog, not one pause (the process descheduled)
+            self.active = min(last, self.late) > self.threshold
+        self._due = now + self.interval
+        self._handle = self._loop.call_at(self._due, self._tick)
+
+    def refuse(self) -> AtCapacity:
+        self.shed += 1
+        return AtCapacity(
+            f"this gateway worker is overloaded (its event loop runs {self.late * 1000:.0f} ms "
+            "late); retry shortly",
+            retry_after=max(1, math.ceil(self.late * 2)),
+        )
+
+
 class Admission:
-    """The worker's gate and one per channel with a ``max_in_flight`` of its own."""
+    """The worker's gate and one per channel with a ``max_in_flight`` of its own; the
+    loop-lag shed when ``server.shed_loop_lag`` is set."""
 
     def __init__(self, server, channels) -> None:
         self.worker = Gate(
             "this gateway worker", server.max_in_flight, server.max_queued, server.queue_timeout
         )
+        self.shed = LagShed(server.shed_loop_lag) if server.shed_loop_lag else None
         self.channels: dict[str, Gate] = {
             ch.name: Gate(
                 f"channel {ch.name}", ch.max_in_flight, server.max_queued, server.queue_timeout
@@ -152,7 +207,12 @@ class Admission:
         }
 
     def snapshot(self) -> dict:
+        worker = self.worker.snapshot()
+        if self.shed is not None:
+            worker["shed"] = self.shed.shed
+            worker["loop_late_ms"] = round(self.shed.late * 1000, 1)
+            worker["shedding"] = self.shed.active
         return {
-            "worker": self.worker.snapshot(),
+            "worker": worker,
             "channels": {name: g.snapshot() for name, g in self.channels.items()},
         }

@@ -364,6 +364,10 @@ class ServerConfig(_Model):
     max_in_flight: int = Field(default=2000, ge=1)
     max_queued: int = Field(default=1000, ge=0)
     queue_timeout: float = Field(default=5.0, ge=0)
+    # New requests are refused as overloaded while the event loop runs this many seconds
+    # late (its CPU is spent: every open stream waits as long), until it runs under half of
+    # it again (admission.LagShed); null turns it off.
+    shed_loop_lag: float | None = Field(default=0.25, gt=0)
     access_log: bool = False  # one log line per request (prefixgate.access)
     # The event loop's pauses and each garbage collection's (loopwatch.py) as /metrics
     # histograms: a 100 Hz timer and a callback per collection, so opt-in.

@@ -111,6 +111,18 @@ class _AdmissionCollector:
             for scope, channel, gate in gates:
                 m.add_metric([scope, channel], getattr(gate, attr))
             yield m
+        shed = a.shed
+        if shed is not None:
+            yield CounterMetricFamily(
+                "prefixgate_admission_shed",
+                "Requests answered overloaded because the event loop ran too late.",
+                value=shed.shed,
+            )
+            yield GaugeMetricFamily(
+                "prefixgate_loop_late_seconds",
+                "How late the admission's 10 Hz timer last ran (the loop's backlog).",
+                value=shed.late,
+            )
 
 
 class LabelCap:

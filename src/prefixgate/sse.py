@@ -13,6 +13,8 @@ class SSEDecoder:
         self._buf = b""
 
     def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
+        if not self._buf and single(chunk):  # a read that is one whole event, the usual case
+            return [(None, chunk[6:-2])]
         buf = self._buf + chunk if self._buf else chunk
         # ``find`` rather than ``in``: a bytes ``in`` first tries its operand as an int
         # and raises (and clears) a TypeError, thousands of instructions an event.
@@ -43,6 +45,12 @@ class SSEDecoder:
     @property
     def pending(self) -> int:
         return len(self._buf)
+
+
+def single(chunk: bytes) -> bool:
+    """Whether ``chunk`` is exactly one event of one ``data: `` line (its only line end
+    the blank line that ends it)."""
+    return chunk[:6] == b"data: " and chunk.find(b"\n") == len(chunk) - 2 and chunk[-1:] == b"\n"
 
 
 def first_event(chunk: bytes) -> tuple[bytes | None, bytes] | None:

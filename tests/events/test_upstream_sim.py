@@ -1,11 +1,13 @@
 """The simulated upstream publishes its prefix cache as an engine does: the real simulated
 upstream over HTTP, its events over real sockets into the gateway's hub, and the hub's
-prediction of each request's ``cached_tokens`` against what the upstream then reports."""
+prediction of each request's ``cached_tokens`` against what the upstream then reports; and
+the hub knowing when the engine's publisher is connected."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import httpx
 import openai
@@ -14,9 +16,14 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.events import EngineEvents
 from prefixgate.events.publisher import PublisherSettings
-from prefixgate.upstream_sim import SimSettings, running_upstreams, settings_from_options
+from prefixgate.upstream_sim import (
+    SimSettings,
+    running_upstreams,
+    settings_from_options,
+    start_upstreams_in_thread,
+)
 
-from .streams import wait_until
+from .streams import free_port, wait_until
 
 B = 16
 
@@ -153,3 +160,76 @@ def test_the_cli_option_takes_vllms_kv_events_config() -> None:
     ):
         with pytest.raises(ValueError):
             settings_from_options(kv_events_config=bad)
+
+
+def test_the_hub_knows_when_the_engines_publisher_connects() -> None:
+    """vLLM's way (tests/real): the engine's PUB socket connects to an address the hub
+    binds, retrying until it is bound. A publisher counts once its ZeroMQ handshake is done
+    (a bare TCP connection, a port probe, does not, nor does the probe's leaving); its
+    connections are counted; once ``wait_publishers`` returns, what the engine publishes
+    reaches the index with no further wait; a restarted engine connects again."""
+    port, replay = free_port(), free_port()
+    settings = SimSettings(
+        block_size=B,
+        kv_events=PublisherSettings(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}", "kv"),
+    )
+    (up,) = start_upstreams_in_thread(settings)  # its publisher retries: nobody listens yet
+    try:
+        asyncio.run(_publisher_comes_and_goes(up, settings, port, replay))
+    finally:
+        up.stop()
+
+
+async def _publisher_comes_and_goes(up, settings: SimSettings, port: int, replay: int) -> None:
+    channel = {
+        "name": "sim",
+        "base_url": up.base_url,
+        "kv_events": {
+            "endpoint": f"tcp://127.0.0.1:{port}",
+            "replay_endpoint": f"tcp://127.0.0.1:{replay}",
+            "topic": "kv",
+            "block_size": B,
+        },
+    }
+    hub = EngineEvents.from_config(parse_config({"channels": [channel]}))
+    started = time.time()
+    await hub.start()
+    try:
+        await hub.wait_ready()
+        _, probe = await asyncio.open_connection("127.0.0.1", port)  # TCP only, no ZeroMQ
+        await hub.wait_publishers(30)
+        st = hub.status("sim", up.base_url)
+        (row,) = hub.statuses()
+        assert row["mode"] == "bind" and row["connected"]
+        assert (row["publishers"], row["connects"], row["handshake_failures"]) == (1, 1, 0)
+        assert started <= row["connection_since"] <= time.time()
+        probe.close()
+        await wait_until(lambda: st.handshake_failures == 1, "the probe's close seen")
+        assert st.connected and st.publishers == 1  # the probe's leaving is not the engine's
+
+        # no wait for the engine's side: the subscription went out with the handshake
+        async with openai.AsyncOpenAI(base_url=up.base_url, api_key="none") as client:
+            await client.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "hi " * 80}]
+            )
+        await applied(hub, up)
+        assert st.gaps == 0  # live, not replayed
+        held = hub.channels["sim"].index.replica(up.base_url).resident()
+        assert held and held == up.cache.pool.copies()
+
+        up.stop()  # the engine goes away, its publisher with it
+        await wait_until(lambda: not st.connected, "the publisher gone")
+        (down,) = hub.statuses()
+        assert (down["connected"], down["publishers"], down["connects"]) == (False, 0, 1)
+        assert row["connection_since"] <= down["connection_since"] <= time.time()
+
+        (again,) = start_upstreams_in_thread(settings)  # restarted: connects again
+        try:
+            await hub.wait_publishers(30)
+            (back,) = hub.statuses()
+            assert (back["connected"], back["publishers"], back["connects"]) == (True, 1, 2)
+            assert down["connection_since"] <= back["connection_since"]
+        finally:
+            again.stop()
+    finally:
+        await hub.aclose()

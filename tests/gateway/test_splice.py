@@ -106,8 +106,10 @@ def _settle(read, still: float = 0.5, limit: float = 60.0) -> int:
 def test_a_client_that_stops_reading_stops_the_upstream(gateway, upstream):
     """Back-pressure across the splice: with the client not reading, the gateway stops
     reading the upstream once the buffers on the way are full (a few MiB of a 64 MiB
-    answer), and relays the rest, whole, once the client reads again."""
-    gw = gateway()
+    answer), and relays the rest, whole, once the client reads again. The time the
+    upstream is not read for the client's sake is not the upstream's idling: a short idle
+    timeout does not cut the stream."""
+    gw = gateway({"timeouts": {"idle": 0.3}})
     stream = Counted(1024, 64 * 1024)
     upstream.script = lambda b: Reply(raw_stream=stream)
     host, port = gw.url.removeprefix("http://").split(":")

@@ -225,3 +225,39 @@ def test_upstream_connection_caps_follow_admission_and_the_channels_settings(gat
     gw2 = gateway({"max_in_flight": 3, "max_connections": 7})
     assert gw2.gateway.upstream._pool is None or gw2.gateway.upstream._pool.max_connections >= 2000
     assert set(gw2.gateway.upstream._limits.values()) == {(7, 4.0)}
+
+
+def test_while_the_loop_runs_late_new_requests_are_refused_and_then_taken_again(gateway, upstream):
+    """The loop-lag shed: a worker whose event loop is held (here by a callback that
+    blocks it 0.4 s at a time, as a saturated core would) refuses new requests with its
+    protocol's overloaded answer and retry-after, records them and sends nothing
+    upstream; once the loop keeps time again, requests are taken."""
+    gw = gateway(None, server={"shed_loop_lag": 0.2})
+    upstream.script = lambda body: Reply(text="Hi there")
+    shed = gw.gateway.admission.shed
+    loop = shed._loop
+    stop = threading.Event()
+
+    def hog() -> None:
+        if not stop.is_set():
+            time.sleep(0.4)
+            loop.call_later(0.01, hog)
+
+    loop.call_soon_threadsafe(hog)
+    try:
+        _until(lambda: shed.active, "the shed turned on")
+        sent = len(upstream.requests)
+        m = httpx.post(gw.url + "/v1/messages", json=MESSAGES, timeout=60)
+        c = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=60)
+    finally:
+        stop.set()
+    assert m.status_code == 529 and m.json()["error"]["type"] == "overloaded_error"
+    assert c.status_code == 503 and "overloaded" in c.json()["error"]["message"]
+    assert int(m.headers["retry-after"]) >= 1 and int(c.headers["retry-after"]) >= 1
+    assert len(upstream.requests) == sent  # refused before any upstream work
+    assert [r.status for r in gw.records[-2:]] == [529, 503]
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert "prefixgate_admission_shed_total 2.0" in metrics
+    _until(lambda: not shed.active, "the shed turned off")
+    ok = httpx.post(gw.url + "/v1/messages", json=MESSAGES, timeout=60)
+    assert ok.status_code == 200 and "message_stop" in ok.text

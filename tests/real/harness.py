@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -272,18 +273,58 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_below_the_ephemeral_range() -> int:
+    """A free loopback port below the kernel's ephemeral range, for an address bound long
+    after it is chosen: neither a listener bound to port 0 (vLLM's own, starting meanwhile)
+    nor an outgoing connection's local end (the engine's PUB retrying its connect to this
+    very address can connect to itself) is ever given one, so it is still free when the
+    gateway binds it, a minute or two later."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low = int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(max(1024, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 KV_EVENTS_BLOCKS = 48  # the KV cache of the events server: 1536 tokens
 
 
 def kv_events_config() -> dict:
     """vLLM's ``--kv-events-config`` as the issue observed it: the engine connects its PUB
-    socket to a concrete address (the subscriber binds it) and binds its replay ROUTER."""
+    socket to a concrete address (the subscriber binds it, once vLLM is up) and binds its
+    replay ROUTER."""
     return {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{free_port()}",
-        "replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
+        "endpoint": f"tcp://127.0.0.1:{port_below_the_ephemeral_range()}",
+        "replay_endpoint": f"tcp://127.0.0.1:{port_below_the_ephemeral_range()}",
         "topic": "kv-events",
+    }
+
+
+def kv_events_channel(server: VllmServer, events: dict) -> dict:
+    """The gateway's channel for one vLLM started with ``--kv-events-config events``: its
+    ``kv_events`` section names the same addresses (the subscriber binds the endpoint the
+    engine's PUB connects to, and connects to its replay ROUTER), at ``BLOCK_SIZE``."""
+    return {
+        "name": "real",
+        "base_url": server.base_url,
+        "kv_events": {
+            "endpoint": events["endpoint"],
+            "replay_endpoint": events["replay_endpoint"],
+            "topic": events["topic"],
+            "block_size": BLOCK_SIZE,
+        },
     }
 
 

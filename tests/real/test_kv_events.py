@@ -41,16 +41,7 @@ def turn(session: int, n: int) -> list[dict]:
 
 
 async def _run(server: harness.VllmServer, events: dict, say) -> list[dict]:
-    channel = {
-        "name": "real",
-        "base_url": server.base_url,
-        "kv_events": {
-            "endpoint": events["endpoint"],
-            "replay_endpoint": events["replay_endpoint"],
-            "topic": events["topic"],
-            "block_size": B,
-        },
-    }
+    channel = harness.kv_events_channel(server, events)
     hub = EngineEvents.from_config(parse_config({"channels": [channel]}))
     replica = server.base_url
     nonce = secrets.token_hex(4)
@@ -58,11 +49,10 @@ async def _run(server: harness.VllmServer, events: dict, say) -> list[dict]:
     rows: list[dict] = []
     await hub.start()
     try:
-        await hub.wait_ready()
-        # The engine's publisher connects to the socket the hub just bound: it retries on
-        # its own schedule, and what it publishes before it is connected is lost (ZeroMQ's
-        # late join). Give it time to connect before the first measured request.
-        await asyncio.sleep(3.0)
+        # The engine's publisher connects to the socket the hub just bound, retrying on its
+        # own schedule; what it publishes before it is connected is lost (ZeroMQ's late
+        # join). Wait for the connection itself (its handshake) before the first request.
+        await hub.wait_publishers(timeout=120)
         index = hub.channels["real"].index
         async with httpx.AsyncClient(timeout=120) as http:
             for n in range(5):

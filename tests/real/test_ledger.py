@@ -30,16 +30,7 @@ B = harness.BLOCK_SIZE
 
 def test_the_ledger_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None:
     server, events = vllm_kv_events
-    channel = {
-        "name": "real",
-        "base_url": server.base_url,
-        "kv_events": {
-            "endpoint": events["endpoint"],
-            "replay_endpoint": events["replay_endpoint"],
-            "topic": events["topic"],
-            "block_size": B,
-        },
-    }
+    channel = harness.kv_events_channel(server, events)
     dsn = f"sqlite:///{tmp_path}/real.db"
     config = parse_config(
         {"channels": [channel], "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")}}
@@ -81,11 +72,12 @@ def drive(app, url: str, server: harness.VllmServer, replicas: tuple, *, turns: 
     histories = {s: [{"role": "system", "content": session_prompt(nonce, s)}] for s in range(3)}
     sent: list[str] = []
     hub = app.state.events
-    deadline = time.monotonic() + 60
-    for replica in replicas:
-        while not hub.subscriber("real", replica).ready.is_set():  # listening, replay read
-            assert time.monotonic() < deadline, hub.statuses()
-            time.sleep(0.01)
+    deadline = time.monotonic() + 120
+    # listening, the replay read, and each engine's publisher connected (its handshake):
+    # what an engine publishes before that is lost (ZeroMQ's late join)
+    while not all(hub.subscriber("real", r).listening for r in replicas):
+        assert time.monotonic() < deadline, hub.statuses()
+        time.sleep(0.01)
     index = hub.channels["real"].index
     with httpx.Client(timeout=120) as http:
         for n in range(turns):

@@ -189,12 +189,17 @@ def test_the_event_streams_on_healthz_metrics_and_the_dashboard(tmp_path) -> Non
     by_url = {d["replica"]: d for d in details}
     assert by_url[live.base_url]["connected"] and not by_url[live.base_url]["stale"]
     assert by_url[silent.base_url]["stale"] and not by_url[silent.base_url]["connected"]
+    assert (by_url[live.base_url]["connects"], by_url[silent.base_url]["connects"]) == (1, 0)
     blocks = by_url[live.base_url]["blocks"]
     if rec.records[0].replica == live.base_url:
         assert blocks["GPU"] > 0
     labels = f'channel="sim",replica="{live.base_url}"'
     assert f"prefixgate_kv_events_connected{{{labels}}} 1.0" in metrics
     assert f"prefixgate_kv_events_batches_total{{{labels}}}" in metrics
+    assert f"prefixgate_kv_events_connects_total{{{labels}}} 1.0" in metrics
+    since = f"prefixgate_kv_events_connection_since_timestamp_seconds{{{labels}}} "
+    (value,) = [line[len(since) :] for line in metrics.splitlines() if line.startswith(since)]
+    assert float(value) == by_url[live.base_url]["connection_since"]
     stale = f'prefixgate_kv_events_stale{{channel="sim",replica="{silent.base_url}"}} 1.0'
     assert stale in metrics
     assert 'prefixgate_route_source_total{channel="sim",source="events+estimate"} 1.0' in metrics
@@ -202,6 +207,7 @@ def test_the_event_streams_on_healthz_metrics_and_the_dashboard(tmp_path) -> Non
     assert ch["kv_events"] and ch["routing"] == "precise"
     shown = {r["url"]: r["events"] for r in ch["replicas"]}
     assert shown[live.base_url]["connected"] and shown[silent.base_url]["stale"]
+    assert shown[live.base_url]["connects"] == 1
 
 
 def test_healthz_details_need_the_admin_key() -> None:

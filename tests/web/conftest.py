@@ -71,10 +71,11 @@ def dashboard_app(
     admin_key: str | None = None,
     metrics_url: str | None = None,
     dashboard: dict | None = None,
+    kv_events: dict | None = None,
 ) -> Starlette:
     """The gateway app configured like the demo's, with the dashboard mounted (by
     ``create_app`` once server.py mounts it; here otherwise); ``dashboard`` is the config's
-    ``dashboard:`` section."""
+    ``dashboard:`` section, ``kv_events`` the channel's."""
     channel = {
         "name": "h200-vllm",
         "kind": "openai",
@@ -85,6 +86,8 @@ def dashboard_app(
     }
     if metrics_url:
         channel["metrics_url"] = metrics_url
+    if kv_events:
+        channel["kv_events"] = kv_events
     raw = {"channels": [channel], "store": {"dsn": dsn}}
     if admin_key:
         raw["admin_key_sha256"] = hashlib.sha256(admin_key.encode()).hexdigest()

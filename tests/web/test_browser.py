@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from prefixgate.events.publisher import EventPublisher, PublisherSettings
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
+from tests.events.streams import free_port
 from tests.web.conftest import ADMIN_KEY, dashboard_app
 
 CHROMIUM = os.environ.get("PREFIXGATE_CHROMIUM", "/usr/bin/chromium")
@@ -184,6 +187,38 @@ def test_upstream_page_shows_replicas_and_the_host_tier(page):
     assert pg.locator("section.channel tbody tr").count() == 2
     assert pg.locator(".l2[data-l2=write_only]").count() == 1
     page.shot("upstream")
+
+
+def test_upstream_page_shows_the_engines_event_publisher(browser, demo_stores):
+    """Each replica's KV-event stream: one engine's publisher connected (it connects to the
+    address the gateway binds, as vLLM's does), the other replica's never came."""
+    live, silent = free_port(), free_port()
+    kv = {
+        "replicas": [{"endpoint": f"tcp://127.0.0.1:{p}"} for p in (live, silent)],
+        "topic": "kv",
+    }
+    pub = EventPublisher(PublisherSettings(f"tcp://127.0.0.1:{live}", None, "kv"))
+    app = dashboard_app(demo_stores.incident, demo_stores.replica, kv_events=kv)
+    try:
+        with ServerThread(app) as srv:
+            st = app.state.events.status("h200-vllm", demo_stores.replica)
+            for _ in range(600):  # a hang guard: the publisher retries every 0.1 s
+                if st.connected:
+                    break
+                time.sleep(0.05)
+            p = Page(browser, srv.url)
+            p.open("/upstream")
+            pg = p.page
+            cell = pg.wait_for_selector(".kv-events[data-publisher=connected]")
+            assert "publisher connected since" in cell.inner_text()
+            assert "(connected once)" in cell.inner_text()
+            none = pg.locator(".kv-events[data-publisher=none]")
+            assert none.count() == 1 and "(never connected)" in none.inner_text()
+            p.shot("upstream-kv-events")
+            p.page.close()
+            assert p.errors == [], f"console errors: {p.errors}"
+    finally:
+        pub.close()
 
 
 def test_login_through_the_form_and_logout(browser, tmp_path, demo_stores):

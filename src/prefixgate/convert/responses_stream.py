@@ -19,6 +19,7 @@ Tool calls stay open until the answer ends or text follows them (a chat stream m
 call's arguments in pieces between other calls' pieces). A failure after the start is a
 ``response.failed`` event, whose ``error.code`` says what went wrong. Every event carries
 its ``sequence_number``. Feeding is pure (no I/O): each call returns the bytes to send.
+The chunk is read by :class:`~.chunks.ChunkWalk`, as in ``stream.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 
 import msgspec
 
+from prefixgate.convert.chunks import ChunkWalk, fold_tool_delta
 from prefixgate.convert.responses_response import (
     ToolMap,
     call_item,
@@ -36,7 +38,6 @@ from prefixgate.convert.responses_response import (
     status_of,
     text_part,
 )
-from prefixgate.convert.stream import fold_tool_delta
 from prefixgate.errors import GatewayError
 from prefixgate.protocol.openai import error_body
 from prefixgate.usage import Usage
@@ -68,12 +69,13 @@ class _Text:
         self.pieces: list[str] = []
 
 
-class ResponsesStream:
+class ResponsesStream(ChunkWalk):
     def __init__(self, base: dict, tools: ToolMap) -> None:
         self.base = base  # response_base(): ids, model, the request's echoed fields
         self.tools = tools
         self.usage = Usage()
         self.finish_reason: str | None = None
+        self.matched_stop: object = None
         self.output: list[dict] = []  # the items so far (each in its final form once done)
         self.seq = 0
         self._open: _Text | None = None
@@ -93,28 +95,6 @@ class ResponsesStream:
         self._event(
             out, "response.in_progress", {"type": "response.in_progress", "response": self.base}
         )
-        return b"".join(out)
-
-    def feed(self, chunk: dict) -> bytes:
-        out: list[bytes] = []
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = Usage.from_openai(usage)
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning and isinstance(reasoning, str):
-                self._text(out, "reasoning", reasoning)
-            text = delta.get("content")
-            if text and isinstance(text, str):
-                self._text(out, "text", text)
-            for call in delta.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    self._tool_delta(out, call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -153,7 +133,7 @@ class ResponsesStream:
         return b"".join(out)
 
     # -- text and reasoning items ---------------------------------------------------------
-    def _text(self, out: list[bytes], kind: str, piece: str) -> None:
+    def _piece(self, out: list[bytes], kind: str, piece: str) -> None:
         cur = self._open
         if cur is None or cur.kind != kind:
             self._close_text(out)

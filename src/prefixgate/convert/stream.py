@@ -8,7 +8,9 @@ calls may interleave in any order and the client still reads the exact Anthropic
     message_delta (stop_reason, usage), message_stop
 
 ``message_start`` carries zero usage; the real figures (Anthropic semantics) go in
-``message_delta``. Feeding is pure (no I/O): each call returns the bytes to send.
+``message_delta``. Feeding is pure (no I/O): each call returns the bytes to send. The
+chunk is read by :class:`~.chunks.ChunkWalk` (the walk the Responses stream shares); this
+module says what each piece becomes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import secrets
 
 import msgspec
 
+from prefixgate.convert.chunks import ChunkWalk, fold_tool_delta
 from prefixgate.convert.response import new_message_id, stop_reason
 from prefixgate.errors import GatewayError
 from prefixgate.protocol.anthropic import error_event
@@ -40,30 +43,17 @@ def sse(event: str, data: dict) -> bytes:
 # A text or thinking delta, the bulk of a stream, written around its one encoded string:
 # the same bytes as ``sse("content_block_delta", {...})`` of the whole event.
 _DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
-_DELTA_KINDS = {
-    "text_delta": b',"delta":{"type":"text_delta","text":',
-    "thinking_delta": b',"delta":{"type":"thinking_delta","thinking":',
-    "input_json_delta": b',"delta":{"type":"input_json_delta","partial_json":',
+_DELTA_KINDS = {  # by the open block's kind
+    "text": b',"delta":{"type":"text_delta","text":',
+    "reasoning": b',"delta":{"type":"thinking_delta","thinking":',
+    "tool": b',"delta":{"type":"input_json_delta","partial_json":',
 }
 _DELTA_TAIL = b"}}\n\n"
-
-
-def fold_tool_delta(calls: dict, delta: dict, make) -> tuple:
-    """One chat ``tool_calls`` delta folded into its pending call (``make()`` when its
-    index is new; the call has ``id`` and ``name``, each kept from the first delta that
-    gives it): ``(call, index, arguments fragment)``."""
-    idx = delta.get("index", 0)
-    if not isinstance(idx, int):
-        idx = 0
-    call = calls.get(idx)
-    if call is None:
-        call = calls[idx] = make()
-    fn = delta.get("function") or {}
-    if delta.get("id") and call.id is None:
-        call.id = delta["id"]
-    if fn.get("name") and call.name is None:
-        call.name = fn["name"]
-    return call, idx, fn.get("arguments") or ""
+# The content_block of a text or thinking block's start (only ever encoded).
+_BLOCKS = {
+    "text": {"type": "text", "text": ""},
+    "reasoning": {"type": "thinking", "thinking": "", "signature": ""},
+}
 
 
 class _PendingTool:
@@ -76,7 +66,7 @@ class _PendingTool:
         self.block: int | None = None  # Anthropic block index once opened
 
 
-class AnthropicStream:
+class AnthropicStream(ChunkWalk):
     def __init__(
         self,
         *,
@@ -93,7 +83,7 @@ class AnthropicStream:
         self.matched_stop: object = None
         self.saw_content = False
         self._index = -1  # index of the last opened block
-        self._open: str | None = None  # "text" | "thinking" | "tool" | None
+        self._open: str | None = None  # "text" | "reasoning" (thinking) | "tool" | None
         self._open_tool: int | None = None  # OpenAI tool-call index of the open tool block
         self._tools: dict[int, _PendingTool] = {}
         self.finished = False
@@ -113,30 +103,6 @@ class AnthropicStream:
         return sse("message_start", {"type": "message_start", "message": message}) + sse(
             "ping", {"type": "ping"}
         )
-
-    def feed(self, chunk: dict) -> bytes:
-        out: list[bytes] = []
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = Usage.from_openai(usage)
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                self._switch(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                out.append(self._delta("thinking_delta", reasoning))
-            text = delta.get("content")
-            if text:
-                self._switch(out, "text", {"type": "text", "text": ""})
-                out.append(self._delta("text_delta", text))
-            for call in delta.get("tool_calls") or ():
-                self._tool_delta(out, call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-                self.matched_stop = choice.get("stop_reason")
-        return b"".join(out)
 
     def finish(self) -> bytes:
         out: list[bytes] = []
@@ -171,16 +137,20 @@ class AnthropicStream:
         return b"".join(out)
 
     # -- blocks -------------------------------------------------------------------------
+    def _piece(self, out: list[bytes], kind: str, piece: str) -> None:
+        if self._open != kind:
+            self._switch(out, kind, _BLOCKS[kind])
+        out.append(self._delta(kind, piece))
+
     def _delta(self, kind: str, value: str) -> bytes:
-        """A ``content_block_delta`` of the open block: ``{"type": kind, <its field>: value}``."""
+        """A ``content_block_delta`` of the open block (of ``kind``) carrying ``value``."""
         self.saw_content = True
         return b"".join(
             (_DELTA_HEAD, b"%d" % self._index, _DELTA_KINDS[kind], _encode(value), _DELTA_TAIL)
         )
 
     def _switch(self, out: list[bytes], kind: str, block: dict) -> None:
-        if self._open == kind and kind != "tool":
-            return
+        """Close the open block, open the next (of ``kind``, starting as ``block``)."""
         self._close(out)
         self._index += 1
         self._open = kind
@@ -209,7 +179,7 @@ class AnthropicStream:
         if not args:
             return
         if self._open == "tool" and self._open_tool == idx:
-            out.append(self._delta("input_json_delta", args))
+            out.append(self._delta("tool", args))
         else:
             # Anthropic blocks cannot reopen; a late fragment of a closed tool call is lost.
             log.warning("dropped %d chars of arguments for closed tool call %d", len(args), idx)
@@ -228,5 +198,5 @@ class AnthropicStream:
         tool.block = self._index
         self._open_tool = idx
         if tool.args:
-            out.append(self._delta("input_json_delta", "".join(tool.args)))
+            out.append(self._delta("tool", "".join(tool.args)))
             tool.args.clear()

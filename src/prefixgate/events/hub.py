@@ -8,13 +8,16 @@ and stopped by the app's lifespan (:meth:`EngineEvents.start` / :meth:`aclose`).
   stale: fall back to the estimate), :meth:`content_keys` for a request's token ids;
 - the request path: :meth:`note_request` when a request goes to a replica (silence after
   it makes the replica stale);
-- ``/healthz``, ``/metrics``, the dashboard: :meth:`statuses`.
+- ``/healthz``, ``/metrics``, the dashboard: :meth:`statuses` (each replica's stream, its
+  publisher connected or not since when, and how many times it connected);
+- tests: :meth:`wait_publishers`, until every engine's publisher is connected.
 
 Replicas are named by their URL, as in ``routing/`` (``ChannelConfig.urls()``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -94,6 +97,27 @@ class EngineEvents:
         """Until every subscriber's socket is open (tests; the gateway does not wait)."""
         for sub in self._subscribers():
             await sub.ready.wait()
+
+    def listening(self) -> bool:
+        """Whether every subscriber is open, has read its replay and has a publisher
+        connected: what the engines publish from now on reaches the indexes."""
+        return all(sub.listening for sub in self._subscribers())
+
+    async def wait_publishers(self, timeout: float | None = None) -> None:
+        """Until :meth:`listening` (tests, and tools that must not lose an engine's first
+        events to ZeroMQ's late join; the gateway does not wait). ``TimeoutError``, naming
+        the replicas still without a publisher, past ``timeout`` seconds."""
+        subs = self._subscribers()
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.listening():  # one may have left while another was awaited
+                    for sub in subs:
+                        await sub.wait_publisher()
+        except TimeoutError:
+            missing = ", ".join(s.replica for s in subs if not s.listening)
+            raise TimeoutError(
+                f"no KV-event publisher connected within {timeout} s: {missing}"
+            ) from None
 
     async def aclose(self) -> None:
         for sub in self._subscribers():

@@ -2,11 +2,13 @@
 replica, read from :meth:`~.hub.EngineEvents.statuses` at scrape time (nothing is counted
 twice: the subscribers' own counters are the source).
 
-Gauges: ``connected``, ``stale``, ``complete`` (0/1), ``last_seq``,
-``seconds_since_last_batch``, ``blocks`` (per ``medium``, the index's resident entries).
-Counters (``_total``): batches, events, duplicates, gaps, replays, replay failures,
-replayed and lost batches, restarts, malformed messages and events, unknown events, and
-the index's stored, removed, dropped, orphan and size-mismatch blocks.
+Gauges: ``connected`` (0/1: a publisher's handshake done), ``publishers``,
+``connection_since_timestamp_seconds`` (when ``connected`` took its value), ``stale``,
+``complete`` (0/1), ``last_seq``, ``seconds_since_last_batch``, ``blocks`` (per ``medium``,
+the index's resident entries). Counters (``_total``): publisher connects, handshake
+failures, batches, events, duplicates, gaps, replays, replay failures, replayed and lost
+batches, restarts, malformed messages and events, unknown events, and the index's
+stored, removed, dropped, orphan and size-mismatch blocks.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ __all__ = ["EventsCollector"]
 
 _LABELS = ["channel", "replica"]
 _GAUGES = (
-    ("connected", "1 when the replica's event publisher is connected."),
+    ("connected", "1 when the replica's event publisher is connected (handshake done)."),
+    ("publishers", "Event publishers connected now."),
+    ("connection_since", "Unix time when the connected state took its current value."),
     ("stale", "1 when the replica's events are not trusted (routing falls back)."),
     ("complete", "1 when every batch since the publisher's first was applied."),
     ("last_seq", "Sequence number of the last batch applied."),
     ("seconds_since_last_batch", "Seconds since the last batch arrived."),
 )
+_NAMES = {"connection_since": "connection_since_timestamp_seconds"}  # row key -> metric
 _COUNTERS = (
+    ("connects", "Publisher connections (handshakes) since the start."),
+    ("handshake_failures", "Connections closed before their handshake completed."),
     ("batches", "Event batches applied."),
     ("events", "Events applied."),
     ("duplicates", "Batches seen twice (the live stream after a replay)."),
@@ -61,7 +68,9 @@ class EventsCollector:
     def collect(self) -> Iterator:
         rows = self.events.statuses()
         p = "prefixgate_kv_events_"
-        gauges = {n: GaugeMetricFamily(p + n, doc, labels=_LABELS) for n, doc in _GAUGES}
+        gauges = {
+            n: GaugeMetricFamily(p + _NAMES.get(n, n), doc, labels=_LABELS) for n, doc in _GAUGES
+        }
         counters = {n: CounterMetricFamily(p + n, doc, labels=_LABELS) for n, doc in _COUNTERS}
         index = {n: CounterMetricFamily(p + "index_" + n, doc, labels=_LABELS) for n, doc in _INDEX}
         blocks = GaugeMetricFamily(

@@ -5,9 +5,16 @@ A replica's events are *usable* unless they are ``stale``:
 - an error makes them stale until it is gone (the engine's block size differs from the
   channel's);
 - no publisher connected for longer than ``stale_after`` (engine down, or events off);
+  a publisher is connected once its ZeroMQ handshake succeeded (a TCP connection alone,
+  a port scanner's, does not count), until its connection closes;
 - requests were sent to the replica (:meth:`ReplicaStatus.note_request`) and no batch
   came for longer than ``stale_after`` after the first of them. An idle engine publishes
   nothing and is not stale: its index is still the truth.
+
+``connects`` counts the publishers' handshakes since the start (an engine that restarts,
+or reconnects after a network fault, adds one), ``handshake_failures`` the connections
+that closed before theirs (a port probe, another protocol), and ``connection_since`` is
+the wall-clock time ``connected`` took its current value.
 
 ``complete`` says whether every batch since the publisher's first was applied; a gap the
 replay could not fill, a batch that did not decode, or joining a running engine without a
@@ -17,6 +24,7 @@ Times are from one monotonic clock given by the caller, so tests can move it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +39,12 @@ class ReplicaStatus:
     endpoints: Endpoints
     stale_after: float
     started_at: float
-    peers: int = 0  # publishers connected (bind) or connections up (connect)
-    disconnected_at: float | None = None  # when peers last fell to 0 (start: started_at)
+    started_wall: float = field(default_factory=time.time)  # the start, on the wall clock
+    publishers: int = 0  # connected now (their handshake done, not gone)
+    connects: int = 0  # handshakes since the start
+    handshake_failures: int = 0  # connections that never became a publisher (a port probe)
+    changed_at: float | None = None  # when ``connected`` last changed (None: since start)
+    changed_wall: float | None = None  # the same, on the wall clock
     last_seq: int | None = None
     last_message_at: float | None = None
     awaiting_since: float | None = None  # first request noted after the last batch
@@ -55,7 +67,21 @@ class ReplicaStatus:
 
     @property
     def connected(self) -> bool:
-        return self.peers > 0
+        return self.publishers > 0
+
+    def publisher_up(self, now: float, wall: float) -> None:
+        """A publisher's handshake succeeded."""
+        self.connects += 1
+        self.publishers += 1
+        if self.publishers == 1:
+            self.changed_at, self.changed_wall = now, wall
+
+    def publisher_down(self, now: float, wall: float, *, all_gone: bool = False) -> None:
+        """A connected publisher went away (``all_gone``: the socket closed, every one)."""
+        was = self.publishers
+        self.publishers = 0 if all_gone else max(0, self.publishers - 1)
+        if was and not self.publishers:
+            self.changed_at, self.changed_wall = now, wall
 
     def note_request(self, now: float) -> None:
         """A request went to this replica: its engine should publish soon."""
@@ -70,7 +96,7 @@ class ReplicaStatus:
         if self.error is not None:
             return True
         if not self.connected:
-            since = self.disconnected_at if self.disconnected_at is not None else self.started_at
+            since = self.changed_at if self.changed_at is not None else self.started_at
             if now - since > self.stale_after:
                 return True
         return self.awaiting_since is not None and now - self.awaiting_since > self.stale_after
@@ -83,6 +109,12 @@ class ReplicaStatus:
             "mode": self.endpoints.mode,
             "replay_endpoint": self.endpoints.replay,
             "connected": self.connected,
+            "publishers": self.publishers,
+            "connects": self.connects,
+            "handshake_failures": self.handshake_failures,
+            "connection_since": (
+                self.started_wall if self.changed_wall is None else self.changed_wall
+            ),
             "stale": self.stale(now),
             "complete": self.complete,
             "last_seq": self.last_seq,

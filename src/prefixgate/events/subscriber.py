@@ -2,7 +2,22 @@
 
 The subscriber binds or connects as :mod:`.endpoints` says, watches its socket's
 connections (a monitor socket) and applies each batch to the channel's
-:class:`~.index.EventIndex` in sequence order:
+:class:`~.index.EventIndex` in sequence order.
+
+A **publisher is connected** once the socket's monitor reports its ZeroMQ handshake
+(``EVENT_HANDSHAKE_SUCCEEDED``), until that connection closes (``EVENT_DISCONNECTED``); a
+TCP connection that never completes a handshake (a port probe) never counts. The monitor
+names a connection (its file descriptor) only when it opens (``EVENT_ACCEPTED`` on a bound
+socket, ``EVENT_CONNECTED`` on a connecting one) and closes: a handshake's success or
+failure names the bound address, not the peer. What tells them apart is that libzmq
+reports a failed handshake (``EVENT_HANDSHAKE_FAILED_*``) just before that connection's
+close, from the one I/O thread of the context, so a close right after a failure is that
+connection's and any other close is a publisher's. The SUB socket sends its subscription
+as the handshake completes (the socket's pending commands are run at once), so from then
+on what the engine publishes reaches the index; the engine applies it a moment later, and
+a batch sent in that moment is missed live and replayed when the next one shows the gap.
+
+The stream:
 
 - **start**: with a replay socket, ask for everything from sequence 0 first, so joining
   a running engine learns what it already holds (as far as its replay buffer reaches);
@@ -33,7 +48,7 @@ from collections.abc import Callable, Sequence
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
+from zmq.utils.monitor import recv_monitor_message
 
 from .endpoints import Endpoints
 from .index import EventIndex
@@ -47,7 +62,12 @@ log = logging.getLogger("prefixgate.events")
 _RECENT = 4096  # batches remembered to tell a duplicate from a restart
 _LOG_EVERY = 60.0
 _MAX_UNKNOWN_TYPES = 16
-_UP = (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED)
+_OPENED = (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED)  # a TCP connection, by fd
+_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+)
 
 
 class Subscriber:
@@ -82,12 +102,15 @@ class Subscriber:
         # set once the socket is open and the replay buffer read: batches published from
         # then on reach the index (tests and wait_ready use it; nothing waits for it)
         self.ready = asyncio.Event()
+        # set while a publisher is connected (its handshake done): see wait_publisher
+        self.publisher = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self, ctx: zmq.asyncio.Context) -> None:
         self._ctx = ctx
         self.status.started_at = self.clock()
+        self.status.started_wall = time.time()
         self._task = asyncio.create_task(self._run(), name=f"kv-events {self.replica}")
 
     async def aclose(self) -> None:
@@ -97,6 +120,16 @@ class Subscriber:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._close()
+
+    async def wait_publisher(self) -> None:
+        """Until the socket is open, the replay buffer read and a publisher connected."""
+        await self.ready.wait()
+        await self.publisher.wait()
+
+    @property
+    def listening(self) -> bool:
+        """Whether :meth:`wait_publisher` would return now."""
+        return self.ready.is_set() and self.publisher.is_set()
 
     @property
     def bound_endpoint(self) -> str | None:
@@ -158,7 +191,8 @@ class Subscriber:
             sock.close(linger=0)
         if monitor is not None:
             monitor.close(linger=0)
-        self.status.peers = 0
+        self.status.publisher_down(self.clock(), time.time(), all_gone=True)
+        self.publisher.clear()
 
     def _forget(self) -> None:
         self.index.clear(self.replica)
@@ -167,22 +201,37 @@ class Subscriber:
         self._recent.clear()
 
     async def _watch(self) -> None:
-        """Track the connections up (by file descriptor), from the socket's monitor."""
+        """Track the publishers connected, from the socket's monitor (see the module's
+        docstring)."""
         assert self._monitor is not None
         st = self.status
-        up: set[int] = set()
+        opened: set[int] = set()  # connections up (fds), handshaken or not
+        failed = 0  # handshakes failed whose connection's close is still to come
         while True:
-            msg = parse_monitor_message(await self._monitor.recv_multipart())
+            msg = await recv_monitor_message(self._monitor)
             event, fd = msg["event"], msg["value"]
-            if event in _UP:
-                up.add(fd)
-            elif event == zmq.EVENT_DISCONNECTED and fd in up:
-                up.discard(fd)
-                if not up:
-                    st.disconnected_at = self.clock()
+            if event in _OPENED:
+                opened.add(fd)
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if self._sock is not None:
+                    # runs the socket's pending commands: the subscription goes out now.
+                    # (get, not getsockopt: the asyncio socket's get keeps its wake-ups)
+                    self._sock.get(zmq.EVENTS)
+                st.publisher_up(self.clock(), time.time())
+                self.publisher.set()
+            elif event in _FAILED:
+                failed += 1
+                st.handshake_failures += 1
+            elif event == zmq.EVENT_DISCONNECTED and fd in opened:
+                opened.discard(fd)
+                if failed:
+                    failed -= 1  # the connection whose handshake just failed
+                else:
+                    st.publisher_down(self.clock(), time.time())
+                    if not st.connected:
+                        self.publisher.clear()
             elif event == zmq.EVENT_MONITOR_STOPPED:
                 return
-            st.peers = len(up)
 
     async def _serve(self) -> None:
         if self.endpoints.replay is not None:

@@ -32,7 +32,7 @@ from prefixgate.pipeline.splice import GRACE, Splice
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.record.reason import failed
-from prefixgate.sse import SSEDecoder
+from prefixgate.sse import SSEDecoder, single
 from prefixgate.upstream.channel import secret_of, stream_error
 from prefixgate.usage import Usage
 
@@ -278,7 +278,18 @@ class ChatRelay(Relay):
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:
-        held, theirs, ours = self.held, self.theirs, self.ours
+        theirs, ours = self.theirs, self.ours
+        if (
+            not self.held
+            and not self.dec.pending
+            and single(chunk)
+            and chunk.find(b'"usage"') < 0
+            and chunk.find(b'"error"') < 0
+            and chunk.find(theirs) >= 0
+        ):  # one plain chunk in this read: out as it came, not even re-framed
+            self._first_byte()
+            return chunk if theirs == ours else chunk.replace(theirs, ours)
+        held = self.held
         for _, data in self.dec.feed(chunk):
             if data == b"[DONE]":
                 self.done = True

@@ -139,6 +139,8 @@ class Splice:
         if self.ended:
             self._give_up()
             return
+        if self.conn.paused:  # not read because the client is slow: not the upstream's idling
+            self.last = self.loop.time()
         due = self.last + self.idle
         if self.loop.time() + 0.001 < due:
             self.timer = self.loop.call_at(due, self._check_idle)

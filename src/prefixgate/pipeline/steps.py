@@ -91,10 +91,17 @@ async def admit(x: Exchange) -> None:
 
 async def queue(x: Exchange) -> None:
     """A slot among the requests this worker carries (``server.max_in_flight``), after a
-    wait in a bounded queue when all are taken; past it, the protocol's overloaded answer
+    wait in a bounded queue when all are taken; past it, or while the event loop runs too
+    late to take more (``server.shed_loop_lag``), the protocol's overloaded answer
     (529 on ``/v1/messages``, 503 on OpenAI's routes) with ``retry-after``, before any
     upstream work (``admission.py``)."""
-    gate = x.gateway.admission.worker
+    admission = x.gateway.admission
+    shed = admission.shed
+    if shed is not None and shed.active:  # the loop runs late: its CPU is spent
+        err = shed.refuse()
+        err.status = x.endpoint.overloaded_status
+        raise err
+    gate = admission.worker
     if not gate.try_take():
         await _wait_for(x, gate)
     x.gate = gate

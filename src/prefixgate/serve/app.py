@@ -83,6 +83,8 @@ def create_app(
     async def lifespan(app: Starlette):
         if config.server.loop_watch:
             gateway.metrics.loop.start()
+        if gateway.admission.shed is not None:
+            gateway.admission.shed.start()
         start = getattr(gateway.recorder, "start", None)
         if start is not None:
             await start()
@@ -128,6 +130,8 @@ def create_app(
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
             gateway.metrics.loop.stop()
+            if gateway.admission.shed is not None:
+                gateway.admission.shed.stop()
             if gateway.budgets is not None:
                 await gateway.budgets.aclose()
             if gateway.telemetry is not None:

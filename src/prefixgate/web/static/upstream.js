@@ -54,8 +54,10 @@
     const blocks = Object.entries(e.blocks || {}).map(([m, n]) => `${m} ${fmt.int(n)}`).join(" · ") || "no blocks";
     const age = e.seconds_since_last_batch == null ? "no batch yet" : `last batch ${e.seconds_since_last_batch.toFixed(1)} s ago`;
     const trouble = e.error || e.last_problem;
-    return h("span", { class: "kv-events", dataset: { events: verdict[1] }, title: `${e.endpoint} (${e.mode}); gaps ${e.gaps}, lost ${e.lost_batches}, restarts ${e.restarts}` },
-      PG.pill(verdict[0], verdict[1]), " ", h("span", { class: "sub", text: `${blocks}; ${age}${trouble ? `; ${trouble}` : ""}` }));
+    const times = e.connects === 0 ? "never connected" : e.connects === 1 ? "connected once" : `connected ${fmt.int(e.connects)} times`;
+    const publisher = `${e.connected ? "publisher connected" : "no publisher"} since ${fmt.time(e.connection_since)} (${times})`;
+    return h("span", { class: "kv-events", dataset: { events: verdict[1], publisher: e.connected ? "connected" : "none" }, title: `${e.endpoint} (${e.mode}); gaps ${e.gaps}, lost ${e.lost_batches}, restarts ${e.restarts}` },
+      PG.pill(verdict[0], verdict[1]), " ", h("span", { class: "sub", text: `${publisher}; ${blocks}; ${age}${trouble ? `; ${trouble}` : ""}` }));
   }
 
   function channelCard(ch) {

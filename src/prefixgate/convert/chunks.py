@@ -1,0 +1,82 @@
+"""The walk over an OpenAI Chat Completions stream chunk that every stream converter shares.
+
+:class:`ChunkWalk.feed` reads one decoded chunk the same way for every target protocol:
+its ``usage`` (kept, in OpenAI's semantics), then each choice's delta in order: the
+reasoning text (``reasoning_content``, else ``reasoning``), the content text, each tool-call
+fragment, and the ``finish_reason`` (with vLLM's ``stop_reason``, the stop string or token
+that matched). A converter says what each piece becomes in its protocol's events through
+two hooks, :meth:`~ChunkWalk._piece` and :meth:`~ChunkWalk._tool_delta`; what is not of
+the expected type (a choice that is not an object, a text that is not a string, a tool
+call that is not an object) is skipped.
+
+The walk runs once per chunk of every converted stream: it allocates nothing beyond the
+list the converter's events are gathered in.
+"""
+
+from __future__ import annotations
+
+from prefixgate.usage import Usage
+
+__all__ = ["ChunkWalk", "fold_tool_delta"]
+
+_NO_DELTA: dict = {}  # a choice without a delta (never written to)
+
+
+def fold_tool_delta(calls: dict, delta: dict, make) -> tuple:
+    """One chat ``tool_calls`` delta folded into its pending call (``make()`` when its
+    index is new; the call has ``id`` and ``name``, each kept from the first delta that
+    gives it): ``(call, index, arguments fragment)``."""
+    idx = delta.get("index", 0)
+    if not isinstance(idx, int):
+        idx = 0
+    call = calls.get(idx)
+    if call is None:
+        call = calls[idx] = make()
+    fn = delta.get("function") or {}
+    if delta.get("id") and call.id is None:
+        call.id = delta["id"]
+    if fn.get("name") and call.name is None:
+        call.name = fn["name"]
+    return call, idx, fn.get("arguments") or ""
+
+
+class ChunkWalk:
+    """Base of the stream converters: :meth:`feed` and what it keeps (``usage``,
+    ``finish_reason``, ``matched_stop``); a subclass defines the hooks."""
+
+    usage: Usage
+    finish_reason: str | None
+    matched_stop: object
+
+    def feed(self, chunk: dict) -> bytes:
+        """The events one chunk becomes (``b""`` when none)."""
+        out: list[bytes] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = Usage.from_openai(usage)
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or _NO_DELTA
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning and isinstance(reasoning, str):
+                self._piece(out, "reasoning", reasoning)
+            text = delta.get("content")
+            if text and isinstance(text, str):
+                self._piece(out, "text", text)
+            for call in delta.get("tool_calls") or ():
+                if isinstance(call, dict):
+                    self._tool_delta(out, call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                self.matched_stop = choice.get("stop_reason")
+        return b"".join(out)
+
+    def _piece(self, out: list[bytes], kind: str, piece: str) -> None:
+        """A non-empty piece of ``kind`` ``"reasoning"`` or ``"text"``: its events onto
+        ``out``."""
+        raise NotImplementedError
+
+    def _tool_delta(self, out: list[bytes], delta: dict) -> None:
+        """One ``tool_calls`` fragment (an object): its events onto ``out``."""
+        raise NotImplementedError
