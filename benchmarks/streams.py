@@ -237,11 +237,13 @@ def longest(before: str, after: str, name: str) -> tuple[float | None, float]:
 
 
 # -- one level ----------------------------------------------------------------------------
-async def measure(target: str, n: int, upstream_url: str, work: Path, args) -> dict:
+async def measure(target: str, n: int, upstream_url: str, work: Path, args, make=Subject) -> dict:
+    """One level: ``n`` streams through ``target`` (a ``make(...)``: a :class:`Subject`
+    started afresh), or to the upstream itself (``direct``)."""
     subject = None
     url = upstream_url
     if target != "direct":
-        subject = Subject(target, work, upstream_url, args)
+        subject = make(target, work, upstream_url, args)
         await subject.start()
         url = subject.url
         warm = await sl.run_level(requests_for(target, url, "warm-fast"), 32, 0.2, 20)

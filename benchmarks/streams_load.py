@@ -119,6 +119,14 @@ class PacedUpstream:
         return _UpConn(self)
 
 
+async def serve_paced(chunks: int, gap: float) -> tuple[asyncio.Server, str]:
+    """A :class:`PacedUpstream` listening on a free loopback port, and its URL."""
+    up = PacedUpstream(chunks, gap)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(up.protocol, "127.0.0.1", 0, backlog=8192)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
 class _UpConn(FakeUpstream):
     """``overhead_upstream``'s request parsing; its streams go to the pacer."""
 

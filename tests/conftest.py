@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -50,11 +51,18 @@ def _fresh_render_orders():
     yield
 
 
-@pytest.fixture
-def upstream():
+@contextlib.contextmanager
+def scripted_upstream() -> Iterator[ScriptedUpstream]:
+    """A :class:`ScriptedUpstream` served on loopback; its ``url`` ends in ``/v1``."""
     fake = ScriptedUpstream()
     with ServerThread(fake.app) as srv:
         fake.url = srv.url + "/v1"
+        yield fake
+
+
+@pytest.fixture
+def upstream():
+    with scripted_upstream() as fake:
         yield fake
 
 

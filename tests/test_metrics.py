@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -68,3 +69,8 @@ def test_label_values_beyond_the_cap_share_other():
     assert sum(v for k, v in other.items() if dict(k)["model"] == "other") == 25
     spend_models = {dict(k)["model"] for k in samples(text, "prefixgate_spend_tokens_total")}
     assert len(spend_models) == LABEL_CAPS["model"] + 1
+
+
+def test_a_scrape_names_the_worker_process_that_answered():
+    text = GatewayMetrics().render().decode()
+    assert samples(text, "prefixgate_worker_info") == {(("pid", str(os.getpid())),): 1.0}

@@ -11,6 +11,8 @@ registry without end.
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -52,6 +54,19 @@ class _WriterCollector:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
+
+
+class _WorkerCollector:
+    """Which process answered the scrape. With ``serve --workers N`` every worker keeps its
+    own registry and the kernel hands each connection to one of them, so a scrape shows
+    one worker's figures; ``prefixgate_worker_info{pid}`` says whose."""
+
+    def collect(self):
+        g = GaugeMetricFamily(
+            "prefixgate_worker_info", "The worker process answering this scrape.", labels=("pid",)
+        )
+        g.add_metric([str(os.getpid())], 1)
+        yield g
 
 
 class _AdmissionCollector:
@@ -209,6 +224,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.loop = LoopWatch(r)  # the event loop's pauses; started by the app's lifespan
+        r.register(_WorkerCollector())
         self._totals: dict[tuple, list[int]] = {}
         self._children: dict[tuple, object] = {}
         if writer is not None:
