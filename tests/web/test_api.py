@@ -167,6 +167,7 @@ def test_upstream_shows_replicas_errors_and_the_host_tier(dashboard, demo_stores
     # channel here.
     assert u["admission"]["limit"] == 2000 and u["admission"]["queued"] == 0
     assert u["admission"]["refused"] == 0
+    assert u["admission"]["shed"] == 0 and u["admission"]["shedding"] is False
     assert ch["admission"] is None
 
 

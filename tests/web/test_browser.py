@@ -186,6 +186,8 @@ def test_upstream_page_shows_replicas_and_the_host_tier(page):
     pg.wait_for_selector("section.channel[data-channel=h200-vllm]")
     assert pg.locator("section.channel tbody tr").count() == 2
     assert pg.locator(".l2[data-l2=write_only]").count() == 1
+    admission = pg.locator("#admission").inner_text()
+    assert "refused (overloaded)" in admission and "refused (loop late)" in admission
     page.shot("upstream")
 
 

@@ -37,7 +37,9 @@
       h("span", {}, "in flight ", h("b", { text: `${fmt.int(a.in_flight)} of ${fmt.int(a.limit)}` })),
       h("span", {}, "queued ", h("b", { text: `${fmt.int(a.queued)} of ${fmt.int(a.max_queued)}` })),
       h("span", {}, "refused (overloaded) ", h("b", { text: fmt.int(a.refused) })),
-      h("span", {}, "admitted after a wait ", h("b", { text: fmt.int(a.waited) })));
+      h("span", {}, "admitted after a wait ", h("b", { text: fmt.int(a.waited) })),
+      a.shed === undefined ? null : h("span", {}, "refused (loop late) ", h("b", { text: fmt.int(a.shed) })),
+      a.shed === undefined ? null : h("span", {}, "loop late ", h("b", { text: `${a.loop_late_ms} ms${a.shedding ? ", shedding" : ""}` })));
   }
 
   function admissionCard(a) {
