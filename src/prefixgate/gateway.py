@@ -250,8 +250,8 @@ __all__ = ["Gateway"]
 def _upstream_for(config: Config) -> Upstream:
     """The upstream client with the connection limits of the config: in all, the worker's
     admission cap and room for model listings (so it never binds before admission does);
-    to each replica of a channel, its ``max_connections`` (else its ``max_in_flight``), idle
-    ones closed after its ``keepalive``."""
+    a channel's own to each of its replicas, its ``max_connections`` (else its
+    ``max_in_flight``), idle ones closed after its ``keepalive``."""
     upstream = Upstream(max_connections=config.server.max_in_flight + 64)
     for ch in config.channels:
         for url in ch.urls():
@@ -259,5 +259,6 @@ def _upstream_for(config: Config) -> Upstream:
                 url,
                 max_connections=ch.max_connections or ch.max_in_flight,
                 keepalive=ch.keepalive,
+                channel=ch.name,
             )
     return upstream

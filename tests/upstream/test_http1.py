@@ -225,8 +225,9 @@ async def fetch(
     *,
     timeouts: Timeouts = FAST,
     headers: dict | None = None,
+    channel: str | None = None,
 ) -> bytes:
-    resp = await up.open(url, body, timeouts=timeouts, extra_headers=headers)
+    resp = await up.open(url, body, timeouts=timeouts, extra_headers=headers, channel=channel)
     return b"".join(await read_all(resp, timeouts.idle))
 
 
@@ -900,6 +901,23 @@ def test_an_upstreams_own_cap_queues_its_requests_and_not_other_upstreams():
                 assert await fetch(up, b.url) == b"ok"  # meanwhile
                 assert await slow == [b"0", b"1", b"2"]
         assert a.connections == 1 and b.connections == 1
+
+    run(main())
+
+
+def test_two_channels_on_one_upstream_each_keep_their_own_cap():
+    # Channel x may open one connection to a, channel y two: each reaches its own cap,
+    # neither overrides the other's (the cap was keyed by host and port: the last won).
+    async def main():
+        async with RawServer(_holding(0.3)) as a:
+            async with client(max_connections=10) as up:
+                up.limit(a.url, max_connections=1, keepalive=None, channel="x")
+                up.limit(a.url, max_connections=2, keepalive=None, channel="y")
+                xs = [fetch(up, a.url, b"x%d" % i, channel="x") for i in range(3)]
+                ys = [fetch(up, a.url, b"y%d" % i, channel="y") for i in range(3)]
+                assert await asyncio.gather(*xs, *ys) == [b"x0", b"x1", b"x2", b"y0", b"y1", b"y2"]
+        # x's one connection and y's two (one cap for both: 2 in all; none: 6).
+        assert a.connections == 3
 
     run(main())
 

@@ -254,7 +254,12 @@ async def send(x: Exchange) -> None:
     upstream = gw.upstream
     try:
         resp = await upstream.open(
-            x.url, x.data, timeouts=ch.timeouts, extra_headers=x.headers, tls=ch.tls
+            x.url,
+            x.data,
+            timeouts=ch.timeouts,
+            extra_headers=x.headers,
+            tls=ch.tls,
+            channel=ch.name,
         )
     except UpstreamRejected as err:
         room = err.overflow.max_tokens_room if err.overflow is not None else 0
@@ -264,7 +269,12 @@ async def send(x: Exchange) -> None:
         x.out = {**x.out, "max_tokens": room}
         x.data = _encode(x.out)
         resp = await upstream.open(
-            x.url, x.data, timeouts=ch.timeouts, extra_headers=x.headers, tls=ch.tls
+            x.url,
+            x.data,
+            timeouts=ch.timeouts,
+            extra_headers=x.headers,
+            tls=ch.tls,
+            channel=ch.name,
         )
     x.upstream = resp
     x.first = await check_answer(resp, ch, stream=rec.stream)

@@ -267,11 +267,19 @@ class Upstream:
         self._contexts: dict[TLSConfig, ssl.SSLContext] = {}
         self._limits: dict[tuple, tuple[int | None, float | None]] = {}
 
-    def limit(self, url: str, *, max_connections: int | None, keepalive: float | None) -> None:
-        """At most ``max_connections`` open to ``url``'s host and port (None: only the
-        overall cap), an idle one kept ``keepalive`` seconds (None: the default)."""
+    def limit(
+        self,
+        url: str,
+        *,
+        max_connections: int | None,
+        keepalive: float | None,
+        channel: str | None = None,
+    ) -> None:
+        """At most ``max_connections`` of ``channel``'s connections open to ``url``'s host
+        and port (None: only the overall cap), an idle one kept ``keepalive`` seconds
+        (None: the default). Each channel's connections are its own."""
         origin, _ = http1.split_url(url)
-        self._limits[origin.key[:3]] = (max_connections, keepalive)
+        self._limits[(*origin.key[:3], channel)] = (max_connections, keepalive)
         self._targets.clear()
 
     def _pool_of(self, loop: asyncio.AbstractEventLoop) -> http1.Pool:
@@ -282,17 +290,19 @@ class Upstream:
             )
         return pool
 
-    def _target(self, url: str, tls: TLSConfig | None = None) -> tuple[http1.Origin, str]:
-        key = (url, tls)
+    def _target(
+        self, url: str, tls: TLSConfig | None = None, channel: str | None = None
+    ) -> tuple[http1.Origin, str]:
+        key = (url, tls, channel)
         t = self._targets.get(key)
         if t is None:
             if len(self._targets) > 1024:
                 self._targets.clear()
             try:
-                t = self._targets[key] = http1.split_url(url, self._context_of(tls))
+                t = self._targets[key] = http1.split_url(url, self._context_of(tls), channel)
             except (ValueError, OSError, ssl.SSLError) as exc:
                 raise UpstreamError(f"cannot reach upstream: {exc}", retryable=False) from None
-            limits = self._limits.get(t[0].key[:3])
+            limits = self._limits.get((*t[0].key[:3], channel))
             if limits is not None:
                 t[0].limit, t[0].keepalive = limits
         return t
@@ -314,8 +324,9 @@ class Upstream:
         timeouts: Timeouts,
         extra_headers: dict | None = None,
         tls: TLSConfig | None = None,
+        channel: str | None = None,
     ) -> UpstreamResponse:
-        origin, path = self._target(url, tls)
+        origin, path = self._target(url, tls, channel)
         headers = {
             "Content-Type": "application/json",
             "Accept": "application/json, text/event-stream",

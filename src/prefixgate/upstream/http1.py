@@ -57,7 +57,12 @@ class Origin:
     )
 
     def __init__(
-        self, scheme: str, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        group: str | None = None,
     ) -> None:
         self.scheme, self.host, self.port = scheme, host, port
         self.tls = scheme == "https"
@@ -67,6 +72,10 @@ class Origin:
         self.key = (scheme, host, port)
         if self.ssl_context is not None:
             self.key += (id(self.ssl_context),)
+        # A group (a channel's name) has connections of its own, counted against its own
+        # cap: two channels on one upstream do not share (or override) each other's.
+        if group is not None:
+            self.key += ("group", group)
         default = 443 if self.tls else 80
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if port == default else f"{name}:{port}"
@@ -75,8 +84,11 @@ class Origin:
         self.keepalive: float | None = None
 
 
-def split_url(url: str, ssl_context: ssl.SSLContext | None = None) -> tuple[Origin, str]:
-    """(origin, path with query) of an ``http://`` or ``https://`` URL."""
+def split_url(
+    url: str, ssl_context: ssl.SSLContext | None = None, group: str | None = None
+) -> tuple[Origin, str]:
+    """(origin, path with query) of an ``http://`` or ``https://`` URL; ``group``: whose
+    connections (see :class:`Origin`)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
@@ -84,7 +96,7 @@ def split_url(url: str, ssl_context: ssl.SSLContext | None = None) -> tuple[Orig
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    return Origin(parts.scheme, parts.hostname, port, ssl_context), path
+    return Origin(parts.scheme, parts.hostname, port, ssl_context, group), path
 
 
 _TIMER_SLACK = 0.001  # a timer may run this early (the loop's clock resolution)

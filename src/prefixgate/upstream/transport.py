@@ -43,9 +43,11 @@ class Transport(Protocol):
         timeouts: Timeouts,
         extra_headers: dict | None = None,
         tls: TLSConfig | None = None,
+        channel: str | None = None,
     ) -> Response:
         """``POST`` a JSON body; the response once its head arrived with a 2xx status
-        (any other status raises its mapped error)."""
+        (any other status raises its mapped error). ``channel``: whose connection limits
+        apply (each channel's connections are its own)."""
 
     async def get_json(
         self,
@@ -121,7 +123,9 @@ class FakeTransport:
             reply = await reply
         return reply
 
-    async def open(self, url, body, *, timeouts, extra_headers=None, tls=None) -> FakeResponse:
+    async def open(
+        self, url, body, *, timeouts, extra_headers=None, tls=None, channel=None
+    ) -> FakeResponse:
         from prefixgate.upstream.client import map_status
 
         reply = await self._reply("POST", url, dict(extra_headers or {}), body)
