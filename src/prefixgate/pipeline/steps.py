@@ -251,16 +251,9 @@ async def send(x: Exchange) -> None:
     rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, x.out["model"]
     rec.route_source = target.source
     gw.router.acquire(target, rec.request_id)  # in flight until finish()
-    upstream = gw.upstream
+    options = {"timeouts": ch.timeouts, "extra_headers": x.headers, "tls": ch.tls}
     try:
-        resp = await upstream.open(
-            x.url,
-            x.data,
-            timeouts=ch.timeouts,
-            extra_headers=x.headers,
-            tls=ch.tls,
-            channel=ch.name,
-        )
+        resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
     except UpstreamRejected as err:
         room = err.overflow.max_tokens_room if err.overflow is not None else 0
         if not (0 < room < x.out.get("max_tokens", 0)):
@@ -268,14 +261,7 @@ async def send(x: Exchange) -> None:
         # The prompt fits; only max_tokens pushed it over the window: clamp and resend.
         x.out = {**x.out, "max_tokens": room}
         x.data = _encode(x.out)
-        resp = await upstream.open(
-            x.url,
-            x.data,
-            timeouts=ch.timeouts,
-            extra_headers=x.headers,
-            tls=ch.tls,
-            channel=ch.name,
-        )
+        resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
     x.upstream = resp
     x.first = await check_answer(resp, ch, stream=rec.stream)
     gw.router.report_success(target)
