@@ -277,6 +277,8 @@ async def measure(target: str, n: int, upstream_url: str, work: Path, args, make
     m1 = await subject.metrics() if subject else ""
     pause, _ = longest(m0, m1, "prefixgate_loop_lag_seconds")
     gc_pause, gcs = longest(m0, m1, "prefixgate_gc_pause_seconds")
+    if args.workers > 1:  # the two scrapes may come from different workers: no figure
+        pause = gc_pause = gcs = None
     records = subject.stop() if subject else None
     steady = steady_user = None
     if len(window) >= 2 and window[-1][2] > window[0][2]:
