@@ -30,6 +30,7 @@ import math
 from collections import deque
 
 from prefixgate.errors import AtCapacity
+from prefixgate.loopwatch import LateTimer
 
 
 def _expire(waiter: asyncio.Future) -> None:
@@ -144,41 +145,27 @@ class Gate:
         }
 
 
-class LagShed:
+class LagShed(LateTimer):
     """Whether the event loop runs too late to take new requests (see the module doc): a
     timer every ``interval`` seconds, started and stopped by the app's lifespan."""
 
-    __slots__ = ("threshold", "interval", "late", "active", "shed", "_loop", "_due", "_handle")
-
     def __init__(self, threshold: float, interval: float = 0.1) -> None:
-        self.threshold, self.interval = threshold, interval
+        super().__init__(interval)
+        self.threshold = threshold
         self.late = 0.0  # how late the last tick ran, seconds
         self.active = False
         self.shed = 0  # requests refused for it, since start
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._due = 0.0
-        self._handle: asyncio.TimerHandle | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._due = self._loop.time() + self.interval
-        self._handle = self._loop.call_at(self._due, self._tick)
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        super().stop()
         self.active = False
 
-    def _tick(self) -> None:
-        now = self._loop.time()
-        last, self.late = self.late, max(0.0, now - self._due)
+    def _late(self, late: float) -> None:
+        last, self.late = self.late, late
         if self.active:
-            self.active = self.late > self.threshold / 2
+            self.active = late > self.threshold / 2
         else:  # two late ticks in a row: a backlog, not one pause (the process descheduled)
-            self.active = min(last, self.late) > self.threshold
-        self._due = now + self.interval
-        self._handle = self._loop.call_at(self._due, self._tick)
+            self.active = min(last, late) > self.threshold
 
     def refuse(self) -> AtCapacity:
         self.shed += 1

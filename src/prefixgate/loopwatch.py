@@ -36,11 +36,45 @@ PAUSE_BUCKETS = (
 )
 
 
-class LoopWatch:
+class LateTimer:
+    """A timer every ``interval`` seconds that measures how late the loop ran it and hands
+    the lateness (seconds, never negative) to :meth:`_late`; started and stopped in the
+    serving loop. The loop watch below and admission's load shed (``admission.LagShed``)
+    are two of them."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._due = 0.0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._due = self._loop.time() + self.interval
+        self._handle = self._loop.call_at(self._due, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        loop = self._loop
+        now = loop.time()
+        late = now - self._due
+        self._late(late if late > 0.0 else 0.0)
+        self._due = now + self.interval
+        self._handle = loop.call_at(self._due, self._tick)
+
+    def _late(self, late: float) -> None:
+        raise NotImplementedError
+
+
+class LoopWatch(LateTimer):
     """Started and stopped by the app's lifespan, in the serving loop."""
 
     def __init__(self, registry: CollectorRegistry, interval: float = 0.01) -> None:
-        self.interval = interval
+        super().__init__(interval)
         self.lag = Histogram(
             "prefixgate_loop_lag_seconds",
             "How late the event loop ran a timer: the loop's pauses.",
@@ -56,35 +90,21 @@ class LoopWatch:
         )
         self._gc_children = [self.gc_pause.labels(str(g)) for g in range(3)]
         self._gc_start = 0.0
-        self._handle: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._due = 0.0
         self.longest = 0.0  # seconds: the longest lag seen
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._due = self._loop.time() + self.interval
-        self._handle = self._loop.call_at(self._due, self._tick)
+        super().start()
         gc.callbacks.append(self._on_gc)
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        super().stop()
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
 
-    def _tick(self) -> None:
-        loop = self._loop
-        now = loop.time()
-        late = now - self._due
-        if late < 0.0:
-            late = 0.0
+    def _late(self, late: float) -> None:
         if late > self.longest:
             self.longest = late
         self.lag.observe(late)
-        self._due = now + self.interval
-        self._handle = loop.call_at(self._due, self._tick)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
