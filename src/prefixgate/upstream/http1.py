@@ -209,9 +209,8 @@ class Connection(asyncio.Protocol):
         if body:
             self.chunks.append(body)
             self.buffered += len(body)
-            if self.buffered > _PAUSE_AT and not self.paused and self.transport is not None:
-                self.paused = True
-                self.transport.pause_reading()
+            if self.buffered > _PAUSE_AT:
+                self.hold(True)
             self._wake()
 
     def on_message_complete(self) -> None:
@@ -247,7 +246,8 @@ class Connection(asyncio.Protocol):
         self.hold(False)
 
     def hold(self, on: bool) -> None:
-        """Stop (or resume) reading from the upstream: its consumer cannot keep up."""
+        """Stop (or resume) reading from the upstream: its consumer cannot keep up (past
+        ``_PAUSE_AT`` unread bytes, or a splice's client slow to read)."""
         if on != self.paused and self.transport is not None and not self.closed:
             self.paused = on
             if on:
@@ -364,9 +364,7 @@ class Connection(asyncio.Protocol):
         if len(chunks) > 1:
             chunks.clear()
         self.buffered = 0
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
+        self.hold(False)
         return data
 
     async def read(self, timeout: float) -> bytes | None:
