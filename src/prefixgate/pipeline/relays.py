@@ -38,6 +38,7 @@ from prefixgate.usage import Usage
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
+_DONE_EVENT = b"data: [DONE]\n\n"
 
 
 async def relay_messages(x: Exchange) -> Response:
@@ -278,37 +279,36 @@ class ChatRelay(Relay):
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:
-        theirs, ours = self.theirs, self.ours
-        if (
-            not self.held
-            and not self.dec.pending
-            and single(chunk)
-            and chunk.find(b'"usage"') < 0
-            and chunk.find(b'"error"') < 0
-            and chunk.find(theirs) >= 0
-        ):  # one plain chunk in this read: out as it came, not even re-framed
-            self._first_byte()
-            return chunk if theirs == ours else chunk.replace(theirs, ours)
+        if not self.held and not self.dec.pending and single(chunk) and chunk != _DONE_EVENT:
+            # One event in this read: out as it came, not even re-framed (the framing holds
+            # none of the keys looked for).
+            plain = self._plain(chunk)
+            if plain is not None:
+                self._first_byte()
+                return plain
         held = self.held
         for _, data in self.dec.feed(chunk):
             if data == b"[DONE]":
                 self.done = True
                 break
-            if data.find(b'"usage"') < 0 and data.find(b'"error"') < 0:
-                if data.find(theirs) >= 0:
-                    if theirs != ours:
-                        data = data.replace(theirs, ours)
-                    held += (b"data: ", data, b"\n\n")
-                    self._first_byte()
-                    continue
-                if data.find(b'"model"') < 0:
-                    held += (b"data: ", data, b"\n\n")
-                    self._first_byte()
-                    continue
-            out = self._decoded(data)
+            out = self._plain(data)
             if out is not None:
-                held += (b"data: ", out, b"\n\n")
+                self._first_byte()
+            else:
+                out = self._decoded(data)
+                if out is None:
+                    continue
+            held += (b"data: ", out, b"\n\n")
         return self._take()
+
+    def _plain(self, data: bytes) -> bytes | None:
+        """``data`` as the client gets it when it need not be decoded (no usage, no error,
+        the model named as the upstream writes it, or not at all), else None."""
+        if data.find(b'"usage"') >= 0 or data.find(b'"error"') >= 0:
+            return None
+        if data.find(self.theirs) >= 0:
+            return data if self.theirs == self.ours else data.replace(self.theirs, self.ours)
+        return data if data.find(b'"model"') < 0 else None
 
     def _decoded(self, data: bytes) -> bytes | None:
         obj = _json(data)
