@@ -41,6 +41,9 @@ def test_first_event_skips_comment_blocks_and_waits_for_a_complete_one():
         ([b"data: a\n\ndata: b\n\n"], [(None, b"a"), (None, b"b")]),
         ([b"data: a", b"\n\n", b"data: b\n\n"], [(None, b"a"), (None, b"b")]),
         ([b"data: a\n", b"\ndata: b\n\n"], [(None, b"a"), (None, b"b")]),
+        # a lone CR ends a line: one read, two events, though its only LF is at its end
+        ([b"data: a\r\rdata: b\n\n"], [(None, b"a"), (None, b"b")]),
+        ([b"data: a\rdata: b\n\n"], [(None, b"a\nb")]),
     ],
 )
 def test_one_event_per_read_and_the_general_case_agree(chunks, events):

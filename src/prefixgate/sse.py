@@ -49,8 +49,13 @@ class SSEDecoder:
 
 def single(chunk: bytes) -> bool:
     """Whether ``chunk`` is exactly one event of one ``data: `` line (its only line end
-    the blank line that ends it)."""
-    return chunk[:6] == b"data: " and chunk.find(b"\n") == len(chunk) - 2 and chunk[-1:] == b"\n"
+    the blank line that ends it; a lone CR ends a line too, so none may be in it)."""
+    return (
+        chunk[:6] == b"data: "
+        and chunk.find(b"\n") == len(chunk) - 2
+        and chunk[-1:] == b"\n"
+        and chunk.find(b"\r") < 0
+    )
 
 
 def first_event(chunk: bytes) -> tuple[bytes | None, bytes] | None:

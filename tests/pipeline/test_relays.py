@@ -251,3 +251,18 @@ def test_a_stream_cut_anywhere_into_reads_gives_the_same_answer(relay):
     assert expected[1] == (200, 50, 32)
     for size in (1, 2, 3, 7, 16, 61, 200):
         assert run(size) == expected, size
+
+
+def test_a_read_with_lone_cr_line_ends_is_decoded_not_passed_as_one_event():
+    """SSE lets a lone CR end a line: a read whose only LF is at its end may still hold two
+    events, and the usage in the second must reach the record."""
+    body = {**MSG, "stream_options": {"include_usage": True}}
+    read = b"data: " + json.dumps(_delta("x")).encode() + b"\r\r"
+    read += b"data: " + json.dumps(DONE).encode() + b"\n\n"
+    reply = FakeReply(200, {"content-type": "text/event-stream"}, [read, b"data: [DONE]\n\n"])
+    x, _, recorder = _exchange(CHAT, body, reply)
+    client = Client()
+    _answer(x, relay_chat, client)
+    [rec] = recorder.records
+    assert (rec.status, rec.prompt_tokens, rec.cached_tokens) == (200, 50, 32)
+    assert _chat_datas(client)[-1] == b"[DONE]"
