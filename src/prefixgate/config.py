@@ -166,6 +166,9 @@ class ChannelConfig(_Model):
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
     render_order: RenderOrder = "auto"  # auto: learned from the upstream (upstream/order.py)
+    # Later system messages delivered inside the client's turns (hygiene/system_in_place.py):
+    # auto: where the upstream's template was seen to move them to the head.
+    system_in_place: bool | Literal["auto"] = "auto"
     # How /v1/responses reaches this channel: converted to Chat Completions (any
     # OpenAI-compatible server), or passed through to the upstream's own /responses.
     responses_api: Literal["convert", "passthrough"] = "convert"

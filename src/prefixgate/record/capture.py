@@ -15,6 +15,7 @@ from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
 from prefixgate.record.model import Record
+from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import (
     segments_anthropic,
     segments_from_bytes,
@@ -22,7 +23,7 @@ from prefixgate.record.segments import (
     segments_openai,
 )
 from prefixgate.record.segments_responses import segments_responses, segments_responses_from_bytes
-from prefixgate.upstream.order import render_order
+from prefixgate.upstream.order import rendering_of
 
 # The protocol a request came in, by the record's endpoint.
 _API_IN = {"chat": "openai", "responses": "responses"}
@@ -80,7 +81,8 @@ class Capturer:
         )
         known = self._seen
         api_in = _API_IN.get(rec.endpoint, "anthropic")
-        tools_first = render_order(channel) == "tools_first"
+        rendering = rendering_of(channel)
+        tools_first = rendering.tools == "tools_first"
         objects: list[dict] | None = None
 
         def decoded() -> list[dict]:
@@ -111,7 +113,9 @@ class Capturer:
         ):
             # A chat request passed through: the very same messages and tools, in the same
             # order, so the same segments (computing them again would double the cost).
-            rec.segments_out = list(rec.segments_in)
+            rec.segments_out = rendered_segments(
+                list(rec.segments_in), rendering, body_out.get("messages"), texts=texts, known=known
+            )
             passthrough = True
         else:
             passthrough = False
@@ -140,6 +144,10 @@ class Capturer:
                     )
                 else:
                     segs = segments_anthropic(decoded()[1], texts=texts, known=known)
+            if api_out == "openai":  # in the order the engine's template renders them
+                segs = rendered_segments(
+                    segs, rendering, body_out.get("messages"), texts=texts, known=known
+                )
             rec.segments_out = segs
         if texts:
             rec.texts = texts
