@@ -81,9 +81,16 @@ def _hoisted(segments: list[Segment]) -> list[Segment]:
     if not later:
         return segments
     moved = [Segment("system", segments[i].name + AT_HEAD, *_rest(segments[i])) for i in later]
-    keep = [s for i, s in enumerate(segments) if i not in set(later)]
-    # after the last leading system segment (or the tools that follow it), before the turns
-    at = next((i for i, s in enumerate(keep) if s.kind == "message"), len(keep))
+    gone = set(later)
+    keep = [s for i, s in enumerate(segments) if i not in gone]
+    # into the system prompt: after its last leading segment (before the tools that follow
+    # it in a system_first template), before the turns
+    at = 0
+    for i, s in enumerate(keep):
+        if s.kind == "message":
+            break
+        if s.kind == "system":
+            at = i + 1
     return keep[:at] + moved + keep[at:]
 
 
