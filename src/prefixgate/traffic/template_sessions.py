@@ -15,8 +15,12 @@ returns each request's ``(prompt tokens, cached tokens)`` as the gateway reporte
 
 from __future__ import annotations
 
+import contextlib
 import random
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +29,14 @@ from .claude_code import billing_header
 from .prompts import IDENTITY_LINE, claude_code_system_prompt
 from .tools import claude_code_tools
 
-__all__ = ["TOTAL_TOKENS", "play", "reminder_session", "thinking_loop_session"]
+__all__ = [
+    "TOTAL_TOKENS",
+    "Played",
+    "play",
+    "reminder_session",
+    "thinking_loop_session",
+    "through_gateway",
+]
 
 VERSION = "2.1.332"
 TOTAL_TOKENS = "<total_tokens>{n} tokens left</total_tokens>"
@@ -166,3 +177,111 @@ def play(
         prompt = usage["input_tokens"] + cached + (usage.get("cache_creation_input_tokens") or 0)
         out.append((prompt, cached))
     return out
+
+
+@dataclass
+class Played:
+    """What one run through the gateway gave: each request's usage and its ledger (from
+    the store), and the doctor's diagnosis of the run."""
+
+    usage: list[tuple[int, int]]
+    ledgers: list[Any]
+    diagnosis: Any
+
+    def hit_rate(self, start: int = 1, end: int | None = None) -> float:
+        """The token-weighted hit of requests ``[start, end)`` (turns after the first)."""
+        part = self.usage[start:end]
+        prompt = sum(p for p, _ in part)
+        return sum(c for _, c in part) / prompt if prompt else 0.0
+
+
+def through_gateway(
+    bodies: Iterator[Body],
+    folder: Path,
+    *,
+    template: str | None,
+    events: bool = False,
+    block_size: int = 32,
+    base_url: str | None = None,
+    **channel: Any,
+) -> Played:
+    """Play ``bodies`` through a gateway (a SQLite store in ``folder``) over the simulated
+    vLLM serving ``template`` (one of the project's own by name, or a file) with unlimited
+    KV cache, or over the upstream at ``base_url`` (its ``/v1`` URL); with ``events`` the
+    simulated engine publishes its KV events and the gateway reads them. ``channel``: the
+    channel's settings beyond its name and URL."""
+    from prefixgate.config import parse_config
+    from prefixgate.doctor import diagnose
+    from prefixgate.events.publisher import PublisherSettings
+    from prefixgate.serve.app import build_app
+    from prefixgate.serve.process import ServerThread
+    from prefixgate.store import open_store
+    from prefixgate.upstream_sim import SimSettings, running_upstreams
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dsn = f"sqlite:///{folder / 'store.db'}"
+    kv = PublisherSettings("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "kv", "map")
+    sim = SimSettings(
+        block_size=block_size,
+        chat_template=template,
+        max_model_len=1_000_000,
+        kv_events=kv if events else None,
+    )
+    with contextlib.ExitStack() as stack:
+        if base_url is None:
+            [up] = stack.enter_context(running_upstreams(sim, replicas=1))
+            base_url = up.base_url
+        ch = {"name": "engine", "base_url": base_url, **channel}
+        if events:
+            pub = up.app.state.sim.events
+            ch["kv_events"] = {
+                "replicas": [
+                    {
+                        "endpoint": "tcp://*:" + pub.endpoint.rsplit(":", 1)[1],
+                        "replay_endpoint": "tcp://*:" + pub.replay_endpoint.rsplit(":", 1)[1],
+                    }
+                ],
+                "topic": "kv",
+                "block_size": block_size,
+            }
+        store = {"dsn": dsn, "journal_path": str(folder / "journal")}
+        app = build_app(parse_config({"channels": [ch], "store": store}))
+        gw = stack.enter_context(ServerThread(app))
+        if events:
+            deadline = time.monotonic() + 30
+            while not pub.wait_for_subscribers(1, 0.1):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the gateway never subscribed to the engine's events")
+        usage = []
+        for body in bodies:
+            usage += play(gw.url, iter([body]))
+            if events:  # the gateway applied what the engine published for it
+                _applied(app, up)
+        _stored(app, len(usage))
+    with open_store(dsn) as st:
+        recs = [r for r in st.iter_records() if r.endpoint == "messages"]
+        ledgers = [st.get_ledger(r.request_id) for r in recs]
+    return Played(usage, ledgers, diagnose(dsn))
+
+
+def _applied(app, up, limit: float = 30.0) -> None:
+    hub = app.state.events
+    pub = up.app.state.sim.events
+    deadline = time.monotonic() + limit
+    while True:
+        st = hub.status("engine", up.base_url)
+        if (-1 if st.last_seq is None else st.last_seq) == pub.next_seq - 1:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the engine's events were not applied")
+        time.sleep(0.005)
+
+
+def _stored(app, n: int, limit: float = 60.0) -> None:
+    """Until the store has ``n`` records and their ledgers."""
+    ledger, writer = app.state.ledger, app.state.gateway.recorder
+    deadline = time.monotonic() + limit
+    while ledger.written < n or writer.stats().written < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"records or ledgers not stored ({ledger.written} of {n})")
+        time.sleep(0.01)
