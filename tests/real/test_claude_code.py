@@ -14,7 +14,9 @@ import random
 import re
 
 import httpx
+import pytest
 
+from prefixgate.doctor import diagnose
 from tests.real import harness
 from tests.real.agents import Claude, check_stable_prefix, converse, stack
 
@@ -120,3 +122,67 @@ def test_two_turns_through_the_real_vllm_hit_its_prefix_cache(claude_exe, vllm_a
         assert usage["cache_read_input_tokens"] == (rec.cached_tokens or 0)
         assert usage["input_tokens"] == rec.prompt_tokens - (rec.cached_tokens or 0)
     assert turns.hit_rate > 0.9
+
+
+# -- the engine's template: Claude Code's <total_tokens> reminder (docs/rendering.md) -----
+REMINDER = {"CLAUDE_CODE_TOTAL_TOKENS_REMINDER": "countdown"}
+PROMPTS = ("say hi", "and once more", "and a third time", "and a last one")
+
+
+def _four_turns(cli: Claude) -> None:
+    for i, prompt in enumerate(PROMPTS):
+        cli.run(prompt, resume=i > 0)
+
+
+def _later_turns_hit(recs) -> float:
+    later = recs[1:]
+    return sum(r.cached_tokens or 0 for r in later) / sum(r.prompt_tokens for r in later)
+
+
+def _conversation(s) -> list:
+    recs = [r for r in s.records("messages") if r.status == 200 and _tools_sent(r)]
+    assert len(recs) == len(PROMPTS), [(r.status, r.prompt_tokens) for r in recs]
+    return recs
+
+
+def _tools_sent(rec) -> bool:
+    return any(seg.name == "tools" for seg in rec.segments_in or ())
+
+
+def test_the_reminder_on_a_hoisting_template_hits_with_the_defaults(claude_exe, tmp_path):
+    """The simulated vLLM serving the project's DeepSeek-like template (every system
+    message gathered at the head): the gateway learns it and delivers the CLI's later
+    system messages inside its turns; turns 2-4 hit as on a template that keeps them."""
+    with stack(tmp_path, chat_template="hoisting") as s:
+        _four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
+    recs = _conversation(s)
+    assert _later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
+    last = s.upstream.chats()[-1]["body"]["messages"]
+    # the reminders reached the engine, in place, marked; no later system message left
+    assert [m["role"] for m in last].count("system") == 1
+    assert sum("<total_tokens>" in json.dumps(m) for m in last[1:]) >= len(PROMPTS)
+    assert "<system>\\n<total_tokens>" in json.dumps(last)
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_the_reminder_unprotected_is_booked_and_diagnosed_as_the_templates(
+    claude_exe, tmp_path, events
+):
+    """The same with ``system_in_place: false``: each turn's new reminder lands at the
+    head; the ledger books the loss as prefix_changed at the moved system message, the
+    doctor names the template's hoisting, and no capacity finding on an unlimited cache."""
+    off = {"system_in_place": False}
+    with stack(tmp_path, chat_template="hoisting", channel=off, events=events) as s:
+        _four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
+        s.wait_stored()
+    recs = _conversation(s)
+    assert _later_turns_hit(recs) < 0.5
+    ledgers = s.ledgers(recs)
+    for x in ledgers[1:]:
+        assert x.source == ("events" if events else "model")
+        assert x.changed_segment.endswith(":system@head"), x
+        assert x.prefix_changed > 0.5 * x.prompt_tokens and x.evicted == 0, x
+    d = diagnose(s.dsn)
+    kinds = {f.kind: f for f in d.findings}
+    assert "moves each new system message to the head" in kinds["template_hoisting"].title
+    assert "kv_capacity" not in kinds

@@ -40,7 +40,7 @@ BILLING_HEADER = HygieneStep(
 )
 
 
-def _keeps_system_in_place(ch: ChannelConfig) -> bool:
+def keeps_system_in_place(ch: ChannelConfig) -> bool:
     """``system_in_place: true``, or ``auto`` (the default) where the upstream's template
     was seen to move later system messages to the head."""
     if ch.kind != "openai" or ch.system_in_place is False:
@@ -54,7 +54,7 @@ def _keeps_system_in_place(ch: ChannelConfig) -> bool:
 
 SYSTEM_IN_PLACE = HygieneStep(
     name="system_in_place",
-    applies=_keeps_system_in_place,
+    applies=keeps_system_in_place,
     typed=system_in_place_typed,
     plain=system_in_place,
 )
@@ -83,6 +83,7 @@ __all__ = [
     "HygieneStep",
     "apply_plain",
     "apply_typed",
+    "keeps_system_in_place",
     "strip_billing_header",
     "system_in_place",
 ]

@@ -42,7 +42,7 @@ def create_app(
 
     async def healthz(request: Request) -> Response:
         """``ok`` for anyone; with ``?details`` (and the admin key) also the state of each
-        replica's KV-event stream. Events never make the gateway unhealthy: a stale stream
+        replica's KV-event stream and what is known of each channel's chat template. Events never make the gateway unhealthy: a stale stream
         only makes routing fall back."""
         if "details" not in request.query_params:
             return JSONResponse({"status": "ok"})
@@ -51,7 +51,8 @@ def create_app(
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
-        return JSONResponse({"status": "ok", "details": {"kv_events": kv}})
+        rendering = render_orders.renderings(config.channels)
+        return JSONResponse({"status": "ok", "details": {"kv_events": kv, "rendering": rendering}})
 
     async def metrics(request: Request) -> Response:
         try:

@@ -36,6 +36,7 @@ __all__ = [
     "reminder_session",
     "thinking_loop_session",
     "through_gateway",
+    "wait_stored",
 ]
 
 VERSION = "2.1.332"
@@ -257,7 +258,7 @@ def through_gateway(
             usage += play(gw.url, iter([body]))
             if events:  # the gateway applied what the engine published for it
                 _applied(app, up)
-        _stored(app, len(usage))
+        wait_stored(app, len(usage))
     with open_store(dsn) as st:
         recs = [r for r in st.iter_records() if r.endpoint == "messages"]
         ledgers = [st.get_ledger(r.request_id) for r in recs]
@@ -277,7 +278,7 @@ def _applied(app, up, limit: float = 30.0) -> None:
         time.sleep(0.005)
 
 
-def _stored(app, n: int, limit: float = 60.0) -> None:
+def wait_stored(app, n: int, limit: float = 60.0) -> None:
     """Until the store has ``n`` records and their ledgers."""
     ledger, writer = app.state.ledger, app.state.gateway.recorder
     deadline = time.monotonic() + limit

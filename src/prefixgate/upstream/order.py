@@ -178,3 +178,19 @@ async def _again(auto, transport) -> None:
         await asyncio.sleep(REFRESH_S if learned else retry)
         retry = RETRY_S if learned else min(retry * 2, REFRESH_S)
         await asyncio.gather(*(learn(ch, transport) for ch in auto))
+
+
+def renderings(channels) -> list[dict]:
+    """What is known of each ``openai`` channel's template, and whether the gateway keeps
+    later system messages in place for it (``/healthz`` details, the Upstream page)."""
+    from prefixgate.hygiene import keeps_system_in_place
+
+    return [
+        {
+            "channel": ch.name,
+            **rendering_of(ch).as_dict(),
+            "system_in_place": keeps_system_in_place(ch),
+        }
+        for ch in channels
+        if ch.kind == "openai"
+    ]
