@@ -114,12 +114,14 @@ async def learn(channel, transport) -> Rendering | None:
     """Ask the channel's upstream (``openai`` channels) how it renders the probe
     conversations; remember and return what they show (None: the upstream did not tell
     where the tools go, its ``/tokenize`` missing or refusing)."""
+    from prefixgate.events.tokens import tokenize_messages
     from prefixgate.upstream.channel import post_for_json
 
     model = channel.upstream_model(channel.models[0]) if channel.models else None
     url = tokenize_url(channel.urls()[0])
     got: dict[str, list | None] = {}
     for name, body in _probes().items():
+        body = {**body, "messages": tokenize_messages(body["messages"])}
         if model is not None:
             body = {"model": model, **body}
         try:

@@ -104,9 +104,15 @@ class UpstreamSim:
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        chat: bool = True,
     ) -> list[int]:
+        """``chat``: for a chat completion (vLLM's chat request takes an assistant's
+        ``reasoning_content`` as its ``reasoning``; its ``/tokenize`` request does not)."""
         try:
             if isinstance(self.renderer, JinjaChatTemplate):
+                if not chat:
+                    messages = [_without_old_reasoning(m) for m in messages]
                 text = self.renderer.render(  # the messages as vLLM gives a template
                     vllm_messages(messages), tools, add_generation_prompt, **(template_kwargs or {})
                 )
@@ -308,6 +314,7 @@ class UpstreamSim:
                 body.get("tools") or None,
                 body.get("add_generation_prompt", True) is not False,
                 kwargs if isinstance(kwargs, dict) else None,
+                chat=False,
             )
         else:
             raise SimError("Either 'prompt' (a string) or 'messages' (a list) is required.")
@@ -412,3 +419,10 @@ def create_upstream_app(settings: SimSettings | None = None) -> Starlette:
     app.state.cache = sim.cache
     app.state.settings = sim.settings
     return app
+
+
+def _without_old_reasoning(m: Any) -> Any:
+    """A message as vLLM's ``/tokenize`` reads it: ``reasoning_content`` unknown there."""
+    if isinstance(m, dict) and "reasoning_content" in m:
+        return {k: v for k, v in m.items() if k != "reasoning_content"}
+    return m
