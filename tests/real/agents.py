@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +144,11 @@ def stack(
         with ServerThread(app) as gw:
             if events:
                 assert pub.wait_for_subscribers(1, 30), "the gateway never subscribed"
+            elif "kv_events" in ch:  # a real engine's publisher connects to the hub
+                deadline = time.monotonic() + 120
+                while not app.state.events.listening():
+                    assert time.monotonic() < deadline, app.state.events.statuses()
+                    time.sleep(0.05)
             yield Stack(gw.url, dsn, upstream, model, app)
 
 

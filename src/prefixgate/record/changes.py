@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
 from prefixgate.record.model import Change, Record, Segment
 from prefixgate.record.segments import _strip, pieces_of
@@ -295,13 +296,16 @@ def text_of(value: Any) -> str:
 
 
 def _known(data: bytes | None, kind: str) -> str | None:
-    if kind != "system" or data is None or BILLING_PREFIX.encode() not in data[:200]:
+    """The catalogued client marker (``hygiene/markers.py``) in a changed system segment."""
+    if kind != "system" or data is None:
+        return None
+    if BILLING_PREFIX.encode() not in data[:200] and b"<total_tokens>" not in data:
         return None
     try:
         text = text_of(_decode(data))
     except (msgspec.DecodeError, RecursionError):
         return None
-    return "billing_header" if text.lstrip().startswith(BILLING_PREFIX) else None
+    return known_marker(text)
 
 
 __all__ = ["ChangeTracker", "compare", "text_of"]

@@ -1,0 +1,126 @@
+"""Hit rates before and after, per chat template: the figures of docs/rendering.md.
+
+Each row plays one agent session (``prefixgate.traffic.template_sessions``) through the
+real gateway over an engine serving one of the project's own chat templates, and reads
+back the usage, the miss ledger and the doctor's findings from the gateway's store:
+
+- Claude Code's ``<total_tokens>`` reminder (4 turns): a template that keeps system
+  messages in place, the DeepSeek-like template that gathers them at the head (the
+  gateway's defaults, and ``system_in_place: false``), with and without KV events;
+- a thinking tool loop (3 tool results of ~2.5k tokens) then a new user turn: the
+  Qwen3-like template (reasoning rendered only after the last user query), a template
+  that always renders it, and the Qwen3-like one with ``history_thinking: drop``.
+
+The engine is the simulated vLLM (block 32, unlimited KV cache) unless ``--vllm NAME=URL``
+names a real one serving that template (``NAME`` one of hoisting, in_place,
+reasoning_last_query; ``URL`` its ``/v1`` base; started with
+``--chat-template src/prefixgate/data/templates/NAME.jinja``).
+
+    python benchmarks/rendering.py [--vllm hoisting=http://127.0.0.1:8000/v1 ...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from prefixgate.traffic.template_sessions import (
+    reminder_session,
+    thinking_loop_session,
+    through_gateway,
+)
+
+MODEL = "claude-haiku-4-5"
+
+
+def _causes(ledgers) -> str:
+    """The causes of the misses of the measured requests, largest first."""
+    total: dict[str, int] = {}
+    for x in ledgers:
+        for cause, n in x.parts().items():
+            if cause not in ("hit", "partial_block") and n:
+                total[cause] = total.get(cause, 0) + n
+    return ", ".join(f"{c} {n:,}" for c, n in sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def _findings(played) -> str:
+    kinds = [f.kind for f in played.diagnosis.findings if f.kind.startswith(("template", "kv"))]
+    return ", ".join(kinds) or "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm", action="append", default=[], help="NAME=URL of a real vLLM")
+    ap.add_argument("--json", action="store_true", help="rows as JSON lines")
+    args = ap.parse_args(argv)
+    real = dict(v.split("=", 1) for v in args.vllm)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+
+        def run(label: str, session, template: str, start: int, end, **kw):
+            url = real.get(template)
+            if url is not None and kw.get("events"):
+                return  # the simulated engine's events only
+            played = through_gateway(
+                session, folder / str(len(rows)), template=template, base_url=url, **kw
+            )
+            new = played.usage[start:end]
+            rows.append(
+                {
+                    "case": label,
+                    "engine": "vLLM" if url else "simulated vLLM",
+                    "hit": round(100 * played.hit_rate(start, end), 1),
+                    "prompt": sum(p for p, _ in new),
+                    "ledger": _causes(played.ledgers[start:end]) or "-",
+                    "source": played.ledgers[-1].source if played.ledgers else "-",
+                    "doctor": _findings(played),
+                }
+            )
+
+        for events in (False, True):
+            ev = " (KV events)" if events else ""
+            run(f"reminder, in-place template{ev}", reminder_session(MODEL), "in_place", 1,
+                None, events=events)  # fmt: skip
+            run(f"reminder, hoisting template, defaults{ev}", reminder_session(MODEL),
+                "hoisting", 1, None, events=events)  # fmt: skip
+            run(f"reminder, hoisting template, system_in_place: false{ev}",
+                reminder_session(MODEL), "hoisting", 1, None, events=events,
+                system_in_place=False)  # fmt: skip
+        for events in (False, True):
+            ev = " (KV events)" if events else ""
+            run(f"new user turn after a thinking loop, Qwen3-like template{ev}",
+                thinking_loop_session(MODEL), "reasoning_last_query", -1, None,
+                events=events)  # fmt: skip
+        run("new user turn after a thinking loop, reasoning always rendered",
+            thinking_loop_session(MODEL), "in_place", -1, None)  # fmt: skip
+        run("new user turn after a thinking loop, Qwen3-like, history_thinking: drop",
+            thinking_loop_session(MODEL), "reasoning_last_query", -1, None,
+            history_thinking="drop")  # fmt: skip
+        kept = through_gateway(thinking_loop_session(MODEL), folder / "k", template="in_place")
+        dropped = through_gateway(
+            thinking_loop_session(MODEL), folder / "d", template="in_place", history_thinking="drop"
+        )
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print("| case | engine | hit (turns measured) | their prompt tokens | the ledger says | "
+          "ledger source | doctor |")  # fmt: skip
+    print("| --- | --- | ---: | ---: | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['case']} | {r['engine']} | {r['hit']}% | {r['prompt']:,} | {r['ledger']} | "
+              f"{r['source']} | {r['doctor']} |")  # fmt: skip
+    k, d = kept.usage[-1][0], dropped.usage[-1][0]
+    print(
+        f"\nreasoning kept in the history: the new user turn's prompt is {k:,} tokens; "
+        f"dropped: {d:,} ({k - d:,} tokens of past reasoning the model no longer sees)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
