@@ -14,7 +14,9 @@ back the usage, the miss ledger and the doctor's findings from the gateway's sto
 The engine is the simulated vLLM (block 32, unlimited KV cache) unless ``--vllm NAME=URL``
 names a real one serving that template (``NAME`` one of hoisting, in_place,
 reasoning_last_query; ``URL`` its ``/v1`` base; started with
-``--chat-template src/prefixgate/data/templates/NAME.jinja``).
+``--chat-template src/prefixgate/data/templates/NAME.jinja`` and
+``--enable-prompt-tokens-details``; its model mapped from the sessions' name to
+``--served-model``); ``--only TEXT`` runs the rows whose case holds TEXT.
 
     python benchmarks/rendering.py [--vllm hoisting=http://127.0.0.1:8000/v1 ...] [--json]
 """
@@ -54,6 +56,8 @@ def _findings(played) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", action="append", default=[], help="NAME=URL of a real vLLM")
+    ap.add_argument("--served-model", default="tiny", help="the real vLLMs' model name")
+    ap.add_argument("--only", default="", help="run only the rows whose case holds this")
     ap.add_argument("--json", action="store_true", help="rows as JSON lines")
     args = ap.parse_args(argv)
     real = dict(v.split("=", 1) for v in args.vllm)
@@ -63,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(label: str, session, template: str, start: int, end, **kw):
             url = real.get(template)
-            if url is not None and kw.get("events"):
+            if (url is not None and kw.get("events")) or args.only not in label:
                 return  # the simulated engine's events only
+            if url is not None:
+                kw["model_map"] = {MODEL: args.served_model}
             played = through_gateway(
                 session, folder / str(len(rows)), template=template, base_url=url, **kw
             )
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = through_gateway(thinking_loop_session(MODEL), folder / "k", template="in_place")
         dropped = through_gateway(
             thinking_loop_session(MODEL), folder / "d", template="in_place", history_thinking="drop"
-        )
+        )  # the sizes on the simulated engine
     if args.json:
         for r in rows:
             print(json.dumps(r))

@@ -17,7 +17,6 @@ learned, or when the upstream has no ``/tokenize``, ``tools_first`` is used, the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -119,19 +118,25 @@ async def learn(channel, transport) -> Rendering | None:
 
     model = channel.upstream_model(channel.models[0]) if channel.models else None
     url = tokenize_url(channel.urls()[0])
-    got: dict[str, list | None] = {}
-    for name, body in _probes().items():
+
+    async def ask(body: dict) -> list | BaseException:
         body = {**body, "messages": tokenize_messages(body["messages"])}
         if model is not None:
             body = {"model": model, **body}
         try:
             doc = await post_for_json(transport, channel, url, msgspec.json.encode(body))
-            tokens = doc["tokens"]
+            return doc["tokens"]
         except Exception as exc:  # noqa: BLE001 - an upstream without /tokenize tells nothing
-            if name.startswith("tools."):
-                _not_learned(channel, f"render order not learned ({exc}); assuming {FALLBACK}")
-                return None
-            tokens = None  # a template that refuses a probe (a later system message, say)
+            return exc
+
+    probes = _probes()
+    answers = await asyncio.gather(*(ask(body) for body in probes.values()))
+    got: dict[str, list | None] = {}
+    for name, tokens in zip(probes, answers, strict=True):
+        if isinstance(tokens, BaseException) and name.startswith("tools."):
+            _not_learned(channel, f"render order not learned ({tokens}); assuming {FALLBACK}")
+            return None
+        # None: a template that refuses a probe (a later system message, say)
         got[name] = tokens if isinstance(tokens, list) else None
     source = "tokenize"
     if order_from_tokens(got["tools.base"], got["tools.system"], got["tools.tool"]) is None:
@@ -159,21 +164,27 @@ def _not_learned(channel, why: str) -> None:
 
 
 async def start(channels, transport, first_wait: float = 2.0) -> asyncio.Task | None:
-    """Learn the rendering of every ``openai`` channel without a configured template: the first round now (waiting at most
-    ``first_wait`` seconds, so the first requests are placed in the learned order), then
-    a task that asks again every few minutes, and sooner while a channel is not learned."""
+    """Learn the rendering of every ``openai`` channel without a configured template: the
+    first round now (waiting at most ``first_wait`` seconds, so the first requests are
+    placed in the learned order; a slower upstream's round goes on, not cancelled, and
+    counts as soon as it ends), then a task that asks again every few minutes, and sooner
+    while a channel is not learned."""
     # a configured render_order says where the tools go, not the rest: asked all the same
     auto = [ch for ch in channels if ch.kind == "openai" and not ch.chat_template]
     if not auto:
         return None
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(
-            asyncio.gather(*(learn(ch, transport) for ch in auto)), timeout=first_wait
-        )
-    return asyncio.get_running_loop().create_task(_again(auto, transport))
+    first = asyncio.ensure_future(asyncio.gather(*(learn(ch, transport) for ch in auto)))
+    await asyncio.wait({first}, timeout=first_wait)
+    return asyncio.get_running_loop().create_task(_again(auto, transport, first))
 
 
-async def _again(auto, transport) -> None:
+async def _again(auto, transport, first: asyncio.Future | None = None) -> None:
+    if first is not None:
+        try:
+            await first
+        except asyncio.CancelledError:
+            first.cancel()
+            raise
     retry = RETRY_S
     while True:
         learned = all(_learned.get((ch.name, ch.base_url)) is not None for ch in auto)
