@@ -18,7 +18,11 @@ reasoning_last_query; ``URL`` its ``/v1`` base; started with
 ``--enable-prompt-tokens-details``; its model mapped from the sessions' name to
 ``--served-model``); ``--only TEXT`` runs the rows whose case holds TEXT.
 
+With ``--claude``, the rows of the real Claude Code CLI (pinned, reminder on, four turns)
+on the in-place and hoisting templates, defaults and ``system_in_place: false``.
+
     python benchmarks/rendering.py [--vllm hoisting=http://127.0.0.1:8000/v1 ...] [--json]
+    python benchmarks/rendering.py --claude [--vllm hoisting=URL --vllm in_place=URL]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from prefixgate.doctor import diagnose
 from prefixgate.traffic.template_sessions import (
     reminder_session,
     thinking_loop_session,
@@ -53,14 +58,76 @@ def _findings(played) -> str:
     return ", ".join(kinds) or "-"
 
 
+def claude_rows(real: dict[str, str], served: str) -> list[dict]:
+    """The real Claude Code CLI (pinned, ``tests/real/harness.py``) with its reminder on,
+    four turns (``-p``, then ``--continue``), through the gateway over the simulated vLLM
+    serving each template, or the real vLLM of ``real`` serving it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.real import harness
+    from tests.real.agents import Claude, stack
+
+    exe = harness.ensure_claude_code(print)
+    env = {
+        "CLAUDE_CODE_TOTAL_TOKENS_REMINDER": "countdown",
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(harness.AGENT_MAX_MODEL_LEN),
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
+    }
+    rows = []
+    cases = [("in_place", {}), ("hoisting", {}), ("hoisting", {"system_in_place": False})]
+    for template, channel in cases:
+        url = real.get(template)
+        where = (
+            {"vllm_url": url.removesuffix("/v1"), "model": served}
+            if url
+            else {"chat_template": template}
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            with stack(folder, channel=channel, **where) as s:
+                cli = Claude(exe, s, folder, **env)
+                for i, prompt in enumerate(
+                    ("say hi", "and once more", "and a third time", "and a last one")
+                ):
+                    cli.run(prompt, resume=i > 0)
+                s.wait_stored()
+            recs = [
+                r
+                for r in s.records("messages")
+                if r.status == 200 and any(x.name == "tools" for x in r.segments_in or ())
+            ]
+            ledgers = s.ledgers(recs)
+            found = [
+                f.kind for f in diagnose(s.dsn).findings if f.kind.startswith(("template", "kv"))
+            ]
+        later = recs[1:]
+        prompt = sum(r.prompt_tokens for r in later)
+        setting = "system_in_place: false" if channel else "defaults"
+        rows.append(
+            {
+                "case": f"Claude Code {harness.CLAUDE_CODE_VERSION}, reminder on, {template} "
+                f"template, {setting}",
+                "engine": "vLLM" if url else "simulated vLLM",
+                "hit": round(100 * sum(r.cached_tokens or 0 for r in later) / prompt, 1),
+                "prompt": prompt,
+                "ledger": _causes(ledgers[1:]) or "-",
+                "source": ledgers[-1].source if ledgers and ledgers[-1] else "-",
+                "doctor": ", ".join(found) or "-",
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", action="append", default=[], help="NAME=URL of a real vLLM")
     ap.add_argument("--served-model", default="tiny", help="the real vLLMs' model name")
     ap.add_argument("--only", default="", help="run only the rows whose case holds this")
+    ap.add_argument("--claude", action="store_true", help="the real Claude Code CLI's rows instead")
     ap.add_argument("--json", action="store_true", help="rows as JSON lines")
     args = ap.parse_args(argv)
     real = dict(v.split("=", 1) for v in args.vllm)
+    if args.claude:
+        return _print(claude_rows(real, args.served_model), args.json)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -110,7 +177,19 @@ def main(argv: list[str] | None = None) -> int:
         dropped = through_gateway(
             thinking_loop_session(MODEL), folder / "d", template="in_place", history_thinking="drop"
         )  # the sizes on the simulated engine
+    _print(rows, args.json)
     if args.json:
+        return 0
+    k, d = kept.usage[-1][0], dropped.usage[-1][0]
+    print(
+        f"\nreasoning kept in the history: the new user turn's prompt is {k:,} tokens; "
+        f"dropped: {d:,} ({k - d:,} tokens of past reasoning the model no longer sees)"
+    )
+    return 0
+
+
+def _print(rows: list[dict], as_json: bool) -> int:
+    if as_json:
         for r in rows:
             print(json.dumps(r))
         return 0
@@ -120,11 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['case']} | {r['engine']} | {r['hit']}% | {r['prompt']:,} | {r['ledger']} | "
               f"{r['source']} | {r['doctor']} |")  # fmt: skip
-    k, d = kept.usage[-1][0], dropped.usage[-1][0]
-    print(
-        f"\nreasoning kept in the history: the new user turn's prompt is {k:,} tokens; "
-        f"dropped: {d:,} ({k - d:,} tokens of past reasoning the model no longer sees)"
-    )
     return 0
 
 
