@@ -96,3 +96,32 @@ def test_an_upstream_that_does_not_tell_is_said_to_be_assumed():
     ch = parse_config({"channels": [{"name": "n", "base_url": "http://127.0.0.1:9/v1"}]})
     got = rendering_of(ch.channels[0])
     assert got.system == "unknown" and got.source.startswith("assumed")
+
+
+def test_relearned_when_the_upstream_serves_another_model():
+    """What was learned of an upstream that now lists other models (restarted with another
+    model, maybe another template) is learned again at the next check."""
+    from prefixgate.upstream import order
+
+    sim = SimSettings(models=("deepseek-like",), chat_template="hoisting")
+    with ServerThread(create_upstream_app(sim)) as up:
+        ch = parse_config({"channels": [{"name": "e", "base_url": up.url + "/v1"}]}).channels[0]
+        key = (ch.name, ch.base_url)
+        order._learned[key] = Rendering("tools_first", "in_place", "kept", "tokenize")
+        order._models[key] = ("qwen-like",)  # what it served when that was learned
+
+        async def check(due: bool):
+            t = Upstream()
+            try:
+                await order._check(ch, t, due)
+            finally:
+                await t.aclose()
+
+        asyncio.run(check(False))
+        assert rendering_of(ch).system == "hoisted" and order._models[key] == ("deepseek-like",)
+        # the same models: nothing asked until the refresh is due
+        order._learned[key] = Rendering("tools_first", "in_place", "kept", "tokenize")
+        asyncio.run(check(False))
+        assert rendering_of(ch).system == "in_place"
+        asyncio.run(check(True))
+        assert rendering_of(ch).system == "hoisted"

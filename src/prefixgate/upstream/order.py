@@ -30,6 +30,7 @@ log = logging.getLogger("prefixgate")
 FALLBACK = "tools_first"
 RETRY_S = 30.0  # after a failed attempt (doubling up to REFRESH_S)
 REFRESH_S = 600.0  # after a learned one (the upstream may have been restarted with another model)
+MODELS_S = 60.0  # how often a learned upstream's /models is checked for another model
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class Learned:
 
 _learned: dict[tuple[str, str], Rendering] = {}  # (channel name, base_url) -> what was learned
 _from_templates: dict[str, Rendering] = {}  # a configured template's path -> its rendering
+_models: dict[tuple[str, str], tuple | None] = {}  # the model ids seen when it was learned
 _told: set[tuple[str, str]] = set()  # channels whose failure was logged (once, not every retry)
 
 
@@ -185,12 +187,50 @@ async def _again(auto, transport, first: asyncio.Future | None = None) -> None:
         except asyncio.CancelledError:
             first.cancel()
             raise
+    await asyncio.gather(*(_note_models(ch, transport) for ch in auto))
     retry = RETRY_S
+    waited = 0.0
     while True:
         learned = all(_learned.get((ch.name, ch.base_url)) is not None for ch in auto)
-        await asyncio.sleep(REFRESH_S if learned else retry)
-        retry = RETRY_S if learned else min(retry * 2, REFRESH_S)
-        await asyncio.gather(*(learn(ch, transport) for ch in auto))
+        if not learned:
+            await asyncio.sleep(retry)
+            retry = min(retry * 2, REFRESH_S)
+            await asyncio.gather(*(learn(ch, transport) for ch in auto))
+            continue
+        retry = RETRY_S
+        await asyncio.sleep(MODELS_S)
+        waited += MODELS_S
+        due = waited >= REFRESH_S
+        waited = 0.0 if due else waited
+        await asyncio.gather(*(_check(ch, transport, due) for ch in auto))
+
+
+async def _model_ids(channel, transport) -> tuple | None:
+    """The ids of the upstream's ``/models`` (None: it did not answer)."""
+    try:
+        doc = await transport.get_json(
+            channel.urls()[0] + "/models", timeouts=channel.timeouts, tls=channel.tls
+        )
+        return tuple(sorted(str(m.get("id")) for m in doc["data"]))
+    except Exception:  # noqa: BLE001 - checked again at the next round
+        return None
+
+
+async def _note_models(channel, transport) -> None:
+    _models[(channel.name, channel.base_url)] = await _model_ids(channel, transport)
+
+
+async def _check(channel, transport, due: bool) -> None:
+    """Learn the channel again when its upstream serves other models now (restarted with
+    another model, so maybe another template), or every ``REFRESH_S``."""
+    key = (channel.name, channel.base_url)
+    ids = await _model_ids(channel, transport)
+    if due or (ids is not None and ids != _models.get(key)):
+        if ids != _models.get(key):
+            log.info("channel %s: the upstream's models changed; its rendering is re-learned",
+                     channel.name)  # fmt: skip
+        await learn(channel, transport)
+        _models[key] = ids
 
 
 def renderings(channels) -> list[dict]:
