@@ -86,6 +86,7 @@ def _gateway(tmp_path, template: str, **channel):
     up = ServerThread(sim)
     up.__enter__()
     ch = {"name": "e", "base_url": up.url + "/v1", **channel}
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = parse_config({"channels": [ch], "store": {"dsn": f"sqlite:///{tmp_path}/s.db"}})
     return sim, up, ServerThread(build_app(cfg))
 
@@ -114,3 +115,18 @@ def test_through_the_gateway(tmp_path, template, channel, moved):
     text = str(sent["body"]["messages"])
     assert ("<system>" in text) is moved and REMINDER.replace("180000", "179999") in text
     assert counted.input_tokens > 0
+
+
+def test_a_template_that_keeps_them_in_place_gets_the_same_bytes(tmp_path):
+    sent = []
+    for setting in ({}, {"system_in_place": False}):
+        sim, up, gw = _gateway(tmp_path / str(len(sent)), "in_place", **setting)
+        try:
+            with gw:
+                client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
+                client.messages.create(model="m", max_tokens=8, messages=conversation(3))
+        finally:
+            up.__exit__(None, None, None)
+        [chat] = sim.chats()
+        sent.append(chat["raw"])
+    assert sent[0] == sent[1]
