@@ -2,7 +2,7 @@
 upstream (or its configured template), not assumed (the facts: :mod:`.rendering`).
 
 A channel's ``render_order`` is ``tools_first``, ``system_first`` or ``auto`` (the
-default). For ``auto`` the gateway asks the upstream's ``POST /tokenize`` (vLLM and
+default). For ``auto`` the gateway asks the upstream's ``POST /tokenize`` (vLLM
 and the simulated upstream) for the probe conversations of :func:`.rendering.probes`:
 where the tools go, whether a later ``role: system`` message stays in place or moves to
 the head, and whether an assistant's reasoning is still rendered once a new user turn
