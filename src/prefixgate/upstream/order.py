@@ -217,7 +217,10 @@ async def _model_ids(channel, transport) -> tuple | None:
 
 
 async def _note_models(channel, transport) -> None:
-    _models[(channel.name, channel.base_url)] = await _model_ids(channel, transport)
+    """The models a learned upstream serves (one that did not tell is not asked)."""
+    key = (channel.name, channel.base_url)
+    if key in _learned:
+        _models[key] = await _model_ids(channel, transport)
 
 
 async def _check(channel, transport, due: bool) -> None:
