@@ -63,7 +63,7 @@ def engines():
             server.stop()
 
 
-def bench_args(servers, out: Path, *, runs: int, output_tokens: int, prefill_tokens: int):
+def bench_args(servers, out: Path, runs: int, output_tokens: int, prefill_tokens: int):
     """The ``prefixgate bench`` command line for the two servers."""
     vllm, sglang = servers
     return [
@@ -108,13 +108,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         out = args.out or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         with engines() as servers:
-            cmd = bench_args(
-                servers,
-                out,
-                runs=args.runs,
-                output_tokens=args.output_tokens,
-                prefill_tokens=args.prefill_tokens,
-            )
+            cmd = bench_args(servers, out, args.runs, args.output_tokens, args.prefill_tokens)
             say("running prefixgate " + " ".join(cmd[1:]))
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         report = (out / "report.md").read_text()

@@ -234,8 +234,8 @@ def test_sglangs_errors_are_the_clients_and_never_the_replicas(sglang, tmp_path)
                 c.messages.create(
                     model="tiny",
                     max_tokens=8,
-                    temperature=-1.0,
                     messages=[{"role": "user", "content": "hi"}],
+                    extra_body={"temperature": -1.0},
                 )
         with openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=120) as c:
             with pytest.raises(openai.BadRequestError) as chat_too_long:

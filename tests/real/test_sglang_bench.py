@@ -17,7 +17,7 @@ from engines import bench_args  # noqa: E402
 
 
 def test_bench_compares_real_vllm_and_real_sglang_in_one_report(vllm, sglang, tmp_path, say):
-    cmd = bench_args((vllm, sglang), tmp_path, runs=1, output_tokens=16, prefill_tokens=800)
+    cmd = bench_args((vllm, sglang), tmp_path, 1, 16, 800)
     subprocess.run(cmd, check=True, timeout=1200, capture_output=True)
     doc = json.loads((tmp_path / "results.json").read_text())
     report = (tmp_path / "report.md").read_text()

@@ -18,10 +18,19 @@ from tests.real.test_opencode import _session as opencode_session
 PAGE = 32
 
 
-def test_claude_code_two_turns_on_sglang(claude_exe, sglang_agent, tmp_path):
+def _report(say, name: str, turns) -> None:
+    one, two = turns.records
+    say(
+        f"{name} on SGLang: turn 1 {one.prompt_tokens:,}, turn 2 {two.prompt_tokens:,}, "
+        f"cached {two.cached_tokens or 0:,}, hit {turns.hit_rate:.1%}"
+    )
+
+
+def test_claude_code_two_turns_on_sglang(claude_exe, sglang_agent, tmp_path, say):
     window = str(harness.AGENT_MAX_MODEL_LEN)
     env = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": window, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}
     turns = converse(lambda s: Claude(claude_exe, s, tmp_path, **env), tmp_path, sglang_agent)
+    _report(say, "Claude Code", turns)
     session = turns.first["session_id"]
     assert turns.second["session_id"] == session
     # SGLang does not drop the billing header itself: the gateway's strip keeps it out
@@ -34,16 +43,18 @@ def test_claude_code_two_turns_on_sglang(claude_exe, sglang_agent, tmp_path):
     assert turns.hit_rate > 0.9
 
 
-def test_codex_two_turns_on_sglang(codex_exe, sglang_agent, tmp_path):
+def test_codex_two_turns_on_sglang(codex_exe, sglang_agent, tmp_path, say):
     turns = converse(lambda s: Codex(codex_exe, s, tmp_path), tmp_path, sglang_agent)
+    _report(say, "Codex CLI", turns)
     check_stable_prefix(turns, volatile=(codex_session(turns), "turn_id"), block=PAGE, slack=1)
     assert turns.records[0].prompt_tokens > 5_000
     check_codex_usage(turns)
     assert turns.hit_rate > 0.9
 
 
-def test_opencode_two_turns_on_sglang(opencode_exe, sglang_agent, tmp_path):
+def test_opencode_two_turns_on_sglang(opencode_exe, sglang_agent, tmp_path, say):
     turns = converse(lambda s: Opencode(opencode_exe, s, tmp_path), tmp_path, sglang_agent)
+    _report(say, "opencode", turns)
     check_stable_prefix(turns, volatile=(opencode_session(turns),), block=PAGE, slack=1)
     assert turns.records[0].prompt_tokens > 5_000
     check_opencode_usage(turns)
