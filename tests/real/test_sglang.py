@@ -65,10 +65,13 @@ def tokenize(server, messages: list[dict]) -> list[int]:
 @contextlib.contextmanager
 def gateway(server, tmp_path: Path, **channel) -> Iterator[tuple[str, str, object]]:
     """The gateway (``build_app``, a SQLite store) in front of ``server``; yields
-    ``(url, dsn, app)``. The store is complete once the block exits."""
+    ``(url, dsn, app)``. The store is complete once the block exits. No load shedding:
+    on the shared two cores, a 70k-token body can make the loop run late enough to shed
+    the next request, and these tests are about SGLang's answers."""
     dsn = f"sqlite:///{tmp_path / 'store.db'}"
     config = parse_config(
         {
+            "server": {"shed_loop_lag": None},
             "channels": [
                 {
                     "name": "real-sglang",
