@@ -87,9 +87,18 @@ def bench_args(servers, out: Path, runs: int, output_tokens: int, prefill_tokens
     ]
 
 
+def summary(report: str) -> str:
+    """The report's head and its two summary tables (the per-scenario tables stay in the
+    output folder), its headings moved under the doc's section."""
+    head, *sections = report.split("\n## ")
+    kept = [head] + [x for x in sections if x.startswith(("Throughput", "Latency"))]
+    text = "\n### ".join(kept).strip()
+    return text.replace("# prefixgate bench", "### prefixgate bench", 1)
+
+
 def write_doc(report: str) -> None:
     text = DOC.read_text()
-    block = f"{BEGIN}\n{report.strip()}\n{END}"
+    block = f"{BEGIN}\n{summary(report)}\n{END}"
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{DOC} has no {BEGIN} … {END} block")
     DOC.write_text(

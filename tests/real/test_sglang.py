@@ -210,6 +210,29 @@ def test_sglangs_usage_in_each_clients_semantics(sglang, tmp_path, api, stream):
         assert again["reasoning"] == 0  # no reasoning parser: SGLang says 0
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["once", "stream"])
+def test_sglangs_matched_stop_is_anthropics_stop_sequence(sglang, tmp_path, stream):
+    """SGLang names the stop string it ended at ``matched_stop`` (vLLM: ``stop_reason``):
+    an Anthropic client gets ``stop_reason: "stop_sequence"`` and the string."""
+    question = f"{secrets.token_hex(4)} Name three modules."
+    body = {
+        "model": "tiny",
+        "max_tokens": 200,
+        "stop_sequences": ["e"],  # the tiny model's random text has one soon
+        "messages": [{"role": "user", "content": question}],
+    }
+    ended = direct(sglang, body["messages"], max_tokens=200, stop=["e"])["choices"][0]
+    assert (ended["finish_reason"], ended["matched_stop"]) == ("stop", "e")
+    with gateway(sglang, tmp_path) as (url, _dsn, _app):
+        with anthropic.Anthropic(base_url=url, api_key="k", max_retries=0, timeout=120) as c:
+            if stream:
+                with c.messages.stream(**body) as s:
+                    msg = s.get_final_message()
+            else:
+                msg = c.messages.create(**body)
+    assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", "e")
+
+
 # -- 3. errors: the client's, in its protocol, never the replica's -----------------------
 
 
