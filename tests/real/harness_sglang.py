@@ -90,6 +90,7 @@ with plain PyTorch and never calls them. Any call fails loudly: it prints
 NotImplementedError naming the function.
 """
 
+import sys
 
 
 def __getattr__(name):
@@ -197,9 +198,7 @@ def ensure_sglang(say: Say) -> Path:
             timeout=3000,
         )
         _patch_torchvision(python)
-        standin = venv / "sgl-kernel-standin" / "sgl_kernel"
-        standin.mkdir(parents=True, exist_ok=True)
-        (standin / "__init__.py").write_text(_SGL_KERNEL_STANDIN)
+        _write_standin(venv)
         _run_logged(
             [str(python), "-c", "import sglang.srt.entrypoints.http_server"],
             log,
@@ -208,6 +207,15 @@ def ensure_sglang(say: Say) -> Path:
         )
 
     return venv_once("sglang", SGLANG_VERSION, "sglang", say, install)
+
+
+def _write_standin(venv: Path) -> None:
+    """The stand-in ``sgl_kernel`` in the venv's ``sgl-kernel-standin/`` (rewritten when
+    this file's version of it differs, so a fix reaches an installed venv)."""
+    init = venv / "sgl-kernel-standin" / "sgl_kernel" / "__init__.py"
+    if not init.exists() or init.read_text() != _SGL_KERNEL_STANDIN:
+        init.parent.mkdir(parents=True, exist_ok=True)
+        init.write_text(_SGL_KERNEL_STANDIN)
 
 
 def _sglang_env(venv: Path) -> dict[str, str]:
@@ -252,7 +260,9 @@ class SglangServer(VllmServer):
         return "" if self.cache_report else " (no cache report)"
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, **_sglang_env(self.python.parent.parent)}
+        venv = self.python.parent.parent
+        _write_standin(venv)
+        return {**os.environ, **_sglang_env(venv)}
 
     def command(self) -> list[str]:
         return [
