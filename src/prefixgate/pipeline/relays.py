@@ -26,7 +26,10 @@ from starlette.responses import Response
 
 from prefixgate.convert.response import openai_to_anthropic
 from prefixgate.convert.stream import AnthropicStream
+from prefixgate.diagnostics.request import message_id
+from prefixgate.diagnostics.verdict import EXTENSION, anthropic_diagnostics
 from prefixgate.errors import GatewayError, UpstreamError
+from prefixgate.pipeline.diagnose import extension_head, extension_tail
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.pipeline.splice import GRACE, Splice
 from prefixgate.protocol import anthropic as anthropic_proto
@@ -84,6 +87,10 @@ def messages_once(x: Exchange) -> Response:
         )
     except GatewayError as e:
         return x.fail(e)
+    msg["id"] = message_id(rec.request_id)
+    if x.verdict is not None:
+        msg["diagnostics"] = anthropic_diagnostics(x.verdict)
+        msg[EXTENSION] = extension_tail(x, usage)
     rec.status = 200
     _reported(rec, msg["usage"])
     return Answer(_encode(msg), x, usage)
@@ -96,6 +103,10 @@ def messages_stream(x: Exchange) -> Stream:
         stop_sequences=body.get("stop_sequences"),
         exclude_cache=ch.anthropic_messages_exclude_cache,
     )
+    conv.message_id = message_id(rec.request_id)
+    if x.verdict is not None:
+        conv.head = {"diagnostics": anthropic_diagnostics(x.verdict), EXTENSION: extension_head(x)}
+        conv.tail = lambda u: {EXTENSION: extension_tail(x, u)}
     exclude = ch.anthropic_messages_exclude_cache
     return Stream(Converted(x, conv, lambda u: _reported(rec, u.to_anthropic(exclude))))
 
