@@ -186,3 +186,29 @@ def test_a_malformed_field_is_the_clients_error(gateway):
     assert exc.value.status_code == 400
     assert "diagnostics.previous_message_id" in str(exc.value)
     assert not gw.upstream.requests
+
+
+def test_the_stream_says_the_structure_first_and_the_engine_at_the_end(gateway):
+    gw = gateway()
+    client = _client(gw)
+    first = _ask(client, None)
+    events = list(
+        client.messages.create(
+            model="m",
+            max_tokens=32,
+            system=SYSTEM[:0] + [{"type": "text", "text": "Another agent."}],
+            tools=TOOLS,
+            messages=_next_turn(first),
+            diagnostics={"previous_message_id": first.id},
+            stream=True,
+        )
+    )
+    start, delta = events[0], next(e for e in events if e.type == "message_delta")
+    assert start.type == "message_start"
+    reason = start.message.diagnostics.cache_miss_reason
+    assert isinstance(reason, CacheMissSystemChanged)
+    head = getattr(start.message, EXTENSION)
+    assert head["changed"]["segment"] == "system[0]" and "engine" not in head
+    tail = getattr(delta, EXTENSION)
+    assert tail["engine"] == {"prompt_tokens": 100, "cached_tokens": 0, "missed_tokens": 100}
+    assert tail["answer"] == "system_changed"

@@ -12,6 +12,7 @@ found is asked again for up to ``patience`` seconds before it is called not foun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -68,9 +69,17 @@ class Fingerprints:
         deadline = loop.time() + self.patience
         wait = 0.05
         while True:
-            rec = await asyncio.to_thread(self._get, rid)
-            if rec is not None or loop.time() + wait > deadline:
-                return (rec, "store") if rec is not None else (None, None)
+            failed = False
+            try:
+                rec = await asyncio.to_thread(self._get, rid)
+            except LookupFailed:  # down, or not yet migrated by its writer: asked again
+                rec, failed = None, True
+            if rec is not None:
+                return rec, "store"
+            if loop.time() + wait > deadline:
+                if failed:
+                    raise LookupFailed(rid)
+                return None, None
             await asyncio.sleep(wait)
             wait = min(wait * 2, 0.4)
 
@@ -79,10 +88,13 @@ class Fingerprints:
             if self._store is None:
                 self._store = self._factory()
             return self._store.get_record(rid)
-        except Exception as exc:  # a store that is down: the answer is "unavailable" later
+        except Exception as exc:
             log.warning("diagnostics: cannot read the store: %s", exc)
-            self._store = None
-            raise LookupFailed from exc
+            store, self._store = self._store, None
+            if store is not None:
+                with contextlib.suppress(Exception):
+                    store.close()
+            raise LookupFailed(rid) from exc
 
     def close(self) -> None:
         if self._store is not None:

@@ -134,7 +134,9 @@ def _named(x: Exchange) -> dict:
     the client asked, the diagnostics and the options echoed."""
     out: dict = {"id": response_id(x.record.request_id)}
     if x.verdict is not None:
-        out["prompt_cache_diagnostics"] = openai_diagnostics(x.verdict)
+        # null on a first turn (nothing named to compare with), as when nothing is asked
+        first = x.ask.previous is None
+        out["prompt_cache_diagnostics"] = None if first else openai_diagnostics(x.verdict)
         out["prompt_cache_options"] = echoed_options(x.ask.options)
     return out
 
