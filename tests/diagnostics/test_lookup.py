@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import anthropic
 import openai
-import pytest
 from anthropic.types import CacheMissSystemChanged
 
 from prefixgate.config import parse_config
@@ -14,7 +13,6 @@ from prefixgate.diagnostics.verdict import EXTENSION
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from tests.conftest import pg_schema_dsn
 from tests.serve.served import Served
 
 SYSTEM = "You are a careful coding agent. " * 40
@@ -43,14 +41,8 @@ def _turns(url: str, i: int) -> tuple[anthropic.types.Message, anthropic.types.M
     return first, second
 
 
-@pytest.mark.parametrize(
-    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-def test_a_turn_served_by_the_other_worker_is_found(upstream, tmp_path, backend, request):
-    if backend == "sqlite":
-        dsn = f"sqlite:///{tmp_path / 'r.db'}"
-    else:
-        dsn = pg_schema_dsn(request.getfixturevalue("pg_database"))
+def test_a_turn_served_by_the_other_worker_is_found(upstream, tmp_path, store_dsn):
+    dsn = store_dsn
     config = {
         "embedded_upstream": False,
         "channels": [{"name": "main", "base_url": upstream.url}],
