@@ -113,6 +113,12 @@ class Gateway:
     async def responses(self, request: Request) -> Response:
         return await pipeline.run(pipeline.Exchange(self, request, pipeline.RESPONSES))
 
+    async def diagnosis(self, request: Request) -> Response:
+        """``GET /v1/diagnostics/{id}``: an earlier answer's diagnosis and miss ledger."""
+        from prefixgate.diagnostics.route import diagnosis
+
+        return await diagnosis(self, request)
+
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens as the first channel that would serve it renders it, after
         that channel's hygiene steps. No record (nothing is sent upstream)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+import httpx
 import openai
 import pytest
 from openai.types.responses.response import (
@@ -180,3 +181,49 @@ def test_a_malformed_option_is_the_clients_error(gateway):
         )
     assert exc.value.status_code == 400
     assert not gw.upstream.requests
+
+
+def test_chat_completions_offer_the_extension_on_request(gateway):
+    gw = gateway()
+    client = _client(gw)
+    messages = [{"role": "system", "content": INSTRUCTIONS}, *FIRST]
+    first = client.chat.completions.with_raw_response.create(
+        model="m", messages=messages, extra_headers={"x-prefixgate-diagnostics": "first"}
+    )
+    rid = first.headers["x-request-id"]
+    assert getattr(first.parse(), EXTENSION)["answer"] == "none"
+    changed = [{"role": "system", "content": "Today is Tuesday. " + INSTRUCTIONS}, *FIRST]
+    stream = client.chat.completions.create(
+        model="m",
+        messages=changed,
+        stream=True,
+        extra_headers={"x-prefixgate-diagnostics": rid},
+    )
+    chunks = list(stream)
+    ext = getattr(chunks[-1], EXTENSION)
+    assert chunks[-1].choices == []
+    assert ext["answer"] == "input_changed"
+    assert ext["changed"]["segment"] == "messages[0]:system"
+    assert ext["engine"]["prompt_tokens"] == 100
+    # without the header, nothing is added
+    plain = client.chat.completions.create(model="m", messages=changed)
+    assert not hasattr(plain, EXTENSION)
+
+
+def test_an_answer_is_looked_up_after_it_ended(gateway):
+    keys = [
+        {"name": n, "key_sha256": hashlib.sha256(k.encode()).hexdigest(), "owner": o}
+        for n, k, o in (("a", "key-a", "team-a"), ("b", "key-b", "team-b"))
+    ]
+    gw = gateway(keys=keys)
+    first = _ask(_client(gw, "key-a"), None)
+    second = _ask(_client(gw, "key-a"), first.id, tools=TOOLS[1:])
+    got = httpx.get(gw.url + f"/v1/diagnostics/{second.id}", headers={"x-api-key": "key-a"})
+    assert got.status_code == 200
+    body = got.json()
+    assert body["diagnosis"]["answer"] == "tools_changed"
+    assert body["diagnosis"]["previous"] == first.id.removeprefix("resp_")
+    assert body["engine"]["prompt_tokens"] == 100
+    theirs = httpx.get(gw.url + f"/v1/diagnostics/{second.id}", headers={"x-api-key": "key-b"})
+    assert theirs.status_code == 404
+    assert theirs.json()["error"]["type"] == "not_found_error"

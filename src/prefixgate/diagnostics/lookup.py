@@ -18,12 +18,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from prefixgate.diagnostics.request import request_id_of
+from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Record
 from prefixgate.store.base import Store
 
 log = logging.getLogger("prefixgate.diagnostics")
 
 MAX_SEGMENTS = 400_000  # segments held in memory (a Segment is ~100 bytes)
+MAX_LEDGERS = 10_000
 
 
 class Fingerprints:
@@ -42,6 +44,41 @@ class Fingerprints:
         self._factory = store
         self._store: Store | None = None
         self.patience = patience
+        self._ledgers: OrderedDict[str, Ledger] = OrderedDict()
+
+    def ledger_then(self, rec: Record, then: Callable[[Ledger | None], None] | None):
+        """The ledger worker's callback for a request that asked for diagnostics: its
+        ledger kept (bounded) for ``GET /v1/diagnostics/{id}``, then ``then``'s."""
+
+        def done(ledger: Ledger | None) -> None:
+            if ledger is not None:
+                self._ledgers[rec.request_id] = ledger
+                while len(self._ledgers) > MAX_LEDGERS:
+                    self._ledgers.popitem(last=False)
+            if then is not None:
+                then(ledger)
+
+        return done
+
+    def ledger(self, request_id: str) -> Ledger | None:
+        """A request's ledger computed by this worker, or None."""
+        return self._ledgers.get(request_id)
+
+    async def stored_ledger(self, request_id: str) -> Ledger | None:
+        """A request's ledger from the store (another worker's), or None."""
+        if self._factory is None:
+            return None
+
+        def get() -> Ledger | None:
+            try:
+                if self._store is None:
+                    self._store = self._factory()
+                return self._store.get_ledger(request_id)
+            except Exception as exc:
+                log.warning("diagnostics: cannot read the store: %s", exc)
+                return None
+
+        return await asyncio.to_thread(get)
 
     def keep(self, rec: Record) -> None:
         """Hold ``rec`` (its segments captured) for the requests that will name it."""

@@ -188,6 +188,8 @@ class Exchange:
             if gw.telemetry is not None:
                 span = gw.telemetry.exporter_of(rec, self.request.headers.get("traceparent"))
             blocks = self.target.blocks if self.target is not None else None
+            if rec.diagnosis is not None:  # its ledger is kept for GET /v1/diagnostics/{id}
+                span = gw.fingerprints.ledger_then(rec, span)
             gw.ledger.feed(rec, self.out, span, blocks=blocks)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")

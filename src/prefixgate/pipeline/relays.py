@@ -165,8 +165,11 @@ def chat_once(x: Exchange) -> Response:
         return x.fail(err)
     if "model" in obj:
         obj["model"] = x.body["model"]
+    usage = Usage.from_openai(obj.get("usage"))
+    if x.verdict is not None:
+        obj[EXTENSION] = extension_tail(x, usage)
     rec.status = 200
-    return Answer(_encode(obj), x, Usage.from_openai(obj.get("usage")))
+    return Answer(_encode(obj), x, usage)
 
 
 def chat_stream(x: Exchange) -> Stream:
@@ -342,8 +345,19 @@ class ChatRelay(Relay):
     def end(self) -> bytes:
         if not self.done:
             raise UpstreamError("upstream stream ended before it finished")
+        x = self.x
+        if x.verdict is not None:  # the client asked (x-prefixgate-diagnostics): one more chunk
+            chunk = {
+                "id": "chatcmpl-" + self.rec.request_id,
+                "object": "chat.completion.chunk",
+                "created": int(self.rec.received_at),
+                "model": self.public,
+                "choices": [],
+                EXTENSION: extension_tail(x, self._usage),
+            }
+            self.held += (b"data: ", _encode(chunk), b"\n\n")
         self.rec.status = 200
-        self.x.finish(self._usage)
+        x.finish(self._usage)
         return self._take() + b"data: [DONE]\n\n"
 
     def error_bytes(self, err: GatewayError) -> bytes:

@@ -145,6 +145,7 @@ def create_app(
         Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/responses", gateway.responses, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),
