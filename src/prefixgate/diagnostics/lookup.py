@@ -68,17 +68,10 @@ class Fingerprints:
         """A request's ledger from the store (another worker's), or None."""
         if self._factory is None:
             return None
-
-        def get() -> Ledger | None:
-            try:
-                if self._store is None:
-                    self._store = self._factory()
-                return self._store.get_ledger(request_id)
-            except Exception as exc:
-                log.warning("diagnostics: cannot read the store: %s", exc)
-                return None
-
-        return await asyncio.to_thread(get)
+        try:
+            return await asyncio.to_thread(self._read, "get_ledger", request_id)
+        except LookupFailed:
+            return None
 
     def keep(self, rec: Record) -> None:
         """Hold ``rec`` (its segments captured) for the requests that will name it."""
@@ -108,7 +101,7 @@ class Fingerprints:
         while True:
             failed = False
             try:
-                rec = await asyncio.to_thread(self._get, rid)
+                rec = await asyncio.to_thread(self._read, "get_record", rid)
             except LookupFailed:  # down, or not yet migrated by its writer: asked again
                 rec, failed = None, True
             if rec is not None:
@@ -120,11 +113,13 @@ class Fingerprints:
             await asyncio.sleep(wait)
             wait = min(wait * 2, 0.4)
 
-    def _get(self, rid: str) -> Record | None:
+    def _read(self, method: str, rid: str):
+        """``store.<method>(rid)`` (in a thread); a failure closes the store, to be opened
+        again next time, and raises :class:`LookupFailed`."""
         try:
             if self._store is None:
                 self._store = self._factory()
-            return self._store.get_record(rid)
+            return getattr(self._store, method)(rid)
         except Exception as exc:
             log.warning("diagnostics: cannot read the store: %s", exc)
             store, self._store = self._store, None
