@@ -36,7 +36,7 @@ class Fingerprints:
         store: Callable[[], Store] | None = None,
         *,
         max_segments: int = MAX_SEGMENTS,
-        patience: float = 1.5,
+        patience: float = 3.0,
     ) -> None:
         self._recent: OrderedDict[str, Record] = OrderedDict()
         self._segments = 0

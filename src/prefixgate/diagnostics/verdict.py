@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from prefixgate.diagnostics.compare import Divergence, diverge, engine_order, total_tokens
+from prefixgate.diagnostics.compare import Divergence, diverge, engine_order, tokens
 from prefixgate.record.model import Record
 
 EXTENSION = "prefixgate_diagnostics"  # the key of the extension on every answer
@@ -84,14 +84,18 @@ def judge(
         return Verdict(UNAVAILABLE, found_in=found_in)
     before = engine_order(prev.segments_in, tools_first=tools_first)
     now = engine_order(cur.segments_in, tools_first=tools_first)
-    estimate = total_tokens(before)
     real = prev.prompt_tokens
-    scale = real / estimate if real and estimate else 1.0
+    estimate = None
 
-    def tokens(n: int) -> int:
-        return round(n * scale)
+    def scaled(n: int) -> int:
+        nonlocal estimate
+        if not real:
+            return n
+        if estimate is None:
+            estimate = tokens(before)
+        return round(n * real / estimate) if estimate else n
 
-    whole = tokens(estimate)
+    whole = real if real else tokens(before)
     if prev.requested_model != cur.requested_model:
         return Verdict("model_changed", whole, 0, found_in=found_in)
     prev_params = prev.diagnosis.params if prev.diagnosis is not None else {}
@@ -107,7 +111,7 @@ def judge(
     def verdict(answer: str) -> Verdict:
         assert at is not None
         return Verdict(
-            answer, tokens(at.missed_tokens), tokens(at.prefix_tokens), at, upstream, found_in
+            answer, scaled(at.missed_tokens), scaled(at.prefix_tokens), at, upstream, found_in
         )
 
     if api == "anthropic":

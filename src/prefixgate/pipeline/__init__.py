@@ -51,7 +51,7 @@ MESSAGES_STEPS = (
     queue,
     budget,
     plan,
-    Failover(hygiene, convert_messages, capture, diagnose, send),
+    Failover(hygiene, convert_messages, capture, send, diagnose),
     relay_messages,
 )
 
@@ -63,7 +63,7 @@ CHAT_STEPS = (
     queue,
     budget,
     plan,
-    Failover(convert_chat, capture, diagnose, send),
+    Failover(convert_chat, capture, send, diagnose),
     relay_chat,
 )
 
@@ -75,7 +75,7 @@ RESPONSES_STEPS = (
     queue,
     budget,
     plan,
-    Failover(convert_responses, capture, diagnose, send),
+    Failover(convert_responses, capture, send, diagnose),
     relay_responses,
 )
 

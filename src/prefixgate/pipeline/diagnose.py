@@ -1,15 +1,19 @@
 """The ``diagnose`` step and what the relays add to an answer when the client asked why
 its cache missed (``diagnostics/``; ``docs/diagnostics.md``).
 
-The step runs inside the failover loop after the capture (it needs the request's
-segments, computed then rather than on the loop's next turn) and before the send: it
-looks the earlier request up (memory, else the store), compares, and leaves the
+The earlier request is looked up (memory, else the store) from the moment the request is
+decoded (:func:`look_up`). The step runs inside the failover loop after the send, once
+the upstream has begun to answer (the request's segments were computed meanwhile, while
+the upstream worked), and before the relay writes the answer's first byte: it compares
+and leaves the
 :class:`~prefixgate.diagnostics.verdict.Verdict` on the exchange; the relay puts the
 standard object and the extension's structural part at the start of the answer, and the
 engine's figures at its end. A request that did not ask costs one attribute test.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from prefixgate.diagnostics import verdict as vd
 from prefixgate.diagnostics.lookup import LookupFailed
@@ -22,9 +26,24 @@ from prefixgate.usage import Usage
 _API = {"messages": "anthropic", "responses": "responses", "chat": "chat"}
 
 
+def look_up(x: Exchange) -> None:
+    """Start looking the earlier request up as soon as the request is decoded (a store
+    read, when another worker served it, overlaps the rest of the request's way)."""
+    ask = x.ask
+    if ask is not None and ask.previous is not None and x.prev is None:
+        x.prev = asyncio.ensure_future(_find(x.gateway.fingerprints, ask.previous))
+
+
+async def _find(fingerprints, previous: str) -> tuple[tuple, bool]:
+    try:
+        return await fingerprints.find(previous), False
+    except LookupFailed:
+        return (None, None), True
+
+
 async def diagnose(x: Exchange) -> None:
-    """Compare the request with the earlier one its client named, once its segments are
-    known; keep it for the next."""
+    """Compare the request with the earlier one its client named (its segments are known
+    by now: the capture ran while the upstream worked); keep it for the next."""
     ask = x.ask
     if ask is None:
         return
@@ -38,17 +57,7 @@ async def diagnose(x: Exchange) -> None:
         gw.capture_now(rec.request_id)
     if rec.segments_in is None:  # no capture configured: segments for this comparison only
         gw.diagnostics_capture(rec, x.body, x.out, ch, x.principal, x.raw, x.data)
-    fingerprints = gw.fingerprints
-    if x.prev is None:
-        found: tuple = (None, None)
-        failed = False
-        if ask.previous is not None:
-            try:
-                found = await fingerprints.find(ask.previous)
-            except LookupFailed:
-                failed = True
-        x.prev = (found, failed)
-    (prev, where), failed = x.prev
+    (prev, where), failed = await x.prev if x.prev is not None else ((None, None), False)
     if ask.previous is None:
         verdict = vd.Verdict(vd.NONE)
     elif failed:
@@ -72,7 +81,7 @@ async def diagnose(x: Exchange) -> None:
         segment=at.segment if at is not None else None,
         found_in=where,
     )
-    fingerprints.keep(rec)
+    gw.fingerprints.keep(rec)
 
 
 def extension_head(x: Exchange) -> dict:

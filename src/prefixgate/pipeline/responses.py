@@ -27,7 +27,7 @@ from prefixgate.diagnostics.request import (
 from prefixgate.diagnostics.verdict import EXTENSION, openai_diagnostics
 from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.identify import session_of_responses
-from prefixgate.pipeline.diagnose import extension_head, extension_tail
+from prefixgate.pipeline.diagnose import extension_head, extension_tail, look_up
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.pipeline.relays import Answer, Converted, Stream, _reported, passthrough
 from prefixgate.pipeline.steps import _decoded
@@ -48,6 +48,7 @@ async def decode_responses(x: Exchange) -> None:
         x.ask = responses_ask(typed.prompt_cache_options)
         if x.ask is not None:
             x.params = responses_params(typed)
+            look_up(x)
 
 
 def upstream_chat_of_responses(x: Exchange, ch) -> dict:

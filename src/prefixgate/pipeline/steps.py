@@ -23,6 +23,7 @@ from prefixgate.errors import (
     UpstreamError,
 )
 from prefixgate.identify import session_of_chat, session_of_messages
+from prefixgate.pipeline.diagnose import look_up
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.messages_body import decode_messages_body
@@ -75,6 +76,7 @@ async def decode_messages(x: Exchange) -> None:
     if typed.diagnostics is not None:
         x.ask = anthropic_ask(typed.diagnostics)
         x.params = anthropic_params(typed)
+        look_up(x)
 
 
 async def decode_chat(x: Exchange) -> None:
@@ -84,6 +86,7 @@ async def decode_chat(x: Exchange) -> None:
     openai_proto.check_chat_request(body, limits)
     _decoded(x, body, session_of_chat)
     x.ask = chat_ask(x.request.headers)
+    look_up(x)
 
 
 async def admit(x: Exchange) -> None:
