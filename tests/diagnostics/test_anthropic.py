@@ -212,3 +212,29 @@ def test_the_stream_says_the_structure_first_and_the_engine_at_the_end(gateway):
     tail = getattr(delta, EXTENSION)
     assert tail["engine"] == {"prompt_tokens": 100, "cached_tokens": 0, "missed_tokens": 100}
     assert tail["answer"] == "system_changed"
+
+
+def test_the_beta_surface_with_its_header_gets_the_same_answer(gateway):
+    gw = gateway()
+    client = _client(gw)
+    body = {"model": "m", "max_tokens": 16, "system": SYSTEM, "messages": FIRST}
+    first = client.beta.messages.create(
+        **body, diagnostics={"previous_message_id": None}, betas=["cache-diagnosis-2026-04-07"]
+    )
+    second = client.beta.messages.create(
+        **{**body, "model": "other"},
+        diagnostics={"previous_message_id": first.id},
+        betas=["cache-diagnosis-2026-04-07"],
+    )
+    assert first.diagnostics is None
+    assert second.diagnostics.cache_miss_reason.type == "model_changed"
+    assert gw.upstream.headers[-1].get("anthropic-beta") is None  # an openai channel
+
+
+def test_an_anthropic_channel_is_not_sent_the_field(gateway, upstream):
+    # the upstream speaks Anthropic's protocol and answers with its own ids: the field is
+    # neither forwarded nor answered here
+    gw = gateway(channel={"kind": "anthropic", "base_url": upstream.url.removesuffix("/v1")})
+    msg = _ask(_client(gw), None)
+    assert msg.diagnostics is None and not hasattr(msg, EXTENSION)
+    assert upstream.requests and "diagnostics" not in upstream.requests[-1]
