@@ -74,8 +74,9 @@ def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None
         system = session_prompt(nonce, 0)
         turn1 = [{"role": "user", "content": "Step 0: read part_0.py and name the function."}]
         _, first = ask(system, turn1, None)
-        for k in range(1, 4):  # other sessions fill the 48 blocks: the first is evicted
-            ask(session_prompt(nonce, k), [{"role": "user", "content": f"Step {k}: go on."}])
+        for k in range(1, 5):  # other sessions (nothing shared) take the 48 blocks
+            other = f"Session {k} of run {nonce} works alone on module {k}, file {k}. " * 40
+            ask(other, [{"role": "user", "content": f"Step {k}: go on."}])
         turn2 = [
             *turn1,
             {"role": "assistant", "content": first.content[0].text or "ok"},
@@ -85,7 +86,7 @@ def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None
         settled(app.state.gateway)
         ledger_worker, writer = app.state.ledger, app.state.gateway.recorder
         deadline = time.monotonic() + 120
-        while ledger_worker.written < 5 or writer.stats().written < 5:
+        while ledger_worker.written < 6 or writer.stats().written < 6:
             assert time.monotonic() < deadline, (ledger_worker.computed, writer.stats())
             time.sleep(0.05)
         looked_up = http.get(f"{srv.url}/v1/diagnostics/{second.id}").json()
