@@ -188,6 +188,9 @@ def extension(v: Verdict, rec: Record, compared_with: str | None) -> dict:
             "prefix_tokens": v.reusable,
             "missed_tokens": v.missed,
         }
+        if v.upstream is None and rec.segments_out:
+            # the client's request changed, the prompt sent upstream did not (hygiene)
+            out["changed"]["reached_engine"] = False
         change = rec.change
         if change is not None and change.segment == v.at.segment:
             out["changed"]["class"] = change.cls
