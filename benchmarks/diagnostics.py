@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -184,7 +185,7 @@ def end_to_end(earlier: dict, now: dict, n: int) -> dict:
     }
 
 
-def instructions(earlier: dict, now: dict, n: int) -> dict:
+def instructions(earlier: dict, now: dict, n: int, keep: Path | None = None) -> dict:
     out = {}
     for which in ("without", "with"):
         work = Path(tempfile.mkdtemp(prefix="prefixgate-diag-instr-"))
@@ -202,6 +203,9 @@ def instructions(earlier: dict, now: dict, n: int) -> dict:
                 subprocess.run([*toggle, "off", str(gateway.pid)], capture_output=True, check=True)
         finally:
             _stop(upstream, gateway, log)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(work / "callgrind.out", keep / f"callgrind.{which}")
         m = re.search(r"Collected : (\d+)", (work / "gateway.log").read_text())
         if m is None:
             raise SystemExit(
@@ -216,6 +220,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=200, help="requests per variant")
     ap.add_argument("--instructions", action="store_true", help="also count under callgrind")
+    ap.add_argument(
+        "--keep", type=Path, help="keep each variant's callgrind.out here (callgrind_annotate)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     earlier, now = bodies()
@@ -226,7 +233,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
     }
     if args.instructions:
-        result["instructions"] = instructions(earlier, now, max(args.n // 10, 10))
+        result["instructions"] = instructions(earlier, now, max(args.n // 10, 10), args.keep)
     if args.json:
         print(json.dumps(result, indent=2))
         return
