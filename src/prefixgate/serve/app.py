@@ -129,6 +129,7 @@ def create_app(
                 await close()
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
+            await asyncio.to_thread(gateway.fingerprints.close)  # its store connection
             gateway.metrics.loop.stop()
             if gateway.admission.shed is not None:
                 gateway.admission.shed.stop()
