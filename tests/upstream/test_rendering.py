@@ -5,6 +5,7 @@ configured template, and shown on /healthz."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -64,6 +65,8 @@ def test_learned_from_tokenize_and_read_from_the_configured_template_alike(name)
         learned = asyncio.run(_learn(ch))
     assert (learned.tools, learned.system, learned.reasoning) == EXPECTED[name]
     assert learned.source == "tokenize" and rendering_of(ch) == learned
+    # the project's templates keep consecutive messages and tool results apart
+    assert (learned.same_role, learned.tool_results) == ("separate", "separate")
     configured = parse_config(
         {
             "channels": [
@@ -78,6 +81,7 @@ def test_learned_from_tokenize_and_read_from_the_configured_template_alike(name)
     got = rendering_of(configured)
     assert (got.tools, got.system, got.reasoning) == EXPECTED[name]
     assert got.source == "configured template"
+    assert (got.same_role, got.tool_results) == ("separate", "separate")
 
 
 def test_the_gateway_shows_the_rendering_and_turns_the_protection_on_where_it_hoists():
@@ -125,3 +129,88 @@ def test_relearned_when_the_upstream_serves_another_model():
         assert rendering_of(ch).system == "in_place"
         asyncio.run(check(True))
         assert rendering_of(ch).system == "hoisted"
+
+
+# -- consecutive messages of one role, consecutive tool results (no generation prompt) ----
+
+# A Qwen3/DeepSeek-like layout written for these tests: consecutive messages of one role
+# share one turn (joined by a blank line), consecutive tool results one <tool_response> block.
+MERGING = """\
+{%- if tools -%}
+  {{- '<|im_start|>tools' -}}{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}{{- '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for m in messages -%}
+  {%- set prev = messages[loop.index0 - 1].role if loop.index0 > 0 else none -%}
+  {%- set next = messages[loop.index0 + 1].role if not loop.last else none -%}
+  {%- if m.role == 'tool' -%}
+    {%- if prev != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+    {{- '\\n<tool_response>' + m.content + '</tool_response>' -}}
+    {%- if next != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
+  {%- else -%}
+    {%- if prev != m.role -%}{{- '<|im_start|>' + m.role + '\\n' -}}{%- else -%}{{- '\\n\\n' -}}{%- endif -%}
+    {{- m.content or '' -}}
+    {%- for c in m.tool_calls or [] -%}{{- '\\n<tool_call>' + c.function.name + '</tool_call>' -}}{%- endfor -%}
+    {%- if next != m.role -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+
+
+def test_whether_an_appended_message_leaves_the_rendering_before_it_as_it_was():
+    one = list(range(1, 21))
+    got = {
+        "same.one": one,
+        "same.two": [*one, 50, 51],  # one's rendering is the head: separate turns
+        "same.turn": [*one, 60],
+        "results.one": one,
+        "results.two": [*one[:-3], 70, 71, 72, 73],  # the block's end moved after the second
+        "results.turn": [*one[:-1], 80, 81],  # a new turn re-splits only where they meet
+    }
+    r = from_renderings(got, "tokenize")
+    assert (r.same_role, r.tool_results) == ("separate", "grouped")
+    assert r.as_dict()["same_role"] == "separate" and r.as_dict()["tool_results"] == "grouped"
+    # a template that rewrites its end whatever follows (the control) tells nothing
+    r = from_renderings({**got, "same.turn": [*one[:10], 60], "results.two": None}, "tokenize")
+    assert (r.same_role, r.tool_results) == ("unknown", "unknown")
+    assert "same_role" not in r.as_dict() and "tool_results" not in r.as_dict()
+
+
+def test_a_merging_template_is_told_from_tokenize_shown_and_read_alike(tmp_path):
+    path = tmp_path / "merging.jinja"
+    path.write_text(MERGING)
+    sim = SimSettings(chat_template=str(path), max_model_len=1_048_576)
+    with ServerThread(create_upstream_app(sim)) as up:
+        cfg = parse_config({"channels": [{"name": "m", "base_url": up.url + "/v1"}]})
+        with ServerThread(build_app(cfg)) as gw:
+            details = httpx.get(gw.url + "/healthz?details=1", timeout=30).json()
+    [ch] = details["details"]["rendering"]
+    assert (ch["same_role"], ch["tool_results"], ch["source"]) == ("merged", "grouped", "tokenize")
+    assert ch["system"] == "in_place" and ch["reasoning"] == "dropped"
+    configured = parse_config(
+        {
+            "channels": [
+                {"name": "c", "base_url": "http://127.0.0.1:9/v1", "chat_template": str(path)}
+            ]
+        }
+    ).channels[0]
+    got = rendering_of(configured)
+    assert (got.same_role, got.tool_results, got.source) == (
+        "merged",
+        "grouped",
+        "configured template",
+    )
+    # a configured render_order overrides the tools' place only
+    fixed = parse_config(
+        {
+            "channels": [
+                {
+                    "name": "f",
+                    "base_url": "http://127.0.0.1:9/v1",
+                    "chat_template": str(path),
+                    "render_order": "system_first",
+                }
+            ]
+        }
+    ).channels[0]
+    assert rendering_of(fixed) == replace(got, tools="system_first")

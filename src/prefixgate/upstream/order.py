@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -68,7 +68,7 @@ def rendering_of(channel) -> Rendering:
     if got is None:
         got = _learned.get((channel.name, channel.base_url), ASSUMED)
     if channel.render_order != "auto" and got.tools != channel.render_order:
-        got = Rendering(channel.render_order, got.system, got.reasoning, got.source)
+        got = replace(got, tools=channel.render_order)
     return got
 
 
@@ -86,7 +86,8 @@ def _template_rendering(path: str) -> Rendering | None:
 
         def render(body: dict) -> str | None:
             try:
-                return template.render(vllm_messages(body["messages"]), body.get("tools"), True)
+                messages, tools = vllm_messages(body["messages"]), body.get("tools")
+                return template.render(messages, tools, body["add_generation_prompt"])
             except RenderError:
                 return None  # a template that refuses the probe tells nothing of it
 
