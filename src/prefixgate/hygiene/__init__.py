@@ -3,7 +3,8 @@
 Each transform is a small named step (:class:`HygieneStep`) that says which channels it
 applies to; :data:`STEPS` is their order. The pipeline runs them on the typed Anthropic
 request before it is converted for an ``openai`` channel (``pipeline.steps.hygiene``), and
-``count_tokens`` runs them on the plain request, so a count matches what is sent. They
+``count_tokens`` runs them on the plain request, so a count matches what is sent. The Chat
+and Responses paths run :func:`apply_chat` on the Chat conversation they send. They
 never touch the request as received (the record keeps that): they return a new one.
 """
 
@@ -13,8 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from prefixgate.hygiene.billing import strip_billing_header, strip_billing_header_typed
-from prefixgate.hygiene.system_in_place import system_in_place, system_in_place_typed
+from prefixgate.hygiene.system_in_place import (
+    system_in_place,
+    system_in_place_chat,
+    system_in_place_typed,
+)
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
@@ -70,6 +77,21 @@ def apply_typed(req: Request, ch: ChannelConfig) -> Request:
     return req
 
 
+def apply_chat(messages, ch: ChannelConfig) -> list | None:
+    """An OpenAI Chat conversation (a list, or its raw JSON) after the steps that apply to
+    one (``system_in_place``: later system and developer messages delivered in the
+    client's turns; the billing header is Claude Code's, which speaks Messages); None when
+    nothing changes, so that the request is sent as it came, byte for byte."""
+    if not keeps_system_in_place(ch):
+        return None
+    if type(messages) is msgspec.Raw:
+        messages = msgspec.json.decode(messages)
+    if not isinstance(messages, list):
+        return None
+    out, changed = system_in_place_chat(messages)
+    return out if changed else None
+
+
 def apply_plain(body: dict, ch: ChannelConfig) -> dict:
     """``apply_typed`` for a plain request."""
     for step in STEPS:
@@ -81,6 +103,7 @@ def apply_plain(body: dict, ch: ChannelConfig) -> dict:
 __all__ = [
     "STEPS",
     "HygieneStep",
+    "apply_chat",
     "apply_plain",
     "apply_typed",
     "keeps_system_in_place",

@@ -33,7 +33,14 @@ import msgspec
 
 from prefixgate.protocol.messages_body import Message, Request, TextBlock
 
-__all__ = ["OPEN", "CLOSE", "system_in_place", "system_in_place_typed"]
+__all__ = [
+    "CHAT_ROLES",
+    "CLOSE",
+    "OPEN",
+    "system_in_place",
+    "system_in_place_chat",
+    "system_in_place_typed",
+]
 
 OPEN = "<system>\n"
 CLOSE = "\n</system>"
@@ -102,22 +109,47 @@ def system_in_place(body: dict) -> tuple[dict, bool]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return body, False
-    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
-    lead = _leading(roles)
-    if "system" not in roles[lead:]:
-        return body, False
+    out, changed = _moved(messages, ("system",))
+    return ({**body, "messages": out}, True) if changed else (body, False)
+
+
+# -- an OpenAI Chat conversation (the Chat and Responses paths) -------------------------
+CHAT_ROLES = ("system", "developer")
+
+
+def system_in_place_chat(messages: list) -> tuple[list, bool]:
+    """A Chat conversation's later ``system`` and ``developer`` messages (after the
+    leading run of them) delivered in the client's turns, as on the Messages path: a text
+    part (or a blank line and the text) added to the user message they follow, else a user
+    message of their own; a tool result is no user message. Raw texts are read as JSON."""
+    return _moved(messages, CHAT_ROLES)
+
+
+def _content(m: dict):
+    content = m.get("content")
+    return _decode(content) if type(content) is msgspec.Raw else content
+
+
+def _moved(messages: list, roles: tuple[str, ...]) -> tuple[list, bool]:
+    kinds = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    later = [k in roles for k in kinds]
+    lead = 0
+    while lead < len(later) and later[lead]:
+        lead += 1
+    if not any(later[lead:]):
+        return messages, False
     out: list = list(messages[:lead])
-    for m, role in zip(messages[lead:], roles[lead:], strict=True):
-        if role != "system":
+    for m, is_system in zip(messages[lead:], later[lead:], strict=True):
+        if not is_system:
             out.append(m)
             continue
-        text = _plain_text(m)
+        text = _plain_text({"content": _content(m)})
         if not text:
             continue
         marked = OPEN + text + CLOSE
         prev = out[-1] if len(out) > lead else None
         if isinstance(prev, dict) and prev.get("role") == "user":
-            content = prev.get("content")
+            content = _content(prev)
             if isinstance(content, list):
                 new = [*content, {"type": "text", "text": marked}]
             else:
@@ -125,4 +157,4 @@ def system_in_place(body: dict) -> tuple[dict, bool]:
             out[-1] = {**prev, "content": new}
         else:
             out.append({"role": "user", "content": marked})
-    return {**body, "messages": out}, True
+    return out, True

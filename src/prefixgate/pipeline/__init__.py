@@ -85,7 +85,9 @@ def _messages_prompt(x: Exchange, ch) -> dict:
 
 
 def _chat_prompt(x: Exchange, ch) -> dict:
-    return openai_proto.materialize(x.body)[0]
+    body = openai_proto.materialize(x.body)[0]
+    moved = _hygiene.apply_chat(body["messages"], ch)  # as convert_chat sends it
+    return body if moved is None else {**body, "messages": moved}
 
 
 def _responses_prompt(x: Exchange, ch) -> dict:

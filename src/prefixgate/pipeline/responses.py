@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 from starlette.responses import Response
 
+from prefixgate import hygiene
 from prefixgate.convert.request import ConvertOptions
 from prefixgate.convert.responses_request import convert, tool_map
 from prefixgate.convert.responses_response import chat_to_response, response_base
@@ -59,7 +60,11 @@ def upstream_chat_of_responses(x: Exchange, ch) -> dict:
         options = ConvertOptions(
             ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
         )
-        out = x.prepared[ch.name] = convert(x.body.typed, options)
+        out = convert(x.body.typed, options)
+        moved = hygiene.apply_chat(out["messages"], ch)
+        if moved is not None:  # later system/developer items delivered in the turns
+            out = {**out, "messages": moved}
+        x.prepared[ch.name] = out
     return out
 
 

@@ -230,10 +230,13 @@ async def convert_messages(x: Exchange) -> None:
 
 
 async def convert_chat(x: Exchange) -> None:
-    """OpenAI in: passed through with the model mapped; a stream always asks for usage
-    (hidden again from a client that did not ask for it)."""
+    """OpenAI in: passed through with the model mapped and the channel's Chat hygiene; a
+    stream always asks for usage (hidden again from a client that did not ask for it)."""
     ch, body = x.channel, x.body
     out = {**body, "model": ch.upstream_model(body["model"])}
+    moved = hygiene_steps.apply_chat(body["messages"], ch)
+    if moved is not None:  # later system messages delivered in the turns (docs/rendering.md)
+        out["messages"] = moved
     if x.record.stream:
         out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     x.out = out
