@@ -214,3 +214,24 @@ def test_a_merging_template_is_told_from_tokenize_shown_and_read_alike(tmp_path)
         }
     ).channels[0]
     assert rendering_of(fixed) == replace(got, tools="system_first")
+
+
+def test_a_probe_the_upstream_drops_once_is_asked_again():
+    """A loaded engine may fail one request of the round: each probe is asked once more
+    before the round counts as not learned."""
+    inner = create_upstream_app(SimSettings(chat_template="hoisting", max_model_len=1_048_576))
+    failed: list[str] = []
+
+    async def flaky(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/tokenize" and len(failed) < 3:
+            failed.append(scope["path"])
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b"busy"})
+            return
+        await inner(scope, receive, send)
+
+    with ServerThread(flaky) as up:
+        ch = parse_config({"channels": [{"name": "e", "base_url": up.url + "/v1"}]}).channels[0]
+        learned = asyncio.run(_learn(ch))
+    assert len(failed) == 3
+    assert learned is not None and (learned.system, learned.source) == ("hoisted", "tokenize")

@@ -126,11 +126,14 @@ async def learn(channel, transport) -> Rendering | None:
         body = {**body, "messages": tokenize_messages(body["messages"])}
         if model is not None:
             body = {"model": model, **body}
-        try:
-            doc = await post_for_json(transport, channel, url, msgspec.json.encode(body))
-            return doc["tokens"]
-        except Exception as exc:  # noqa: BLE001 - an upstream without /tokenize tells nothing
-            return exc
+        failed: BaseException | None = None
+        for _ in range(2):  # once more: a loaded engine may drop one of the round's requests
+            try:
+                doc = await post_for_json(transport, channel, url, msgspec.json.encode(body))
+                return doc["tokens"]
+            except Exception as exc:  # noqa: BLE001 - an upstream without /tokenize tells nothing
+                failed = exc
+        return failed
 
     probes = _probes()
     answers = await asyncio.gather(*(ask(body) for body in probes.values()))
