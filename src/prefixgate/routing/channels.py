@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from prefixgate.config import ChannelConfig
 from prefixgate.logthrottle import LogThrottle
-from prefixgate.upstream.order import render_order
+from prefixgate.upstream.order import rendering_of
 
 from .health import HealthChecker
 
@@ -174,7 +174,9 @@ class ChannelRouter:
             matched: dict[str, float] | None = None
             source: str | None = None
             if ch.routing == "prefix" and prompt is not None:
-                blocks = prompt_blocks(prompt(ch), ch.routing_block_size, render_order(ch))
+                blocks = prompt_blocks(
+                    prompt(ch), ch.routing_block_size, rendering=rendering_of(ch)
+                )
                 source = "estimate"
             elif ch.routing == "precise" and prompt is not None and len(urls) > 1:
                 blocks, matched, source = self._precise(ch, urls, prompt(ch), affinity)
@@ -202,7 +204,7 @@ class ChannelRouter:
             except EngineTokensError as err:
                 self._failures.warning(ch.name, "routing: precise on %s: %s", ch.name, err)
         if keys is None:
-            blocks = prompt_blocks(request, ch.routing_block_size, render_order(ch))
+            blocks = prompt_blocks(request, ch.routing_block_size, rendering=rendering_of(ch))
             return blocks, None, "estimate"
         matched: dict[str, float] = {}
         from_events = 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prefixgate.cache import ApproxTokenizer, ChatRenderer, hash_blocks
 
-__all__ = ["BlockLRU", "PromptBlocks", "prompt_blocks"]
+__all__ = ["BlockLRU", "PromptBlocks", "engine_messages", "prompt_blocks"]
 
 _TOKENIZER = ApproxTokenizer()
 
@@ -38,11 +38,51 @@ class PromptBlocks:
         return len(self.hashes)
 
 
-def prompt_blocks(request: dict, block_size: int = 16, order: str = "tools_first") -> PromptBlocks:
-    """Render an OpenAI chat request as the cache model does and hash its full blocks."""
-    text = ChatRenderer(order).render(request.get("messages") or [], request.get("tools"))  # type: ignore[arg-type]
+def prompt_blocks(
+    request: dict, block_size: int = 16, order: str = "tools_first", rendering=None
+) -> PromptBlocks:
+    """Render an OpenAI chat request as the cache model does and hash its full blocks;
+    with the upstream's ``rendering`` (:class:`~prefixgate.upstream.rendering.Rendering`),
+    in the order its template renders the pieces (:func:`engine_messages`)."""
+    messages = request.get("messages") or []
+    if rendering is not None:
+        order, messages = rendering.tools, engine_messages(messages, rendering)
+    text = ChatRenderer(order).render(messages, request.get("tools"))  # type: ignore[arg-type]
     tokens = _TOKENIZER.encode_array(text)
     return PromptBlocks(tuple(hash_blocks(tokens, block_size)), block_size)
+
+
+def engine_messages(messages: list, rendering) -> list:
+    """The messages in the order the upstream's template renders them, for the estimate:
+    a template that hoists later system messages (``system: hoisted``) gets them after the
+    leading ones, at the head; one that renders past reasoning only after the last user
+    query (``reasoning: until_next_user``) gets the assistant messages before it without
+    their reasoning. Anything else: the same list."""
+    if rendering.hoists_system:
+        lead = 0
+        while lead < len(messages) and _role(messages[lead]) == "system":
+            lead += 1
+        later = [m for m in messages[lead:] if _role(m) == "system"]
+        if later:
+            rest = [m for m in messages[lead:] if _role(m) != "system"]
+            messages = [*messages[:lead], *later, *rest]
+    if rendering.drops_past_reasoning:
+        users = [i for i, m in enumerate(messages) if _role(m) == "user"]
+        last = users[-1] if users else -1
+        messages = [
+            {k: v for k, v in m.items() if k not in _REASONING}
+            if i < last and _role(m) == "assistant" and any(k in m for k in _REASONING)
+            else m
+            for i, m in enumerate(messages)
+        ]
+    return messages
+
+
+_REASONING = ("reasoning_content", "reasoning")
+
+
+def _role(m) -> str | None:
+    return m.get("role") if isinstance(m, dict) else None
 
 
 class BlockLRU:
