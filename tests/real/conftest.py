@@ -206,6 +206,28 @@ def sglang_agent(sglang_python, agent_model, say) -> Iterator[harness_sglang.Sgl
     )
 
 
+@pytest.fixture(scope="module")
+def sglang_hoisting(
+    sglang_python, agent_model, say
+) -> Iterator[tuple[harness_sglang.SglangServer, dict]]:
+    """SGLang serving the agent model with the project's hoisting template (``--chat-template``,
+    for ``test_sglang_rendering.py``), publishing its KV events
+    (its PUB socket bound, the gateway connects); yields the server and its event settings."""
+    events = harness_sglang.sglang_kv_events_config(bind=True)
+    extra = ("--chat-template", str(template_file("hoisting")))
+    for server in _serve_sglang(
+        sglang_python,
+        agent_model,
+        say,
+        "sglang-agent-hoisting",
+        max_model_len=harness.AGENT_MAX_MODEL_LEN,
+        # three 64k windows: the unprotected sessions (a new head every turn) never evict
+        max_total_tokens=3 * harness.AGENT_MAX_MODEL_LEN,
+        extra_args=(*extra, "--kv-events-config", json.dumps(events)),
+    ):
+        yield server, events
+
+
 @pytest.fixture(scope="session")
 def claude_exe(say) -> harness.Path:
     _skip_if_asked()

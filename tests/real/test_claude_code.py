@@ -228,7 +228,13 @@ def test_the_reminder_unprotected_through_the_real_vllm_is_diagnosed(
     with stack(tmp_path, **settings) as s:
         _four_turns(Claude(claude_exe, s, tmp_path, **AGENT_ENV))
         s.wait_stored()
-    recs = _conversation(s)
+    check_booked_as_the_templates(s, _conversation(s), events)
+
+
+def check_booked_as_the_templates(s, recs, events: bool) -> None:
+    """An unprotected conversation on a real engine with a hoisting template: it recomputes
+    each turn; the ledger (from KV events, or the cache model) books it as prefix_changed
+    at the moved system message; the doctor names the template's hoisting, never capacity."""
     assert _later_turns_hit(recs) < 0.5, [(r.prompt_tokens, r.cached_tokens) for r in recs]
     for x in s.ledgers(recs)[1:]:
         assert x.source == ("events" if events else "model")
