@@ -469,6 +469,11 @@ def _same_list(data: bytes, previous: list[Piece]) -> bool:
     )
 
 
+def _equal(raw: msgspec.Raw | bytes, data: bytes) -> bool:
+    """``raw``'s bytes are ``data`` (a memcmp; a memoryview would compare byte by byte)."""
+    return raw == data if type(raw) is bytes else raw == msgspec.Raw(data)
+
+
 def _seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
     return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
 
@@ -509,7 +514,7 @@ def _cut(
     for i, m in enumerate(messages_raw or ()):
         index = f"messages[{i}]"
         before = prev_messages.get(index)
-        if before is not None and len(before[1]) == len(m) and memoryview(m) == before[1]:
+        if before is not None and len(before[1]) == len(m) and _equal(m, before[1]):
             msgs.append(before)
             continue
         data = bytes(m)
