@@ -330,6 +330,8 @@ async def run(args) -> dict:
                 finally:
                     gw.stop()
                 result["subjects"].append(summarize(name, m, floor))
+                done = {k: v for k, v in result["subjects"][-1].items() if k != "cpu_ms"}
+                print(json.dumps(done), file=sys.stderr, flush=True)  # a long run's progress
     finally:
         if ref_src is not None:
             subprocess.run(
