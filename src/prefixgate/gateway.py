@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, Response
 from prefixgate import hygiene, pipeline
 from prefixgate.admission import Admission
 from prefixgate.auth import Authenticator, Principal
-from prefixgate.config import ChannelConfig, Config
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.config import ChannelConfig, Config, StoreConfig
+from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_to_openai
 from prefixgate.diagnostics.lookup import Fingerprints
 from prefixgate.errors import GatewayError, NotFound, UpstreamError
 from prefixgate.events.tokens import EngineTokens
@@ -87,6 +87,10 @@ class Gateway:
 
             self.metrics.registry.register(EventsCollector(events))
         self.capture = capture
+        # Each session's latest conversion (convert/request.py), within the change
+        # memory's bound (store.change_memory_mb; its default without a store).
+        change_mb = (config.store or StoreConfig()).change_memory_mb
+        self.turns = SessionTurns(int(change_mb * 1024 * 1024))
         # diagnostics/: the requests that asked why their cache missed, for the next ones
         self.fingerprints = Fingerprints(_store_factory(config))
         self._own_capture: Callable[..., None] | None = None

@@ -210,7 +210,12 @@ def upstream_chat_request(x: Exchange, ch) -> dict:
         options = ConvertOptions(
             ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
         )
-        out = x.prepared[ch.name] = convert(hygienic_request(x, ch), options)
+        typed, session = hygienic_request(x, ch), x.record.session_id
+        if session is None:
+            out = convert(typed, options)
+        else:  # the session's previous turn lends the conversions of what it re-sends
+            out = x.gateway.turns.convert((ch.name, session), typed, options, len(x.raw))
+        x.prepared[ch.name] = out
     return out
 
 
