@@ -59,7 +59,7 @@ def check_count(body: dict, name: str, *, required: bool = False) -> None:
         return
     if type(v) is not int or not 1 <= v <= MAX_TOKENS:
         raise InvalidRequest(
-            f"{name}: an integer from 1 to {MAX_TOKENS} is required", param=name
+            f"{name}: a positive integer (at most {MAX_TOKENS}) is required", param=name
         )
 
 
