@@ -8,6 +8,7 @@ an environment variable and hashed at load time; upstream keys come from the env
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import ssl
 from pathlib import Path
@@ -369,9 +370,25 @@ class ServerConfig(_Model):
     # it again (admission.LagShed); null turns it off.
     shed_loop_lag: float | None = Field(default=0.25, gt=0)
     access_log: bool = False  # one log line per request (prefixgate.access)
+    # Admin credential checks (admin_attempts.py): wrong admin keys a client address may
+    # send a minute, and all addresses together, before 429 without a look at the key.
+    admin_failures_per_minute: int = Field(default=10, ge=1)
+    admin_failures_in_all_per_minute: int = Field(default=100, ge=1)
+    # Proxies whose X-Forwarded-For names the client (addresses or CIDR blocks).
+    trusted_proxies: list[str] = []
     # The event loop's pauses and each garbage collection's (loopwatch.py) as /metrics
     # histograms: a 100 Hz timer and a callback per collection, so opt-in.
     loop_watch: bool = False
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for spec in v:
+            try:
+                ipaddress.ip_network(spec, strict=False)
+            except ValueError:
+                raise ValueError(f"not an address or CIDR block: {spec!r}") from None
+        return v
 
 
 class DashboardConfig(_Model):

@@ -47,7 +47,7 @@ def create_app(
         if "details" not in request.query_params:
             return JSONResponse({"status": "ok"})
         try:
-            gateway.auth.check_admin(request.headers)
+            gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
@@ -55,7 +55,7 @@ def create_app(
 
     async def metrics(request: Request) -> Response:
         try:
-            gateway.auth.check_admin(request.headers)
+            gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         return Response(
