@@ -12,6 +12,7 @@ import ipaddress
 import os
 import ssl
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Literal
 
 import yaml
@@ -39,6 +40,18 @@ def _redis_url(v: str) -> str:
 
 
 RedisUrl = Annotated[str, AfterValidator(_redis_url)]
+
+
+def no_userinfo(url: str) -> str:
+    """``url``, refused when it holds a user or password (``http://user:pass@host``): an
+    upstream's URL is kept in every record, the journal, the dashboard and log lines, so
+    it must hold no secret. The message never repeats the URL."""
+    if "@" in urlsplit(url).netloc:
+        raise ValueError(
+            "a user or password in an upstream URL is refused (the URL is recorded and "
+            "logged): put the key in an environment variable named by api_key_env"
+        )
+    return url
 
 
 def hash_key(key: str) -> str:
@@ -231,7 +244,17 @@ class ChannelConfig(_Model):
     def _strip_slash(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError("base_url must start with http:// or https://")
-        return v.rstrip("/")
+        return no_userinfo(v).rstrip("/")
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(no_userinfo(u) for u in v)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _metrics_url(cls, v: str | None) -> str | None:
+        return None if v is None else no_userinfo(v)
 
     @property
     def strip_billing_header(self) -> bool:
@@ -456,7 +479,7 @@ class TelemetryConfig(_Model):
     def _http_url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError("otlp_endpoint must be an http:// or https:// URL")
-        return v
+        return no_userinfo(v)
 
 
 class Config(_Model):

@@ -20,6 +20,7 @@ from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.serve.browsers import BrowserGuard
 from prefixgate.serve.edge import send_refusal
 from prefixgate.upstream import order as render_orders
 
@@ -166,6 +167,8 @@ def create_app(
         "/responses": gateway.responses,
     }
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+    if config.open_access:  # no key to ask for: refuse what only a web page would send
+        outer = BrowserGuard(outer, config.server.host, _shape_of)
     return AccessLog(outer) if config.server.access_log else outer
 
 
