@@ -12,8 +12,8 @@ import ipaddress
 import os
 import ssl
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (

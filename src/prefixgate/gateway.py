@@ -182,10 +182,14 @@ class Gateway:
         return ids
 
     # -- services the steps use ------------------------------------------------------------
-    def failed_attempt(self, target: Target, err: UpstreamError) -> None:
+    def failed_attempt(self, target: Target, err: UpstreamError, content: bytes = b"") -> None:
         """A retryable failure of one target: its health hears of it, the log says so
-        (once per interval per replica, with the count of the others)."""
-        self.router.report_failure(target)
+        (once per interval per replica, with the count of the others). An upstream's own
+        internal error (500 …, not 502-504) may be the request's doing: it ejects the replica
+        only when a second request's content failed there too (``report_failure``)."""
+        status = err.upstream_status
+        own = status is not None and status >= 500 and status not in (502, 503, 504)
+        self.router.report_failure(target, content if own else None)
         self.failures.warning(
             (target.name, target.base_url),
             "channel %s (%s) failed: %s",
