@@ -911,7 +911,9 @@ def test_a_refused_connection_is_freed_without_the_cyclic_collector(limited):
     gc.disable()
     try:
         with Conn(limited.port, timeout=1.0) as c:
-            c.send_until_reset(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (100 * LIMIT))
+            c.send_until_reset(
+                b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (100 * LIMIT)
+            )
             assert c.read_response().status == 431
             c.wait_closed()
         deadline = time.monotonic() + TIMEOUT

@@ -161,6 +161,7 @@ def create_app(
     app.state.ledger = ledger  # LedgerWorker, or None without a store or events
     hot = {
         "/v1/messages": gateway.messages,
+        "/v1/messages/count_tokens": gateway.count_tokens,
         "/v1/chat/completions": gateway.chat,
         "/chat/completions": gateway.chat,
         "/v1/responses": gateway.responses,
