@@ -169,6 +169,7 @@ class Records:
 @dataclass
 class Tally:
     cases: int = 0
+    records: Records | None = None
     statuses: Counter = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
 
@@ -215,6 +216,20 @@ def settled(gw, limit: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def progress(tally: Tally) -> None:
+    """A line on stderr with every figure so far (a cut run still says what it saw)."""
+    recs = tally.records.records if tally.records is not None else []
+    line = {
+        "cases": tally.cases,
+        "statuses": dict(sorted(tally.statuses.items())),
+        "records": len(recs),
+        "records_without_status": sum(1 for r in recs if not r.status),
+        "rss_mb": round(rss_mb(), 1),
+        "failures": len(tally.failures),
+    }
+    print("[fuzz] " + json.dumps(line), file=sys.stderr, flush=True)
+
+
 def _fuzz_route(client, route, protocol, n, seed, tally) -> None:
     @settings(
         max_examples=n,
@@ -247,6 +262,7 @@ def run(cases: int, seed: int | None = None, rss_bound_mb: float = 256.0) -> dic
     t0 = time.perf_counter()
     with gateway() as (url, records, gw), httpx.Client(base_url=url, timeout=60) as client:
         rss0 = rss_mb()
+        tally.records = records
         for route, protocol in ROUTES.items():
             _fuzz_route(client, route, protocol, per_route, seed, tally)
         settled(gw)
