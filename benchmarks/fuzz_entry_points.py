@@ -216,6 +216,9 @@ def settled(gw, limit: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+ROUND = 1250  # cases per route and round
+
+
 def progress(tally: Tally) -> None:
     """A line on stderr with every figure so far (a cut run still says what it saw)."""
     recs = tally.records.records if tally.records is not None else []
@@ -244,9 +247,7 @@ def _fuzz_route(client, route, protocol, n, seed, tally) -> None:
         tally.cases += 1
         tally.statuses[r.status_code] += 1
         if tally.cases % 5000 == 0:
-            print(
-                f"[fuzz] {tally.cases} cases: {dict(tally.statuses)}", file=sys.stderr, flush=True
-            )
+            progress(tally)
         if r.status_code >= 500:
             tally.fail(f"{route} {r.status_code} {r.text[:200]} for {body[:120]!r}")
         elif r.status_code >= 400 and not shape_ok(protocol, r.content):
@@ -263,8 +264,13 @@ def run(cases: int, seed: int | None = None, rss_bound_mb: float = 256.0) -> dic
     with gateway() as (url, records, gw), httpx.Client(base_url=url, timeout=60) as client:
         rss0 = rss_mb()
         tally.records = records
-        for route, protocol in ROUTES.items():
-            _fuzz_route(client, route, protocol, per_route, seed, tally)
+        # in rounds, so that a run cut short has fuzzed every route alike
+        done = 0
+        while done < per_route:
+            n = min(ROUND, per_route - done)
+            for route, protocol in ROUTES.items():
+                _fuzz_route(client, route, protocol, n, seed, tally)
+            done += n
         settled(gw)
         up = client.get("/healthz").status_code == 200
         rss1 = rss_mb()
