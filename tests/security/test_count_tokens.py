@@ -30,7 +30,7 @@ def test_a_key_over_its_budget_gets_no_count(gateway):
     )
     client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
     client.messages.create(model="m", max_tokens=5, messages=MESSAGES)  # 107 tokens: spent
-    gw.records  # settled: the budget knows
+    assert len(gw.records) == 1  # settled: the budget knows
     with pytest.raises(anthropic.RateLimitError):
         client.messages.count_tokens(model="m", messages=MESSAGES)
     assert [(r.endpoint, r.status) for r in gw.records] == [
