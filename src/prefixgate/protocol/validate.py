@@ -10,24 +10,20 @@ never a 500, and never reaches an upstream.
 
 Cost: an ASCII body is one ``bytes.isascii`` pass (no copy); another is decoded once
 (CPython's UTF-8 decoder, about a byte a cycle) and dropped. Surrogate escapes are looked
-for with two substring searches and only parsed when one is there.
+for among the ``\\u`` escapes only, found with ``bytes.find``.
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 from prefixgate.errors import InvalidRequest
 
 # The largest token count accepted for max_tokens & co.: what engines hold in an int32.
 MAX_TOKENS = 2**31 - 1
 
-# A \\uD800-\\uDFFF escape that is not itself escaped (an even run of backslashes before
-# it), with the low half that may follow a high one.
-_SURROGATE = re.compile(
-    rb"(?<!\\)(?:\\\\)*\\u([dD][89a-fA-F][0-9a-fA-F]{2})(\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
-)
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_BACKSLASH = 92
 
 
 def check_text(raw: bytes) -> None:
@@ -40,15 +36,58 @@ def check_text(raw: bytes) -> None:
                 f"request body is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
                 f"{exc.start}); JSON must be sent as UTF-8"
             ) from None
-    if b"\\ud" in raw or b"\\uD" in raw:
-        for m in _SURROGATE.finditer(raw):
-            first = m.group(1)
-            high = first[1:2].lower() in b"89ab"
-            if not high or m.group(2) is None:
-                raise InvalidRequest(
-                    f"request body holds a lone UTF-16 surrogate (\\u{first.decode()} at "
-                    f"offset {m.start(1) - 2}): a JSON string must be valid Unicode"
-                )
+    if b"\\u" in raw:
+        _check_surrogates(raw)
+
+
+def _check_surrogates(raw: bytes) -> None:
+    """Each ``\\uD800``-``\\uDBFF`` escape followed by a ``\\uDC00``-``\\uDFFF`` one, and each
+    of those preceded by one. An escape is one whose backslash is not itself escaped (an
+    even run of backslashes before it). The escapes are found with ``bytes.find`` on
+    ``\\u`` (its first byte is rare in JSON, so the search skips from one to the next): a
+    regular expression tried at every byte costs ~20 ms on a 50 KB body, and a search for
+    ``\\ud`` over the whole body ten times what this does."""
+    at = _find_all(raw, b"\\u")
+    paired = set()
+    for i in at:
+        if raw[i + 2 : i + 3] not in (b"d", b"D"):
+            continue
+        j = i
+        while j > 0 and raw[j - 1] == _BACKSLASH:
+            j -= 1
+        if (i - j) % 2:  # an escaped backslash, then text
+            continue
+        unit = _unit(raw, i)
+        if unit is None or unit < 0xD800:
+            continue  # \\ud7ff and below are not surrogates; a bad escape is the decoder's
+        if unit <= 0xDBFF:
+            low = _unit(raw, i + 6) if raw[i + 6 : i + 8] == b"\\u" else None
+            if low is not None and 0xDC00 <= low <= 0xDFFF:
+                paired.add(i + 6)
+                continue
+        elif i in paired:
+            continue
+        raise InvalidRequest(
+            f"request body holds a lone UTF-16 surrogate (\\u{unit:04x} at offset {i}): a "
+            "JSON string must be valid Unicode"
+        )
+
+
+def _find_all(raw: bytes, needle: bytes) -> list[int]:
+    out = []
+    i = raw.find(needle)
+    while i >= 0:
+        out.append(i)
+        i = raw.find(needle, i + 2)
+    return out
+
+
+def _unit(raw: bytes, i: int) -> int | None:
+    """The UTF-16 unit of the ``\\uXXXX`` escape at ``i``, or None if it is not one."""
+    digits = raw[i + 2 : i + 6]
+    if len(digits) != 4 or not all(c in _HEX for c in digits):
+        return None
+    return int(digits, 16)
 
 
 def check_count(body: dict, name: str, *, required: bool = False) -> None:
