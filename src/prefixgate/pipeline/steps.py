@@ -13,6 +13,7 @@ import msgspec
 
 from prefixgate import hygiene as hygiene_steps
 from prefixgate.convert.request import ConvertOptions, convert
+from prefixgate.diagnostics.request import anthropic_ask, anthropic_params, chat_ask
 from prefixgate.errors import (
     AtCapacity,
     BudgetExceeded,
@@ -22,6 +23,7 @@ from prefixgate.errors import (
     UpstreamError,
 )
 from prefixgate.identify import session_of_chat, session_of_messages
+from prefixgate.pipeline.diagnose import look_up
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.messages_body import decode_messages_body
@@ -67,8 +69,14 @@ def _decoded(x: Exchange, body, session_of) -> None:
 
 
 async def decode_messages(x: Exchange) -> None:
-    """An Anthropic Messages request, decoded into typed structs and checked as it is."""
+    """An Anthropic Messages request, decoded into typed structs and checked as it is;
+    its ``diagnostics`` (why did my cache miss) read apart, never sent upstream."""
     _decoded(x, decode_messages_body(x.raw, x.gateway.config.limits), session_of_messages)
+    typed = x.body.typed
+    if typed.diagnostics is not None:
+        x.ask = anthropic_ask(typed.diagnostics)
+        x.params = anthropic_params(typed)
+        look_up(x)
 
 
 async def decode_chat(x: Exchange) -> None:
@@ -77,6 +85,8 @@ async def decode_chat(x: Exchange) -> None:
     body = openai_proto.decode_chat_body(x.raw, limits)
     openai_proto.check_chat_request(body, limits)
     _decoded(x, body, session_of_chat)
+    x.ask = chat_ask(x.request.headers)
+    look_up(x)
 
 
 async def admit(x: Exchange) -> None:
@@ -213,6 +223,7 @@ async def convert_messages(x: Exchange) -> None:
         x.url, x.headers = target.base_url + "/chat/completions", bearer(ch)
     else:
         x.out = {**x.body.whole(), "model": ch.upstream_model(x.body["model"])}
+        x.out.pop("diagnostics", None)  # answered here, never forwarded
         x.url = anthropic_url(target.base_url)
         x.headers = anthropic_headers(ch, x.request.headers)
     x.data = _encode(x.out)
@@ -252,16 +263,19 @@ async def send(x: Exchange) -> None:
     rec.route_source = target.source
     gw.router.acquire(target, rec.request_id)  # in flight until finish()
     options = {"timeouts": ch.timeouts, "extra_headers": x.headers, "tls": ch.tls}
-    try:
-        resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
-    except UpstreamRejected as err:
-        room = err.overflow.max_tokens_room if err.overflow is not None else 0
-        if not (0 < room < x.out.get("max_tokens", 0)):
-            raise
-        # The prompt fits; only max_tokens pushed it over the window: clamp and resend.
-        x.out = {**x.out, "max_tokens": room}
-        x.data = _encode(x.out)
-        resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
+    # The prompt fits; only max_tokens pushed it over the window: clamp and resend. At
+    # most twice: SGLang first says max_tokens alone exceeds the window (the prompt not
+    # counted), then, clamped to the window, that prompt + max_tokens does.
+    for clamps in range(3):
+        try:
+            resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
+            break
+        except UpstreamRejected as err:
+            room = err.overflow.max_tokens_room if err.overflow is not None else 0
+            if clamps == 2 or not (0 < room < x.out.get("max_tokens", 0)):
+                raise
+            x.out = {**x.out, "max_tokens": room}
+            x.data = _encode(x.out)
     x.upstream = resp
     x.first = await check_answer(resp, ch, stream=rec.stream)
     gw.router.report_success(target)
