@@ -89,12 +89,20 @@ class BrowserGuard:
             elif name == b"origin":
                 origin = value.decode("latin-1")
         if host is not None and not allowed_host(host_name(host), self.listen):
-            return PermissionDenied(
+            return _refused(
                 "this keyless gateway answers only to its loopback names and listen address "
-                "(a foreign Host header is how a DNS-rebinding page reaches it)"
+                "(a foreign Host header is how a DNS-rebinding page reaches it)",
+                "host_not_allowed",
             )
         if origin is not None and foreign_origin(origin, host or ""):
-            return PermissionDenied(
-                "a request from another web site is refused by this keyless gateway"
+            return _refused(
+                "a request from another site is refused by this keyless gateway",
+                "origin_not_allowed",
             )
         return None
+
+
+def _refused(message: str, code: str) -> PermissionDenied:
+    err = PermissionDenied(message)
+    err.code = code  # OpenAI's error.code (not the kind's default, model_not_allowed)
+    return err
