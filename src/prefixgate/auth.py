@@ -11,8 +11,10 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 from dataclasses import dataclass
 
+from prefixgate.admin_attempts import AdminAttempts, client_address, networks
 from prefixgate.config import Config
 from prefixgate.errors import AuthenticationFailed, PermissionDenied
 from prefixgate.ratelimit import Limits
@@ -35,6 +37,10 @@ class Principal:
 
 
 ANONYMOUS = Principal(name="anonymous")
+
+# What ``prefixgate keys new`` / ``keys create`` print: a prefix (``pg-`` by default) and
+# 43 characters of ``secrets.token_urlsafe(32)``.
+ISSUED_KEY = re.compile(r"[A-Za-z0-9_]{0,16}-[A-Za-z0-9_\-]{43}")
 
 
 def presented_key(headers) -> str | None:
@@ -70,6 +76,11 @@ class Authenticator:
         }
         self._from_store: dict[str, Principal] = {}
         self._admin = config.admin_digest()
+        server = config.server
+        self.attempts = AdminAttempts(
+            server.admin_failures_per_minute, server.admin_failures_in_all_per_minute
+        )
+        self.trusted_proxies = networks(server.trusted_proxies)
 
     def set_store_keys(self, rows) -> None:
         """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)."""
@@ -127,17 +138,36 @@ class Authenticator:
             raise AuthenticationFailed("invalid API key")
         return principal
 
+    def is_credential(self, value: str) -> bool:
+        """Whether ``value`` is a key this gateway knows (the admin key, an API key) or has
+        the shape of one it issues (``prefixgate keys new``), never compared in clear."""
+        if ISSUED_KEY.fullmatch(value):
+            return True
+        digest = hashlib.sha256(value.encode()).hexdigest()
+        if self._admin is not None and hmac.compare_digest(digest, self._admin):
+            return True
+        return digest in self._by_digest or digest in self._from_store
+
     def authorize_model(self, principal: Principal, model: str) -> None:
         if not principal.allows(model):
             raise PermissionDenied(f"this API key may not use model {model!r}")
 
-    def check_admin(self, headers) -> None:
+    def check_admin(self, headers, scope: dict | None = None) -> None:
+        """The admin key in ``headers``; with the request's ASGI ``scope``, each key tried
+        is counted for its client address (429 past the bounds of :mod:`.admin_attempts`)."""
         key = presented_key(headers)
         if self._admin is None:
             if self._open:
                 return  # open access on loopback: admin routes open too
             raise PermissionDenied("admin routes are disabled: no admin key is configured")
-        if not key or not hmac.compare_digest(
-            hashlib.sha256(key.encode()).hexdigest(), self._admin
-        ):
+        if not key:
             raise AuthenticationFailed("admin key required")
+        address = client_address(scope, self.trusted_proxies) if scope is not None else None
+        if address is not None:
+            self.attempts.check(address)
+        if not hmac.compare_digest(hashlib.sha256(key.encode()).hexdigest(), self._admin):
+            if address is not None:
+                self.attempts.failed(address)
+            raise AuthenticationFailed("admin key required")
+        if address is not None:
+            self.attempts.succeeded(address)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 import sys
 
 import click
@@ -160,6 +162,9 @@ class _Edge:
         )
 
 
+EMBEDDED_KEY_ENV = "PREFIXGATE_EMBEDDED_UPSTREAM_KEY"
+
+
 async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     from prefixgate.serve.app import build_app, refusal_app
     from prefixgate.serve.process import http_server, uvicorn_server
@@ -170,8 +175,12 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     if config.embedded_upstream:
         from prefixgate.upstream_sim import SimSettings, start_embedded
 
-        embedded, sims = await start_embedded(SimSettings(block_size=64))
-        channels = (config.channels[0].model_copy(update={"base_url": embedded}),)
+        # Its own random key: nobody else on the machine reaches it past the gateway.
+        os.environ[EMBEDDED_KEY_ENV] = secrets.token_urlsafe(32)
+        settings = SimSettings(block_size=64, api_key=os.environ[EMBEDDED_KEY_ENV])
+        embedded, sims = await start_embedded(settings)
+        update = {"base_url": embedded, "api_key_env": EMBEDDED_KEY_ENV}
+        channels = (config.channels[0].model_copy(update=update),)
         config = config.model_copy(update={"channels": channels})
     checks = [] if (embedded or not report) else await check_upstreams(config)
     host = config.server.host
@@ -301,8 +310,14 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     default=None,
     help="Refuse a model not in --model with vLLM's 404, as vLLM does (default: any).",
 )
+@click.option(
+    "--api-key-env",
+    default=None,
+    help="An environment variable holding the key every route but /health asks for "
+    "(Authorization: Bearer), as vLLM's --api-key.",
+)
 @click.option("--log-level", default="info", show_default=True)
-def upstream_sim(host, port, replicas, log_level, strict_models, **opts) -> None:
+def upstream_sim(host, port, replicas, log_level, strict_models, api_key_env, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
     chained block hashes, last-token rule and LRU, with vLLM's usage fields and /metrics."""
     from prefixgate.upstream_sim import serve_upstreams, settings_from_options
@@ -310,6 +325,15 @@ def upstream_sim(host, port, replicas, log_level, strict_models, **opts) -> None
     _setup_logging(log_level)
     if strict_models is not None:
         opts["accept_any_model"] = not strict_models
+    if api_key_env:
+        if not os.environ.get(api_key_env):
+            raise click.UsageError(f"--api-key-env: {api_key_env} is not set")
+        opts["api_key"] = os.environ[api_key_env]
+    elif host not in ("127.0.0.1", "::1", "localhost"):
+        raise click.UsageError(
+            "a simulated upstream without a key listens on loopback only: "
+            "give it one with --api-key-env, or --host 127.0.0.1"
+        )
     settings = settings_from_options(**opts)
 
     def ready(urls) -> None:

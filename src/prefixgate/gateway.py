@@ -14,20 +14,18 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from prefixgate import hygiene, pipeline
+from prefixgate import pipeline
 from prefixgate.admission import Admission
 from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config, StoreConfig
 from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_to_openai
 from prefixgate.diagnostics.lookup import Fingerprints
-from prefixgate.errors import GatewayError, NotFound, UpstreamError
+from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.events.tokens import EngineTokens
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.metrics import GatewayMetrics
-from prefixgate.pipeline import steps
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
-from prefixgate.protocol.common import decode_body
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
 from prefixgate.routing.channels import ChannelRouter, Target
@@ -124,31 +122,9 @@ class Gateway:
         return await diagnosis(self, request)
 
     async def count_tokens(self, request: Request) -> Response:
-        """The prompt's tokens as the first channel that would serve it renders it, after
-        that channel's hygiene steps. No record (nothing is sent upstream)."""
-        try:
-            principal = self.auth.authenticate(request.headers)
-            raw = await steps.read_body(request, self.config.limits.max_body_bytes)
-            body = decode_body(raw, self.config.limits)
-            anthropic_proto.check_count_tokens_request(body, self.config.limits)
-            self.auth.authorize_model(principal, body["model"])
-            targets = [
-                t
-                for t in self.router.candidates(body["model"], None)
-                if t.channel.kind in pipeline.MESSAGES.kinds
-            ]
-            if not targets:
-                raise NotFound(f"model {body['model']!r} is not served here")
-            channel = targets[0].channel
-            body = hygiene.apply_plain(body, channel)
-            return JSONResponse({"input_tokens": self.token_counter(body, channel)})
-        except GatewayError as err:
-            return pipeline.error_response(err, anthropic_proto.error_bytes)
-        except Exception:
-            log.exception("internal error on /v1/messages/count_tokens")
-            return pipeline.error_response(
-                GatewayError("internal error"), anthropic_proto.error_bytes
-            )
+        """The prompt's tokens (``pipeline/count.py``): authenticated, limited, admitted and
+        budgeted as inference is, and recorded; nothing is sent upstream."""
+        return await pipeline.run(pipeline.Exchange(self, request, pipeline.COUNT_TOKENS))
 
     async def models(self, request: Request) -> Response:
         anthropic = "anthropic-version" in request.headers
@@ -197,10 +173,14 @@ class Gateway:
         return ids
 
     # -- services the steps use ------------------------------------------------------------
-    def failed_attempt(self, target: Target, err: UpstreamError) -> None:
+    def failed_attempt(self, target: Target, err: UpstreamError, content: bytes = b"") -> None:
         """A retryable failure of one target: its health hears of it, the log says so
-        (once per interval per replica, with the count of the others)."""
-        self.router.report_failure(target)
+        (once per interval per replica, with the count of the others). An upstream's own
+        internal error (500 …, not 502-504) may be the request's doing: it ejects the replica
+        only when a second request's content failed there too (``report_failure``)."""
+        status = err.upstream_status
+        own = status is not None and status >= 500 and status not in (502, 503, 504)
+        self.router.report_failure(target, content if own else None)
         self.failures.warning(
             (target.name, target.base_url),
             "channel %s (%s) failed: %s",

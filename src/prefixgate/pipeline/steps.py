@@ -180,7 +180,7 @@ class Failover:
                 if not err.retryable:
                     raise
                 if not isinstance(err, ChannelBusy):  # a full channel is not a failure
-                    x.gateway.failed_attempt(target, err)
+                    x.gateway.failed_attempt(target, err, x.raw)
                     x.record.retries += 1
                 last = err
         raise last or NotFound(f"no channel serves model {x.body['model']!r}")

@@ -20,6 +20,7 @@ from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.serve.browsers import BrowserGuard
 from prefixgate.serve.edge import send_refusal
 from prefixgate.upstream import order as render_orders
 
@@ -47,7 +48,7 @@ def create_app(
         if "details" not in request.query_params:
             return JSONResponse({"status": "ok"})
         try:
-            gateway.auth.check_admin(request.headers)
+            gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
@@ -56,7 +57,7 @@ def create_app(
 
     async def metrics(request: Request) -> Response:
         try:
-            gateway.auth.check_admin(request.headers)
+            gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         return Response(
@@ -163,12 +164,15 @@ def create_app(
     app.state.ledger = ledger  # LedgerWorker, or None without a store or events
     hot = {
         "/v1/messages": gateway.messages,
+        "/v1/messages/count_tokens": gateway.count_tokens,
         "/v1/chat/completions": gateway.chat,
         "/chat/completions": gateway.chat,
         "/v1/responses": gateway.responses,
         "/responses": gateway.responses,
     }
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+    if config.open_access:  # no key to ask for: refuse what only a web page would send
+        outer = BrowserGuard(outer, config.server.host, _shape_of)
     return AccessLog(outer) if config.server.access_log else outer
 
 

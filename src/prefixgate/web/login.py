@@ -11,7 +11,8 @@
   against ``Host``); with the cookie's SameSite=Strict, another site can neither log a
   browser in nor out. A client that sends neither header is no browser, so no CSRF target.
 - ``x-api-key`` / ``Authorization: Bearer`` with the admin key still opens the JSON API.
-- A ``?key=`` query anywhere is refused (400): the key would sit in history and logs.
+- A ``?key=`` query holding a credential is refused (400): the key would sit in history
+  and logs. A key *name* there is the dashboard's filter (``?key=alice``) and passes.
 - Without an admin key configured there are no sessions: ``check_admin`` decides alone
   (open on an open loopback gateway, 403 otherwise).
 
@@ -28,6 +29,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from prefixgate.admin_attempts import client_address
 from prefixgate.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -58,6 +60,8 @@ class StoreUnavailable(GatewayError):
 class AdminGate:
     def __init__(self, gateway: Any, dsn: str, prefix: str) -> None:
         self.check_admin = gateway.auth.check_admin
+        self.is_credential = gateway.auth.is_credential
+        self.trusted_proxies = gateway.auth.trusted_proxies
         self.prefix = prefix
         config = gateway.config
         self.secure = config.dashboard.secure_cookie
@@ -67,13 +71,13 @@ class AdminGate:
     # -- the check in front of every page and API call ----------------------------------
     async def denied(self, request: Request) -> GatewayError | None:
         """Why ``request`` may not see the dashboard, or None when it may."""
-        if "key" in request.query_params:
+        if self.key_in_url(request.query_params.getlist("key")):
             return InvalidRequest(KEY_IN_URL)
         headers = request.headers
         token = request.cookies.get(COOKIE)
         try:
             if "x-api-key" in headers or "authorization" in headers or self.sessions is None:
-                self.check_admin(headers)
+                self.check_admin(headers, request.scope)
                 return None
             if token and await self._valid(token):
                 return None
@@ -83,6 +87,12 @@ class AdminGate:
                 return AuthenticationFailed("your session has ended: log in again")
             return err
         return None
+
+    def key_in_url(self, values: list[str]) -> bool:
+        """Whether a ``?key=`` value is a credential (the admin key, an API key, or what has
+        the shape of a key the gateway issues) rather than the key name the filter bar
+        sends (``?key=alice``)."""
+        return any(self.is_credential(v) for v in values)
 
     def has_session(self, request: Request) -> bool:
         return self.sessions is not None and COOKIE in request.cookies
@@ -95,7 +105,11 @@ class AdminGate:
 
     def refusal(self, request: Request, err: GatewayError) -> Response:
         """The login page in place of a page refused with ``err``, returning here after."""
-        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "key"]
+        rest = [
+            (k, v)
+            for k, v in request.query_params.multi_items()
+            if not (k == "key" and self.is_credential(v))
+        ]
         return self._page(err, request.url.path + ("?" + urlencode(rest) if rest else ""))
 
     def _page(self, err: GatewayError, next_url: str) -> Response:
@@ -128,18 +142,20 @@ class AdminGate:
         except GatewayError as err:
             return self._page(err, self.prefix)
         next_url = self._next(form.get("next"))
-        address = request.client.host if request.client else "unknown"
+        address = client_address(request.scope, self.trusted_proxies)
         try:
             if not await asyncio.to_thread(self.sessions.attempt, address):
                 return self._page(
                     RateLimited("too many login attempts from this address: wait a minute"),
                     next_url,
                 )
-            self.check_admin({"x-api-key": form.get("key", "")})
+            self.check_admin({"x-api-key": form.get("key", "")}, request.scope)
             token = await asyncio.to_thread(self.sessions.open)
         except AuthenticationFailed:
             log.warning("dashboard: a login from %s with a wrong admin key", address)
             return self._page(AuthenticationFailed("wrong admin key"), next_url)
+        except RateLimited as err:
+            return self._page(err, next_url)
         except StoreError as exc:
             err = StoreUnavailable(f"the store keeping sessions is unavailable: {exc}")
             return self._page(err, next_url)
@@ -180,7 +196,9 @@ class AdminGate:
             return p
         if parts.path.rstrip("/") == p + "/login":
             return p
-        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "key"]
+        query = [
+            (k, v) for k, v in parse_qsl(parts.query) if not (k == "key" and self.is_credential(v))
+        ]
         return parts.path + ("?" + urlencode(query) if query else "")
 
 

@@ -38,12 +38,12 @@ STATIC_TYPES = {
 _json = msgspec.json.Encoder()
 
 
-def _json_response(obj: Any, status: int = 200) -> Response:
+def _json_response(obj: Any, status: int = 200, retry_after: float | None = None) -> Response:
+    headers = {"cache-control": "no-store", **SECURITY_HEADERS}
+    if retry_after is not None:
+        headers["retry-after"] = str(int(retry_after))
     return Response(
-        _json.encode(obj),
-        status_code=status,
-        media_type="application/json",
-        headers={"cache-control": "no-store", **SECURITY_HEADERS},
+        _json.encode(obj), status_code=status, media_type="application/json", headers=headers
     )
 
 
@@ -99,7 +99,8 @@ class Dashboard:
         async def handler(request: Request) -> Response:
             err = await self.gate.denied(request)
             if err is not None:
-                return _json_response({"error": str(err)}, err.status)
+                retry = getattr(err, "retry_after", None)
+                return _json_response({"error": str(err)}, err.status, retry)
             try:
                 result = await fn(request)
             except BadParam as exc:
