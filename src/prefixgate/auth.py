@@ -51,7 +51,7 @@ def presented_key(headers) -> str | None:
 
 class Authenticator:
     """Keys from the config file, plus keys managed in the store (``prefixgate keys``),
-    which :meth:`refresh_from_store` reloads periodically so that new and revoked keys take
+    which :func:`refresh_keys` reloads periodically so that new and revoked keys take
     effect without a restart."""
 
     def __init__(self, config: Config) -> None:
@@ -69,15 +69,23 @@ class Authenticator:
             for k in config.keys
         }
         self._from_store: dict[str, Principal] = {}
+        self._rows: tuple = ()  # the store's key rows last loaded
         self._admin = config.admin_digest()
 
     def set_store_keys(self, rows) -> None:
         """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)."""
+        self._rows = tuple(rows)
         self._from_store = {
             r.digest: Principal(r.name, r.owner, tuple(r.models), budgets=self._budgets(r))
             for r in rows
             if r.active
         }
+
+    def adopt(self, previous: Authenticator) -> None:
+        """After a reload: the store's keys as ``previous`` last loaded them (their rows,
+        parsed again with this config's currency), until the next refresh."""
+        self._rows = previous._rows
+        self.set_store_keys(self._rows)
 
     def _budgets(self, row) -> tuple[Budget, ...]:
         out = []
@@ -87,27 +95,6 @@ class Authenticator:
             except BudgetSyntaxError as exc:  # `keys create` checks; a hand-edited row may not
                 log.warning("key %r: budget ignored: %s", row.name, exc)
         return tuple(out)
-
-    async def refresh_from_store(
-        self, dsn: str, interval: float = 5.0, timeouts: tuple[float, float] | None = None
-    ) -> None:
-        """Reload the store's keys every ``interval`` seconds, until cancelled; a stalled
-        store fails a round after ``timeouts`` (statement, lock) seconds."""
-        from prefixgate.store import open_store
-
-        statement, lock = timeouts or (None, None)
-
-        def load():
-            with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
-                store.migrate()
-                return store.list_keys()
-
-        while True:
-            try:
-                self.set_store_keys(await asyncio.to_thread(load))
-            except Exception as exc:  # keep the last known keys while the store is down
-                log.warning("cannot reload API keys from the store: %s", exc)
-            await asyncio.sleep(interval)
 
     @property
     def open_access(self) -> bool:
@@ -141,3 +128,26 @@ class Authenticator:
             hashlib.sha256(key.encode()).hexdigest(), self._admin
         ):
             raise AuthenticationFailed("admin key required")
+
+
+async def refresh_keys(
+    gateway, dsn: str, timeouts: tuple[float, float] | None = None, interval: float = 5.0
+) -> None:
+    """Reload the store's keys into the gateway's current authenticator every
+    ``interval`` seconds, until cancelled (after a config reload, into the new one); a
+    stalled store fails a round after ``timeouts`` (statement, lock) seconds."""
+    from prefixgate.store import open_store
+
+    statement, lock = timeouts or (None, None)
+
+    def load():
+        with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
+            store.migrate()
+            return store.list_keys()
+
+    while True:
+        try:
+            gateway.auth.set_store_keys(await asyncio.to_thread(load))
+        except Exception as exc:  # keep the last known keys while the store is down
+            log.warning("cannot reload API keys from the store: %s", exc)
+        await asyncio.sleep(interval)

@@ -14,12 +14,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from prefixgate.auth import refresh_keys
 from prefixgate.config import Config
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.reload import config_state
 from prefixgate.serve.edge import send_refusal
 from prefixgate.upstream import order as render_orders
 
@@ -51,7 +53,9 @@ def create_app(
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
-        return JSONResponse({"status": "ok", "details": {"kv_events": kv}})
+        return JSONResponse(
+            {"status": "ok", "details": {"kv_events": kv, "config": config_state(gateway)}}
+        )
 
     async def metrics(request: Request) -> Response:
         try:
@@ -99,7 +103,7 @@ def create_app(
             tasks.append(learning)
         store = config.store
         if gateway.budgets is not None and store is not None:
-            await _seed_budgets(gateway.budgets, store)
+            await seed_budgets(gateway.budgets, store)
         if config.telemetry is not None:
             from prefixgate.telemetry import Telemetry
 
@@ -109,9 +113,7 @@ def create_app(
         if store is not None and config.store_keys:
             tasks.append(
                 asyncio.create_task(
-                    gateway.auth.refresh_from_store(
-                        store.dsn, timeouts=(store.statement_timeout, store.lock_timeout)
-                    )
+                    refresh_keys(gateway, store.dsn, (store.statement_timeout, store.lock_timeout))
                 )
             )
         try:
@@ -361,7 +363,7 @@ class AccessLog:
             )
 
 
-async def _seed_budgets(keeper, store_config) -> None:
+async def seed_budgets(keeper, store_config) -> None:
     """What keys and owners used in the current windows, from the store into the budget
     ledger (a restart renews nobody's budget); a store that is down is said and passed."""
     from prefixgate.spend.standing import seed_ledger

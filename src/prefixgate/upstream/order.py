@@ -144,6 +144,13 @@ async def start(channels, transport, first_wait: float = 2.0) -> asyncio.Task | 
     return asyncio.get_running_loop().create_task(_again(auto, transport))
 
 
+async def learn_all(channels, transport) -> None:
+    """Learn the order of the ``auto`` channels among ``channels`` once (a reload added
+    or moved them); the periodic task of :func:`start` does not know them."""
+    auto = [ch for ch in channels if ch.kind == "openai" and ch.render_order == "auto"]
+    await asyncio.gather(*(learn(ch, transport) for ch in auto))
+
+
 async def _again(auto, transport) -> None:
     retry = RETRY_S
     while True:

@@ -57,7 +57,7 @@ class StoreUnavailable(GatewayError):
 
 class AdminGate:
     def __init__(self, gateway: Any, dsn: str, prefix: str) -> None:
-        self.check_admin = gateway.auth.check_admin
+        self.gateway = gateway
         self.prefix = prefix
         config = gateway.config
         self.secure = config.dashboard.secure_cookie
@@ -73,11 +73,11 @@ class AdminGate:
         token = request.cookies.get(COOKIE)
         try:
             if "x-api-key" in headers or "authorization" in headers or self.sessions is None:
-                self.check_admin(headers)
+                self.gateway.auth.check_admin(headers)
                 return None
             if token and await self._valid(token):
                 return None
-            self.check_admin({})
+            self.gateway.auth.check_admin({})
         except GatewayError as err:
             if token and isinstance(err, AuthenticationFailed):
                 return AuthenticationFailed("your session has ended: log in again")
@@ -135,7 +135,7 @@ class AdminGate:
                     RateLimited("too many login attempts from this address: wait a minute"),
                     next_url,
                 )
-            self.check_admin({"x-api-key": form.get("key", "")})
+            self.gateway.auth.check_admin({"x-api-key": form.get("key", "")})
             token = await asyncio.to_thread(self.sessions.open)
         except AuthenticationFailed:
             log.warning("dashboard: a login from %s with a wrong admin key", address)
