@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel
+
 from prefixgate.config import LOOPBACK, Config, ConfigError
 
 if TYPE_CHECKING:
@@ -181,7 +183,7 @@ def keep_fixed(old: Config, new: Config) -> tuple[Config, list[str]]:
 
 def _diff(name: str, before, after) -> list[str]:
     """The changed fields of a section (``server.port``), or the section's name."""
-    if before is None or after is None or not hasattr(before, "model_fields"):
+    if before is None or after is None or not isinstance(before, BaseModel):
         return [name]
     return [
         f"{name}.{f}" for f in type(before).model_fields if getattr(before, f) != getattr(after, f)
