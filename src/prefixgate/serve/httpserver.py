@@ -629,6 +629,11 @@ class Server:
     async def _drain(self) -> None:
         self.stopping = True
         await self._hand_over()
+        log.info(
+            "stopping: no longer accepting; %d connections drain (at most %g s)",
+            len(self.connections),
+            self.graceful,
+        )
         for s in self._servers:
             s.close()
         for sock in self._listening:  # the loop may hold a copy; this one must go too
