@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
@@ -27,7 +26,7 @@ from prefixgate.spend.prices import PriceTable
 from prefixgate.store import open_store
 from tests.conftest import scripted_upstream
 from tests.fakes import Reply
-from tests.serve.served import Served
+from tests.serve.served import Served, held_streams, wait_for
 
 ADMIN = "admin-secret-for-reload"
 STREAMS = 200
@@ -57,16 +56,6 @@ def _config(dsn: str, journal: str, replicas: list[str], price_in: float) -> dic
 def _state(url: str) -> dict:
     r = httpx.get(url + "/healthz?details", headers={"x-api-key": ADMIN})
     return r.json()["details"]["config"]
-
-
-def _wait_for(cond, what: str, limit: float = 120.0):
-    deadline = time.monotonic() + limit  # a guard against a hang, not a measurement
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"never: {what}")
 
 
 def _news(upstream) -> int:
@@ -101,30 +90,6 @@ def _reference(upstream_url: str, n: int) -> dict[int, bytes]:
         return out
 
 
-async def _streams(url: str, n: int, started: threading.Event) -> list[tuple[bytes, str]]:
-    """``n`` concurrent chat streams, each on its own connection: (the bytes, request id)."""
-    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=0)
-    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
-        opened = 0
-
-        async def one(i: int) -> tuple[bytes, str]:
-            nonlocal opened
-            async with client.stream(
-                "POST", url + "/v1/chat/completions", json=_body(i), headers={"x-api-key": "k"}
-            ) as r:
-                assert r.status_code == 200, await r.aread()
-                body = b""
-                async for part in r.aiter_raw():
-                    if not body:
-                        opened += 1
-                        if opened == n:
-                            started.set()
-                    body += part
-                return body, r.headers["x-request-id"]
-
-        return await asyncio.gather(*(one(i) for i in range(n)))
-
-
 def test_a_reload_under_200_streams_changes_prices_and_replicas(tmp_path):
     hold = threading.Event()
 
@@ -152,10 +117,12 @@ def test_a_reload_under_200_streams_changes_prices_and_replicas(tmp_path):
             started = threading.Event()
             results: list = []
             runner = threading.Thread(
-                target=lambda: results.extend(asyncio.run(_streams(gw.url, STREAMS, started)))
+                target=lambda: results.extend(
+                    asyncio.run(held_streams(gw.url, [_body(i) for i in range(STREAMS)], started))
+                )
             )
             runner.start()
-            _wait_for(started.is_set, "every stream has its first bytes")
+            wait_for(started.is_set, "every stream has its first bytes")
             assert len(a.requests) + len(b.requests) == STREAMS
             assert len(a.requests) and len(b.requests)  # round robin over both replicas
 
@@ -164,7 +131,7 @@ def test_a_reload_under_200_streams_changes_prices_and_replicas(tmp_path):
             second["server"] = {**second["server"], "port": gw.port, "host": "127.0.0.1"}
             config_path.write_text(yaml.safe_dump(second))
             gw.proc.send_signal(signal.SIGHUP)
-            state = _wait_for(lambda: (s := _state(gw.url))["generation"] == 2 and s, "reloaded")
+            state = wait_for(lambda: (s := _state(gw.url))["generation"] == 2 and s, "reloaded")
             last = state["last_reload"]
             assert last["applied"] and last["needs_restart"] == []
             assert last["in_flight_on_previous"] == STREAMS
@@ -186,7 +153,7 @@ def test_a_reload_under_200_streams_changes_prices_and_replicas(tmp_path):
             hold.set()
             runner.join(300)
             assert len(results) == STREAMS
-            _wait_for(lambda: "replica " + a.url + " left" in gw.output, "A's pool closed")
+            wait_for(lambda: "replica " + a.url + " left" in gw.output, "A's pool closed")
         assert gw.returncode == 0, gw.output
 
     for i, (got, _rid) in enumerate(results):
@@ -228,7 +195,7 @@ def test_a_bad_config_is_refused_and_the_old_one_keeps_serving(tmp_path, upstrea
         assert _state(gw.url)["reloads"] == {"applied": 0, "refused": 0}
         # Sent anyway (a plain SIGHUP): the gateway refuses it with the reason.
         gw.proc.send_signal(signal.SIGHUP)
-        state = _wait_for(lambda: (s := _state(gw.url))["reloads"]["refused"] == 1 and s, "refused")
+        state = wait_for(lambda: (s := _state(gw.url))["reloads"]["refused"] == 1 and s, "refused")
         assert state["generation"] == 1 and not state["last_reload"]["applied"]
         assert "budgets.owners.team" in state["last_reload"]["reason"]
         r = httpx.post(

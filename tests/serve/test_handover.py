@@ -10,7 +10,6 @@ import asyncio
 import json
 import signal
 import threading
-import time
 
 import httpx
 
@@ -18,7 +17,7 @@ from prefixgate.serve import handover
 from prefixgate.store import open_store
 from tests.conftest import scripted_upstream
 from tests.fakes import Reply
-from tests.serve.served import Served, free_port
+from tests.serve.served import Served, free_port, held_streams, wait_for
 
 STREAMS = 200
 WORDS = [f"w{i:02d} " for i in range(8)]
@@ -36,36 +35,6 @@ def _text(body: bytes) -> str:
             for choice in json.loads(line[6:])["choices"]:
                 out.append(choice["delta"].get("content") or "")
     return "".join(out)
-
-
-def _wait_for(cond, what: str, limit: float = 120.0):
-    deadline = time.monotonic() + limit  # a guard against a hang, not a measurement
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"never: {what}")
-
-
-async def _streams(url: str, n: int, opened: threading.Event) -> list[tuple[bytes, str]]:
-    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=0)
-    count = 0
-    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
-
-        async def one(i: int) -> tuple[bytes, str]:
-            nonlocal count
-            async with client.stream("POST", url + "/v1/chat/completions", json=_body(i)) as r:
-                assert r.status_code == 200
-                body = b""
-                async for part in r.aiter_raw():
-                    if not body:
-                        count += 1
-                        if count == n:
-                            opened.set()
-                    body += part
-                return body, r.headers["x-request-id"]
-
-        return await asyncio.gather(*(one(i) for i in range(n)))
 
 
 class NewRequests:
@@ -146,17 +115,19 @@ def test_an_upgrade_under_200_streams_drops_nothing(tmp_path):
             opened = threading.Event()
             streams: list = []
             runner = threading.Thread(
-                target=lambda: streams.extend(asyncio.run(_streams(url, STREAMS, opened)))
+                target=lambda: streams.extend(
+                    asyncio.run(held_streams(url, [_body(i) for i in range(STREAMS)], opened))
+                )
             )
             runner.start()
-            _wait_for(opened.is_set, "200 streams open on the old process")
+            wait_for(opened.is_set, "200 streams open on the old process")
             with NewRequests(url) as arriving:
                 new = Served(tmp_path / "new", cfg, "--pid-file", str(tmp_path / "new.pid"))
-                _wait_for((tmp_path / "new.pid").exists, "the new process serves the port")
+                wait_for((tmp_path / "new.pid").exists, "the new process serves the port")
                 before = len(arriving.ids)
                 old.proc.send_signal(signal.SIGTERM)
-                _wait_for(lambda: "no longer accepting" in old.output, "the old one let go")
-                _wait_for(lambda: len(arriving.ids) > before + 50, "new requests after it")
+                wait_for(lambda: "no longer accepting" in old.output, "the old one let go")
+                wait_for(lambda: len(arriving.ids) > before + 50, "new requests after it")
             hold.set()  # the old process's streams may end now
             runner.join(300)
             assert old.proc.wait(300) == 0, old.output
