@@ -151,3 +151,49 @@ async def refresh_keys(
         except Exception as exc:  # keep the last known keys while the store is down
             log.warning("cannot reload API keys from the store: %s", exc)
         await asyncio.sleep(interval)
+
+
+class KeyEpoch:
+    """A counter the workers of one ``serve --workers N`` share (an anonymous shared
+    memory page made before they fork): a worker that changed the store's keys (the
+    console) bumps it, and every worker reads the store's keys again before it
+    authenticates its next request, so a rotated or revoked key is refused at once on
+    every worker, not at the next periodic refresh."""
+
+    def __init__(self) -> None:
+        import mmap
+
+        self._page = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED)
+        self.seen = 0
+
+    @property
+    def value(self) -> int:
+        return int.from_bytes(self._page[:8], "little")
+
+    def moved(self) -> bool:
+        return self.value != self.seen
+
+    def bump(self) -> None:
+        """After a change this worker already applied to itself."""
+        self.seen = self.value + 1
+        self._page[:8] = self.seen.to_bytes(8, "little")
+
+
+async def fresh_store_keys(gateway) -> None:
+    """When another worker changed the store's keys (``gateway.key_epoch`` moved): read
+    them now, before this request is authenticated."""
+    epoch = gateway.key_epoch
+    target = epoch.value
+    store = gateway.config.store
+    from prefixgate.store import open_store
+
+    def load():
+        with open_store(store.dsn, statement_timeout=store.statement_timeout) as s:
+            return s.list_keys()
+
+    try:
+        gateway.auth.set_store_keys(await asyncio.to_thread(load))
+    except Exception as exc:  # the periodic refresh tries again
+        log.warning("cannot reload API keys from the store: %s", exc)
+        return
+    epoch.seen = target

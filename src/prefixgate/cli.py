@@ -140,10 +140,13 @@ def serve(
             return
         log.info("prefixgate: %d worker processes", workers)
         parent = os.getpid()
+        from prefixgate.auth import KeyEpoch
+
+        epoch = KeyEpoch() if config.store_keys else None  # shared by the forked workers
 
         def worker(sock, i: int) -> None:  # each claims its own slot in the record journal
             life = Lifecycle(reload_from, pid_file, pid=parent, announce=i == 0)
-            serving.run(_serve(config, sock, edge=edge, report=i == 0, life=life))
+            serving.run(_serve(config, sock, edge=edge, report=i == 0, life=life, key_epoch=epoch))
 
         try:
             status = serving.run_workers(workers, *where, worker)
@@ -198,7 +201,9 @@ def _embedded_in(config, url: str):
     return config.model_copy(update={"channels": channels})
 
 
-async def _serve(config, sock, *, edge: _Edge, report: bool = True, life=None) -> None:
+async def _serve(
+    config, sock, *, edge: _Edge, report: bool = True, life=None, key_epoch=None
+) -> None:
     from prefixgate.serve.app import build_app, refusal_app
     from prefixgate.serve.process import http_server, uvicorn_server
     from prefixgate.serve.report import check_upstreams, start_block
@@ -260,6 +265,7 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True, life=None) -
             refusal=refusal,
             on_started=started,
         )
+    app.state.gateway.key_epoch = key_epoch
     if life is not None:
         life.install(app.state.gateway)
     try:

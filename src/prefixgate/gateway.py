@@ -75,6 +75,7 @@ class Gateway:
         self.live = Live.build(config, upstream=self.upstream, events=events)
         self.reloads = ReloadLog()
         self.draining: set[Live] = set()  # retired generations with requests still running
+        self.key_epoch = None  # auth.KeyEpoch shared by the workers of one serve, if any
         self.recorder = recorder or _NullRecorder()
         self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
         self.metrics = GatewayMetrics(recorder)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from prefixgate import hygiene as hygiene_steps
+from prefixgate.auth import fresh_store_keys
 from prefixgate.convert.request import ConvertOptions, convert
 from prefixgate.errors import (
     AtCapacity,
@@ -33,7 +34,11 @@ _encode = msgspec.json.encode
 
 # -- before the upstream: who, what, may they, where -----------------------------------------
 async def authenticate(x: Exchange) -> None:
-    """The key (``x-api-key`` or ``Authorization: Bearer``), looked up by its digest."""
+    """The key (``x-api-key`` or ``Authorization: Bearer``), looked up by its digest
+    (after the store's keys are read again if another worker changed them)."""
+    epoch = x.gateway.key_epoch
+    if epoch is not None and epoch.moved():
+        await fresh_store_keys(x.gateway)
     x.principal = x.live.auth.authenticate(x.request.headers)
     x.record.key_name, x.record.key_owner = x.principal.name, x.principal.owner
 

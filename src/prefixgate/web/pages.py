@@ -28,9 +28,10 @@ PAGES = {
     "upstream": ("Upstream health", "Upstream", "upstream.js"),
     "requests": ("Request log", "Requests", "requests.js"),
     "usage": ("Usage and cost", "Usage", "usage.js"),
+    "keys": ("Keys and budgets", "Keys", "keys.js"),
     "request": ("Request", None, "request.js"),
 }
-NAV = ("overview", "distribution", "doctor", "upstream", "requests", "usage")
+NAV = ("overview", "distribution", "doctor", "upstream", "requests", "usage", "keys")
 
 
 def _nav(prefix: str, active: str) -> str:

@@ -19,10 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from prefixgate.errors import GatewayError
 from prefixgate.store import StoreError, open_store
 from prefixgate.web import ledger as ledger_view
 from prefixgate.web import pages, queries
 from prefixgate.web import upstream as upstream_mod
+from prefixgate.web.console import Console, check_post, read_json
 from prefixgate.web.login import AdminGate
 from prefixgate.web.pages import SECURITY_HEADERS
 from prefixgate.web.scope import BadParam, dimension_of, scope_of
@@ -83,6 +85,7 @@ class Dashboard:
         self._doctor = _TTLCache(DOCTOR_TTL)
         self._l2 = _TTLCache(L2_TTL)
         self.gate = AdminGate(gateway, store_dsn, PREFIX)
+        self.console = Console(gateway, store_dsn)
 
     def page(self, name: str) -> Callable:
         async def handler(request: Request) -> Response:
@@ -108,6 +111,24 @@ class Dashboard:
                 return _json_response({"error": f"store unavailable: {exc}"}, 503)
             if result is None:
                 return _json_response({"error": "not found"}, 404)
+            return _json_response(result)
+
+        return handler
+
+    def change(self, fn: Callable[[Request, dict], Any]) -> Callable:
+        """A POST of the admin API: the admin's, from this origin, a JSON object body."""
+
+        async def handler(request: Request) -> Response:
+            err = await self.gate.denied(request)
+            if err is not None:
+                return _json_response({"error": str(err)}, err.status)
+            try:
+                check_post(request)
+                result = await fn(request, await read_json(request))
+            except GatewayError as exc:
+                return _json_response({"error": exc.message}, exc.status)
+            except StoreError as exc:
+                return _json_response({"error": f"store unavailable: {exc}"}, 503)
             return _json_response(result)
 
         return handler
@@ -267,6 +288,7 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/requests", d.page("requests"), methods=["GET"]),
         Route(p + "/requests/{request_id}", d.page("request"), methods=["GET"]),
         Route(p + "/usage", d.page("usage"), methods=["GET"]),
+        Route(p + "/keys", d.page("keys"), methods=["GET"]),
         Route(p + "/api/meta", d.api(d.meta), methods=["GET"]),
         Route(p + "/api/overview", d.api(d.overview), methods=["GET"]),
         Route(p + "/api/distribution", d.api(d.distribution), methods=["GET"]),
@@ -276,5 +298,11 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/api/requests/{request_id}", d.api(d.request_detail), methods=["GET"]),
         Route(p + "/api/texts", d.api(d.texts), methods=["GET"]),
         Route(p + "/api/usage", d.api(d.usage), methods=["GET"]),
+        Route(p + "/api/keys", d.api(d.console.keys), methods=["GET"]),
+        Route(p + "/api/keys", d.change(d.console.create), methods=["POST"]),
+        Route(p + "/api/keys/{name}/rotate", d.change(d.console.rotate), methods=["POST"]),
+        Route(p + "/api/keys/{name}/revoke", d.change(d.console.revoke), methods=["POST"]),
+        Route(p + "/api/keys/{name}/budgets", d.change(d.console.set_budgets), methods=["POST"]),
+        Route(p + "/api/audit", d.api(d.console.audit), methods=["GET"]),
         Route(p + "/static/{name}", d.static_file, methods=["GET"]),
     ]
