@@ -96,6 +96,23 @@ class Authenticator:
                 log.warning("key %r: budget ignored: %s", row.name, exc)
         return tuple(out)
 
+    def named(self, name: str) -> tuple[str, Principal] | None:
+        """The digest and principal of the active key named ``name`` (a key holder's
+        session is checked against the key's current digest: a rotated or revoked key
+        ends it)."""
+        for table in (self._by_digest, self._from_store):
+            for digest, principal in table.items():
+                if principal.name == name:
+                    return digest, principal
+        return None
+
+    def principal_of(self, key: str) -> Principal | None:
+        """The principal of an API key (not the admin key), or None."""
+        if not key:
+            return None
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._by_digest.get(digest) or self._from_store.get(digest)
+
     @property
     def open_access(self) -> bool:
         return self._open

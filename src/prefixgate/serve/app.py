@@ -66,6 +66,19 @@ def create_app(
             gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    async def me(request: Request) -> Response:
+        """The caller's own usage, budgets, sessions and prefix breaks (web/me.py), for
+        the key they present; never another key's."""
+        try:
+            principal = gateway.auth.authenticate(request.headers)
+            if config.store is None:
+                raise NotFound("nothing is recorded here: the gateway has no store")
+            from prefixgate.web.routes import me_of
+
+            return JSONResponse(await me_of(gateway, config.store.dsn, principal, request))
+        except GatewayError as err:
+            return error_response(err, openai_proto.error_bytes)
+
     async def openapi(request: Request) -> Response:
         from prefixgate.protocol.schemas import openapi_document
 
@@ -147,6 +160,7 @@ def create_app(
         Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/responses", gateway.responses, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/me", me, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),

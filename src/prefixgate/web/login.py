@@ -21,6 +21,7 @@ Neither the key nor a token reaches a log line, an error body or a page.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -28,6 +29,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from prefixgate.auth import presented_key
 from prefixgate.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -38,7 +40,7 @@ from prefixgate.errors import (
 )
 from prefixgate.store import StoreError
 from prefixgate.web import pages
-from prefixgate.web.sessions import ATTEMPT_WINDOW, Sessions
+from prefixgate.web.sessions import ATTEMPT_WINDOW, Sessions, holder_mark, holder_name
 
 log = logging.getLogger("prefixgate")
 
@@ -75,8 +77,14 @@ class AdminGate:
             if "x-api-key" in headers or "authorization" in headers or self.sessions is None:
                 self.gateway.auth.check_admin(headers)
                 return None
-            if token and await self._valid(token):
-                return None
+            if token:
+                owner = await self._owner(token)
+                if owner == self.sessions.admin:
+                    return None
+                if owner is not None and holder_name(owner) is not None:
+                    return PermissionDenied(
+                        f"this is the admin's; your own view is at {self.prefix}/me"
+                    )
             self.gateway.auth.check_admin({})
         except GatewayError as err:
             if token and isinstance(err, AuthenticationFailed):
@@ -87,11 +95,29 @@ class AdminGate:
     def has_session(self, request: Request) -> bool:
         return self.sessions is not None and COOKIE in request.cookies
 
-    async def _valid(self, token: str) -> bool:
+    async def _owner(self, token: str) -> str | None:
         try:
-            return await asyncio.to_thread(self.sessions.valid, token)
+            return await asyncio.to_thread(self.sessions.owner, token)
         except StoreError as exc:
             raise StoreUnavailable(f"the store keeping sessions is unavailable: {exc}") from exc
+
+    async def holder(self, request: Request):
+        """The key holder a request speaks for: the key in its headers (scripts), else
+        the key holder's session in its cookie, checked against the key's current digest
+        (a rotated or revoked key ends its sessions); None when neither."""
+        auth = self.gateway.auth
+        key = presented_key(request.headers)
+        if key:
+            return auth.principal_of(key)
+        token = request.cookies.get(COOKIE)
+        if not token or self.sessions is None:
+            return None
+        owner = await self._owner(token)
+        name = holder_name(owner) if owner else None
+        found = auth.named(name) if name else None
+        if found is None or owner != holder_mark(name, found[0]):
+            return None
+        return found[1]
 
     def refusal(self, request: Request, err: GatewayError) -> Response:
         """The login page in place of a page refused with ``err``, returning here after."""
@@ -135,11 +161,23 @@ class AdminGate:
                     RateLimited("too many login attempts from this address: wait a minute"),
                     next_url,
                 )
-            self.gateway.auth.check_admin({"x-api-key": form.get("key", "")})
-            token = await asyncio.to_thread(self.sessions.open)
+            key = form.get("key", "")
+            holder = None
+            try:
+                self.gateway.auth.check_admin({"x-api-key": key})
+            except AuthenticationFailed:
+                holder = self.gateway.auth.principal_of(key)  # a key holder's own view
+                if holder is None:
+                    raise
+                digest = hashlib.sha256(key.encode()).hexdigest()
+                next_url = f"{self.prefix}/me"
+            mark = holder_mark(holder.name, digest) if holder is not None else None
+            token = await asyncio.to_thread(self.sessions.open, mark)
         except AuthenticationFailed:
             log.warning("dashboard: a login from %s with a wrong admin key", address)
-            return self._page(AuthenticationFailed("wrong admin key"), next_url)
+            return self._page(
+                AuthenticationFailed("wrong admin key (and no API key of this gateway)"), next_url
+            )
         except StoreError as exc:
             err = StoreUnavailable(f"the store keeping sessions is unavailable: {exc}")
             return self._page(err, next_url)
