@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 
 import click
@@ -129,6 +130,8 @@ def serve(
     where = (config.server.host, config.server.port)
     edge = _Edge(config, http_impl, workers, serving.raise_open_files())
     reload_from = load if config_path else None
+    # A SIGHUP before the loop handles it (a reload sent during the start) is not a kill.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         if workers == 1:
             try:

@@ -204,7 +204,14 @@ async def reload_gateway(gw: Gateway, config: Config) -> ReloadResult:
         gw.reloads.add(result)
         log.error("reload refused, generation %d keeps serving: %s", old.generation, exc)
         return result
-    await new.router.start()
+    try:
+        await new.router.start()
+    except Exception as exc:  # e.g. a routing_shared Redis that cannot be reached
+        await new.router.aclose()
+        result = ReloadResult(False, old.generation, reason=f"cannot start routing: {exc}")
+        gw.reloads.add(result)
+        log.error("reload refused, generation %d keeps serving: %s", old.generation, exc)
+        return result
     if new.budgets is not None and old.budgets is None and effective.store is not None:
         from prefixgate.serve.app import seed_budgets
 
