@@ -39,6 +39,24 @@ def _use(url: str, key: str, session: str, n: int) -> list[str]:
     return ids
 
 
+def _clocked(url: str, key: str, session: str, n: int) -> None:
+    """``n`` requests of one session whose system prompt carries the time (a breaker: the
+    prefix changes at the start while the long instructions after it are sent again)."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    rules = " ".join(f"Rule {i}: keep the code tidy and tested." for i in range(200))
+    for i in range(n):
+        client.chat.completions.create(
+            model="m",
+            max_tokens=16,
+            user=session,
+            messages=[
+                {"role": "system", "content": f"Now: 2026-12-01T10:00:{i:02d}Z. {rules}"},
+                {"role": "user", "content": "go on"},
+            ],
+        )
+    client.close()
+
+
 def _me(url: str, key: str, path: str = "/v1/me") -> dict:
     r = httpx.get(url + path, headers={"authorization": f"Bearer {key}"})
     assert r.status_code == 200, r.text
@@ -62,11 +80,15 @@ def test_each_holder_sees_their_own_through_the_api(console):
     _use(url, alice, "alice-s1", 3)
     _use(url, alice, "alice-s2", 1)
     bobs = _use(url, bob, "bob-s1", 2)
-    me = _recorded(url, alice, 4)
+    _clocked(url, alice, "alice-clock", 3)
+    me = _recorded(url, alice, 7)
     assert me["key"] == "alice" and me["owner"] == "team-a"
-    assert me["prompt_tokens"] == 400 and me["completion_tokens"] == 28
-    assert sorted(s["session"] for s in me["sessions"]) == ["alice-s1", "alice-s2"]
-    assert me["budgets"] == [{"budget": "1M tokens/day", "used": 428, "left": 999572}]
+    assert me["prompt_tokens"] == 700 and me["completion_tokens"] == 49
+    assert sorted(s["session"] for s in me["sessions"]) == ["alice-clock", "alice-s1", "alice-s2"]
+    assert me["budgets"] == [{"budget": "1M tokens/day", "used": 749, "left": 999251}]
+    # The clock in the system prompt broke the prefix of two of the session's requests.
+    assert {b["session"] for b in me["prefix_breaks"]} == {"alice-clock"}
+    assert sum(b["requests"] for b in me["prefix_breaks"]) == 2
     assert _recorded(url, bob, 2)["sessions"][0]["session"] == "bob-s1"
     # Nothing in the URL chooses whose records are read.
     assert _me(url, alice, "/v1/me?key_name=bob&key=bob")["key"] == "alice"
@@ -103,6 +125,7 @@ def test_a_holder_signs_in_and_sees_only_their_own(browser, console):
     assert "alice-s1" in sessions and "bob" not in pg.content()
     assert alice not in pg.content()
     assert pg.locator("nav a").all_inner_texts() == ["My usage"]
+    assert "null" not in pg.locator("#content").inner_text()
     p.shot("me")
     # The admin's pages and another key's request, by URL: refused.
     for path in ("/dashboard", "/dashboard/requests", f"/dashboard/requests/{bobs[0]}"):

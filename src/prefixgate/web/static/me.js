@@ -38,12 +38,14 @@
       { label: "requests", num: true, cell: (b) => fmt.int(b.requests) },
       { label: "tokens prefilled again", num: true, cell: (b) => fmt.num(b.tokens_lost) },
     ], d.prefix_breaks, { class: "my-breaks" }) : h("p", { class: "muted", text: "No prefix break found in your sessions." });
-    content.replaceChildren(
+    const cards = [
       h("div", { id: "me", dataset: { key: d.key } }, kpis),
       PG.card("Your budgets", "this window", budgets(d.budgets)),
       d.owner ? PG.card(`Budgets of ${d.owner}`, "shared with the owner's other keys", budgets(d.owner_budgets)) : null,
       PG.card("Your sessions", "most recent first", sessions),
-      PG.card("What broke your prefix", "the doctor's view of your sessions: what changed between requests while later content was sent again", breaks));
+      PG.card("What broke your prefix", "the doctor's view of your sessions: what changed between requests while later content was sent again", breaks),
+    ];
+    content.replaceChildren(...cards.filter((c) => c !== null));
   }
 
   PG.ready(load);
