@@ -58,6 +58,7 @@ _MAX_TARGET = 64 * 1024
 # most ``HANDOVER_MAX`` seconds.
 HANDOVER_QUIET = 0.5
 HANDOVER_MAX = 3.0
+DRAIN_IDLE_GRACE = 1.0
 
 # The listen backlog: as deep as the kernel allows (it caps it at net.core.somaxconn, 4096
 # on current Linux). Connections of a burst wait there until the accept loop takes them,
@@ -346,9 +347,14 @@ class HTTPProtocol(asyncio.Protocol):
             self.write(plain(status, text))
         self.close()
 
+    @property
+    def idle(self) -> bool:
+        """No request on it: none answered, none arriving, none waiting."""
+        return self.current is None and self.parsing is None and not self.pipeline
+
     def shutdown(self) -> None:
         """Server stopping: close now if idle, else after the request in flight."""
-        if self.current is None and self.parsing is None and not self.pipeline:
+        if self.idle:
             self.close()
         else:
             for req in (self.current, self.parsing, *self.pipeline):
@@ -638,10 +644,18 @@ class Server:
             s.close()
         for sock in self._listening:  # the loop may hold a copy; this one must go too
             sock.close()
-        for conn in list(self.connections):
-            conn.shutdown()
-        deadline = self.loop.time() + self.graceful
+        start = self.loop.time()
+        deadline = start + self.graceful
+        if self.handover is None:
+            for conn in list(self.connections):
+                conn.shutdown()
+        # Handing over, an idle kept-alive connection stays open while requests are in
+        # flight here (at least DRAIN_IDLE_GRACE): a request a client sends on it is
+        # answered, with `connection: close`, instead of racing the close.
         while self.connections and self.loop.time() < deadline:
+            waited = self.loop.time() - start >= DRAIN_IDLE_GRACE
+            if self.handover is not None and waited and all(c.idle for c in self.connections):
+                break
             await asyncio.sleep(0.05)
         for conn in list(self.connections):
             req = conn.current
