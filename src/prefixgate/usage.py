@@ -30,6 +30,8 @@ class Usage:
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         out = usage.get("completion_tokens_details")
         reasoning = out.get("reasoning_tokens") if isinstance(out, dict) else None
+        if reasoning is None:  # SGLang counts them in a top-level ``reasoning_tokens``
+            reasoning = usage.get("reasoning_tokens")
         return cls(
             prompt_tokens=_int(usage.get("prompt_tokens")),
             cached_tokens=_int(cached),

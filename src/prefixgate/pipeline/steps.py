@@ -257,16 +257,19 @@ async def send(x: Exchange) -> None:
     rec.route_source = target.source
     x.live.router.acquire(target, rec.request_id)  # in flight until finish()
     options = {"timeouts": ch.timeouts, "extra_headers": x.headers, "tls": ch.tls}
-    try:
-        resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
-    except UpstreamRejected as err:
-        room = err.overflow.max_tokens_room if err.overflow is not None else 0
-        if not (0 < room < x.out.get("max_tokens", 0)):
-            raise
-        # The prompt fits; only max_tokens pushed it over the window: clamp and resend.
-        x.out = {**x.out, "max_tokens": room}
-        x.data = _encode(x.out)
-        resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
+    # The prompt fits; only max_tokens pushed it over the window: clamp and resend. At
+    # most twice: SGLang first says max_tokens alone exceeds the window (the prompt not
+    # counted), then, clamped to the window, that prompt + max_tokens does.
+    for clamps in range(3):
+        try:
+            resp = await gw.upstream.open(x.url, x.data, channel=ch.name, **options)
+            break
+        except UpstreamRejected as err:
+            room = err.overflow.max_tokens_room if err.overflow is not None else 0
+            if clamps == 2 or not (0 < room < x.out.get("max_tokens", 0)):
+                raise
+            x.out = {**x.out, "max_tokens": room}
+            x.data = _encode(x.out)
     x.upstream = resp
     x.first = await check_answer(resp, ch, stream=rec.stream)
     x.live.router.report_success(target)

@@ -31,16 +31,24 @@ from prefixgate.upstream import http1
 _MAX_ERROR_BODY = 64 * 1024
 
 # Context-window errors as vLLM and SGLang word them.
+# SGLang also refuses a prompt its KV cache cannot hold: "Input length (N tokens) exceeds
+# the maximum allowed length (M tokens)".
 _MAXIMUM = re.compile(
     r"maximum context length (?:is|of) (\d+)|context length \((\d+) tokens\)"
-    r"|max_model_len=(\d+)"
+    r"|max_model_len=(\d+)|maximum allowed length \((\d+) tokens\)"
 )
 _PROMPT = re.compile(
     r"(\d+) in the messages|request has (\d+) input tokens|input \((\d+) tokens\)"
     r"|(\d+) tokens from the input messages|prompt contains at least (\d+) input tokens"
+    r"|Input length \((\d+) tokens\)"
 )
-# vLLM 0.32: "max_tokens=32000 cannot be greater than max_model_len=16384" (prompt unknown).
-_MAX_TOKENS_OVER = re.compile(r"max_tokens=(\d+) cannot be greater than max_model_len=(\d+)")
+# Only max_tokens is over the window (the prompt not counted): vLLM 0.32 "max_tokens=32000
+# cannot be greater than max_model_len=16384"; SGLang "max_completion_tokens is too large:
+# 32000.This model supports at most 16384 completion tokens."
+_MAX_TOKENS_OVER = re.compile(
+    r"max_tokens=\d+ cannot be greater than max_model_len=(\d+)"
+    r"|max_completion_tokens is too large: \d+\.\s*This model supports at most (\d+)"
+)
 _REQUESTED = re.compile(r"you requested (\d+) tokens|requested a total of (\d+) tokens")
 
 
@@ -76,7 +84,7 @@ class ContextOverflow:
 def parse_context_error(message: str) -> ContextOverflow | None:
     m = _MAX_TOKENS_OVER.search(message)
     if m:  # only max_tokens is over; the upstream stops generating at the window itself
-        return ContextOverflow(int(m.group(2)), 0)
+        return ContextOverflow(_first_int(m), 0)
     maximum = _first_int(_MAXIMUM.search(message))
     if maximum is None:
         return None
