@@ -143,3 +143,12 @@ def pg_schema_dsn(database_dsn: str) -> str:
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     return with_uri(database_dsn, options=f"-csearch_path={schema}")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_dsn(request, tmp_path) -> str:
+    """A fresh store for one test, on each backend: a SQLite file, or a new schema in the
+    session's Postgres database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'r.db'}"
+    return pg_schema_dsn(request.getfixturevalue("pg_database"))

@@ -19,6 +19,7 @@ from prefixgate.admission import Admission
 from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.diagnostics.lookup import Fingerprints
 from prefixgate.errors import GatewayError, NotFound, UpstreamError
 from prefixgate.events.tokens import EngineTokens
 from prefixgate.live import Live
@@ -40,6 +41,7 @@ from prefixgate.upstream.order import render_order
 
 if TYPE_CHECKING:
     from prefixgate.events.hub import EngineEvents
+    from prefixgate.store.base import Store
 
 log = logging.getLogger("prefixgate")
 
@@ -87,6 +89,9 @@ class Gateway:
 
             self.metrics.registry.register(EventsCollector(events))
         self.capture = capture
+        # diagnostics/: the requests that asked why their cache missed, for the next ones
+        self.fingerprints = Fingerprints(_store_factory(config))
+        self._own_capture: Callable[..., None] | None = None
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)
         self.telemetry = None  # telemetry.Telemetry when config.telemetry (started by the app)
@@ -137,6 +142,12 @@ class Gateway:
 
     async def responses(self, request: Request) -> Response:
         return await pipeline.run(pipeline.Exchange(self, request, pipeline.RESPONSES))
+
+    async def diagnosis(self, request: Request) -> Response:
+        """``GET /v1/diagnostics/{id}``: an earlier answer's diagnosis and miss ledger."""
+        from prefixgate.diagnostics.route import diagnosis
+
+        return await diagnosis(self, request)
 
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens as the first channel that would serve it renders it, after
@@ -267,6 +278,18 @@ class Gateway:
         if not pending:
             asyncio.get_running_loop().call_soon(self.capture_now, rec.request_id)
 
+    def diagnostics_capture(self, rec: Record, *args) -> None:
+        """Segments for a request that asked for diagnostics when no capture is
+        configured (no store): hashes only, kept with the worker's fingerprints."""
+        if self._own_capture is None:
+            from prefixgate.record.capture import Capturer
+
+            self._own_capture = Capturer(change_budget=0)
+        try:
+            self._own_capture(rec, *args)
+        except Exception:  # never break the request path: the answer is "unavailable"
+            log.exception("segment capture failed (request %s)", rec.request_id)
+
     def capture_now(self, request_id: str) -> None:
         args = self._captures.pop(request_id, None)
         if args is None or self.capture is None:
@@ -275,6 +298,22 @@ class Gateway:
             self.capture(*args)
         except Exception:  # the capture must never break the request path
             log.exception("segment capture failed (request %s)", request_id)
+
+
+def _store_factory(config: Config) -> Callable[[], Store] | None:
+    """How the diagnostics open the store to find another worker's requests."""
+    store = config.store
+    if store is None:
+        return None
+
+    def factory() -> Store:
+        from prefixgate.store import open_store
+
+        return open_store(
+            store.dsn, statement_timeout=store.statement_timeout, lock_timeout=store.lock_timeout
+        )
+
+    return factory
 
 
 def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:

@@ -59,9 +59,15 @@ def session_of_messages(body: dict, headers) -> tuple[str | None, str | None]:
 
 
 def session_of_chat(body: dict, headers) -> tuple[str | None, str | None]:
+    """The request's ``user``; else opencode's session (its ``x-session-affinity`` header,
+    sent with the same id in ``X-Session-Id`` to any provider but its own: opencode
+    1.18.33); else an ``x-session-id`` header."""
     user = body.get("user")
     if isinstance(user, str) and user:
         return user, "openai-user"
+    sid = headers.get("x-session-affinity")
+    if sid:
+        return sid, "opencode"
     sid = headers.get("x-session-id")
     if sid:
         return sid, "header"

@@ -175,14 +175,8 @@ def _run_load_then_sigterm(
     return statuses
 
 
-@pytest.mark.parametrize(
-    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-def test_sigterm_under_load_loses_no_record(upstream, tmp_path, backend, request):
-    if backend == "sqlite":
-        dsn = f"sqlite:///{tmp_path / 'r.db'}"
-    else:
-        dsn = pg_schema_dsn(request.getfixturevalue("pg_database"))
+def test_sigterm_under_load_loses_no_record(upstream, tmp_path, store_dsn):
+    dsn = store_dsn
     upstream.script = lambda b: Reply(text="a b c d e f g h", chunk_delay=0.05)
     proc, url = _start_gateway(tmp_path, upstream.url, dsn)
     n = 40

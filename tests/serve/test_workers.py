@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from prefixgate.store import open_store
-from tests.conftest import pg_schema_dsn, scripted_upstream
+from tests.conftest import scripted_upstream
 from tests.fakes import Reply
 from tests.serve.served import Served
 from tests.test_metrics import samples
@@ -104,16 +104,8 @@ async def sdk_streams(url: str, n: int) -> list[str]:
         await o.close()
 
 
-@pytest.mark.parametrize(
-    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-def test_every_stream_through_two_workers_has_exactly_one_record(
-    upstream, tmp_path, backend, request
-):
-    if backend == "sqlite":
-        dsn = f"sqlite:///{tmp_path / 'r.db'}"
-    else:
-        dsn = pg_schema_dsn(request.getfixturevalue("pg_database"))
+def test_every_stream_through_two_workers_has_exactly_one_record(upstream, tmp_path, store_dsn):
+    dsn = store_dsn
     upstream.script = lambda b: Reply(text="one two three four five", chunk_delay=0.01)
     n = 40
     with Served(tmp_path, config(upstream.url, dsn, tmp_path), "--workers", "2") as gw:

@@ -25,6 +25,7 @@ The chunk is read by :class:`~.chunks.ChunkWalk`, as in ``stream.py``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 
@@ -82,6 +83,7 @@ class ResponsesStream(ChunkWalk):
         self._calls: dict[int, _Call] = {}  # by the chat tool call's index
         self._open_calls: list[_Call] = []
         self.finished = False
+        self.tail: Callable[[Usage], dict] | None = None  # more fields of the last response
 
     def _event(self, out: list[bytes], kind: str, data: dict) -> None:
         data["sequence_number"] = self.seq
@@ -112,6 +114,8 @@ class ResponsesStream(ChunkWalk):
             "output": self.output,
             "usage": self.usage.to_responses(),
         }
+        if self.tail is not None:
+            response.update(self.tail(self.usage))
         kind = "response.completed" if status == "completed" else "response.incomplete"
         self._event(out, kind, {"type": kind, "response": response})
         self.finished = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 
 import msgspec
 
@@ -78,6 +79,8 @@ class AnthropicStream(ChunkWalk):
         self.stop_sequences = stop_sequences
         self.exclude_cache = exclude_cache
         self.message_id = new_message_id()
+        self.head: dict | None = None  # more fields of message_start's message
+        self.tail: Callable[[Usage], dict] | None = None  # more fields of message_delta
         self.usage = Usage()
         self.finish_reason: str | None = None
         self.matched_stop: object = None
@@ -100,6 +103,8 @@ class AnthropicStream(ChunkWalk):
             "stop_sequence": None,
             "usage": message_start_usage(),
         }
+        if self.head:
+            message.update(self.head)
         return sse("message_start", {"type": "message_start", "message": message}) + sse(
             "ping", {"type": "ping"}
         )
@@ -114,16 +119,14 @@ class AnthropicStream(ChunkWalk):
         reason, seq = stop_reason(self.finish_reason, self.matched_stop, self.stop_sequences)
         if self._tools and reason == "end_turn":
             reason = "tool_use"
-        out.append(
-            sse(
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason, "stop_sequence": seq},
-                    "usage": self.usage.to_anthropic(self.exclude_cache),
-                },
-            )
-        )
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": seq},
+            "usage": self.usage.to_anthropic(self.exclude_cache),
+        }
+        if self.tail is not None:
+            delta.update(self.tail(self.usage))
+        out.append(sse("message_delta", delta))
         out.append(sse("message_stop", {"type": "message_stop"}))
         self.finished = True
         return b"".join(out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from prefixgate import hygiene as _hygiene
 from prefixgate.convert.request import plain
+from prefixgate.pipeline.diagnose import diagnose
 from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, run
 from prefixgate.pipeline.relays import relay_chat, relay_messages
 from prefixgate.pipeline.responses import (
@@ -50,7 +51,7 @@ MESSAGES_STEPS = (
     queue,
     budget,
     plan,
-    Failover(hygiene, convert_messages, capture, send),
+    Failover(hygiene, convert_messages, capture, send, diagnose),
     relay_messages,
 )
 
@@ -62,7 +63,7 @@ CHAT_STEPS = (
     queue,
     budget,
     plan,
-    Failover(convert_chat, capture, send),
+    Failover(convert_chat, capture, send, diagnose),
     relay_chat,
 )
 
@@ -74,7 +75,7 @@ RESPONSES_STEPS = (
     queue,
     budget,
     plan,
-    Failover(convert_responses, capture, send),
+    Failover(convert_responses, capture, send, diagnose),
     relay_responses,
 )
 

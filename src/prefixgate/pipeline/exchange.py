@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from prefixgate.admission import Gate
     from prefixgate.auth import Principal
     from prefixgate.config import ChannelConfig
+    from prefixgate.diagnostics.request import Asked
+    from prefixgate.diagnostics.verdict import Verdict
     from prefixgate.gateway import Gateway
     from prefixgate.routing.channels import Target
     from prefixgate.spend.keeper import Hold
@@ -81,6 +83,10 @@ class Exchange:
         "channel_gate",
         "hold",
         "reply_headers",
+        "ask",
+        "params",
+        "prev",
+        "verdict",
     )
 
     def __init__(self, gateway: Gateway, request: Request, endpoint: Endpoint) -> None:
@@ -118,6 +124,12 @@ class Exchange:
         self.channel_gate: Gate | None = None  # the target channel's, when it has a cap
         self.hold: Hold | None = None  # what the request holds of its budgets until finish()
         self.reply_headers: dict[str, str] | None = None  # on every answer (the budget's)
+        # diagnostics (pipeline/diagnose.py): what the client asked, its parameters'
+        # digests, the earlier request found, and the comparison's verdict
+        self.ask: Asked | None = None
+        self.params: dict[str, str] = {}
+        self.prev: tuple | None = None
+        self.verdict: Verdict | None = None
 
     @property
     def channel(self) -> ChannelConfig:
@@ -182,6 +194,8 @@ class Exchange:
             if gw.telemetry is not None:
                 span = gw.telemetry.exporter_of(rec, self.request.headers.get("traceparent"))
             blocks = self.target.blocks if self.target is not None else None
+            if rec.diagnosis is not None:  # its ledger is kept for GET /v1/diagnostics/{id}
+                span = gw.fingerprints.ledger_then(rec, span)
             gw.ledger.feed(rec, self.out, span, blocks=blocks)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")

@@ -26,7 +26,10 @@ from starlette.responses import Response
 
 from prefixgate.convert.response import openai_to_anthropic
 from prefixgate.convert.stream import AnthropicStream
+from prefixgate.diagnostics.request import message_id
+from prefixgate.diagnostics.verdict import EXTENSION, anthropic_diagnostics
 from prefixgate.errors import GatewayError, UpstreamError
+from prefixgate.pipeline.diagnose import extension_head, extension_tail
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.pipeline.splice import GRACE, Splice
 from prefixgate.protocol import anthropic as anthropic_proto
@@ -84,6 +87,10 @@ def messages_once(x: Exchange) -> Response:
         )
     except GatewayError as e:
         return x.fail(e)
+    msg["id"] = message_id(rec.request_id)
+    if x.verdict is not None:
+        msg["diagnostics"] = anthropic_diagnostics(x.verdict)
+        msg[EXTENSION] = extension_tail(x, usage)
     rec.status = 200
     _reported(rec, msg["usage"])
     return Answer(_encode(msg), x, usage)
@@ -96,6 +103,10 @@ def messages_stream(x: Exchange) -> Stream:
         stop_sequences=body.get("stop_sequences"),
         exclude_cache=ch.anthropic_messages_exclude_cache,
     )
+    conv.message_id = message_id(rec.request_id)
+    if x.verdict is not None:
+        conv.head = {"diagnostics": anthropic_diagnostics(x.verdict), EXTENSION: extension_head(x)}
+        conv.tail = lambda u: {EXTENSION: extension_tail(x, u)}
     exclude = ch.anthropic_messages_exclude_cache
     return Stream(Converted(x, conv, lambda u: _reported(rec, u.to_anthropic(exclude))))
 
@@ -154,8 +165,11 @@ def chat_once(x: Exchange) -> Response:
         return x.fail(err)
     if "model" in obj:
         obj["model"] = x.body["model"]
+    usage = Usage.from_openai(obj.get("usage"))
+    if x.verdict is not None:
+        obj[EXTENSION] = extension_tail(x, usage)
     rec.status = 200
-    return Answer(_encode(obj), x, Usage.from_openai(obj.get("usage")))
+    return Answer(_encode(obj), x, usage)
 
 
 def chat_stream(x: Exchange) -> Stream:
@@ -331,8 +345,19 @@ class ChatRelay(Relay):
     def end(self) -> bytes:
         if not self.done:
             raise UpstreamError("upstream stream ended before it finished")
+        x = self.x
+        if x.verdict is not None:  # the client asked (x-prefixgate-diagnostics): one more chunk
+            chunk = {
+                "id": "chatcmpl-" + self.rec.request_id,
+                "object": "chat.completion.chunk",
+                "created": int(self.rec.received_at),
+                "model": self.public,
+                "choices": [],
+                EXTENSION: extension_tail(x, self._usage),
+            }
+            self.held += (b"data: ", _encode(chunk), b"\n\n")
         self.rec.status = 200
-        self.x.finish(self._usage)
+        x.finish(self._usage)
         return self._take() + b"data: [DONE]\n\n"
 
     def error_bytes(self, err: GatewayError) -> bytes:

@@ -18,8 +18,16 @@ from prefixgate.convert.request import ConvertOptions
 from prefixgate.convert.responses_request import convert, tool_map
 from prefixgate.convert.responses_response import chat_to_response, response_base
 from prefixgate.convert.responses_stream import ResponsesStream
+from prefixgate.diagnostics.request import (
+    echoed_options,
+    response_id,
+    responses_ask,
+    responses_params,
+)
+from prefixgate.diagnostics.verdict import EXTENSION, openai_diagnostics
 from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.identify import session_of_responses
+from prefixgate.pipeline.diagnose import extension_head, extension_tail, look_up
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.pipeline.relays import Answer, Converted, Stream, _reported, passthrough
 from prefixgate.pipeline.steps import _decoded
@@ -35,6 +43,12 @@ async def decode_responses(x: Exchange) -> None:
     """A Responses request, decoded into typed structs (texts raw) and checked as it is:
     what a stateless gateway cannot serve is refused here, before anything is sent."""
     _decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
+    typed = x.body.typed
+    if typed.prompt_cache_options is not None:
+        x.ask = responses_ask(typed.prompt_cache_options)
+        if x.ask is not None:
+            x.params = responses_params(typed)
+            look_up(x)
 
 
 def upstream_chat_of_responses(x: Exchange, ch) -> dict:
@@ -99,6 +113,9 @@ def responses_once(x: Exchange) -> Response:
         resp, usage = chat_to_response(x.first, x.body)
     except GatewayError as e:
         return x.fail(e)
+    resp.update(_named(x))
+    if x.verdict is not None:
+        resp[EXTENSION] = extension_tail(x, usage)
     rec.status = 200
     _reported_responses(rec, resp["usage"])
     return Answer(_encode(resp), x, usage)
@@ -106,8 +123,23 @@ def responses_once(x: Exchange) -> Response:
 
 def responses_stream(x: Exchange) -> Stream:
     rec = x.record
-    conv = ResponsesStream(response_base(x.body), tool_map(x.body.typed))
+    conv = ResponsesStream({**response_base(x.body), **_named(x)}, tool_map(x.body.typed))
+    if x.verdict is not None:
+        conv.base[EXTENSION] = extension_head(x)
+        conv.tail = lambda u: {EXTENSION: extension_tail(x, u)}
     return Stream(Converted(x, conv, lambda u: _reported_responses(rec, u.to_responses())))
+
+
+def _named(x: Exchange) -> dict:
+    """The response's id (its record's, so that a later request can name it) and, when
+    the client asked, the diagnostics and the options echoed."""
+    out: dict = {"id": response_id(x.record.request_id)}
+    if x.verdict is not None:
+        # null on a first turn (nothing named to compare with), as when nothing is asked
+        first = x.ask.previous is None
+        out["prompt_cache_diagnostics"] = None if first else openai_diagnostics(x.verdict)
+        out["prompt_cache_options"] = echoed_options(x.ask.options)
+    return out
 
 
 # -- passed through ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ import msgspec
 from prefixgate import hygiene as hygiene_steps
 from prefixgate.auth import fresh_store_keys
 from prefixgate.convert.request import ConvertOptions, convert
+from prefixgate.diagnostics.request import anthropic_ask, anthropic_params, chat_ask
 from prefixgate.errors import (
     AtCapacity,
     BudgetExceeded,
@@ -23,6 +24,7 @@ from prefixgate.errors import (
     UpstreamError,
 )
 from prefixgate.identify import session_of_chat, session_of_messages
+from prefixgate.pipeline.diagnose import look_up
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.messages_body import decode_messages_body
@@ -72,8 +74,14 @@ def _decoded(x: Exchange, body, session_of) -> None:
 
 
 async def decode_messages(x: Exchange) -> None:
-    """An Anthropic Messages request, decoded into typed structs and checked as it is."""
+    """An Anthropic Messages request, decoded into typed structs and checked as it is;
+    its ``diagnostics`` (why did my cache miss) read apart, never sent upstream."""
     _decoded(x, decode_messages_body(x.raw, x.live.config.limits), session_of_messages)
+    typed = x.body.typed
+    if typed.diagnostics is not None:
+        x.ask = anthropic_ask(typed.diagnostics)
+        x.params = anthropic_params(typed)
+        look_up(x)
 
 
 async def decode_chat(x: Exchange) -> None:
@@ -82,6 +90,8 @@ async def decode_chat(x: Exchange) -> None:
     body = openai_proto.decode_chat_body(x.raw, limits)
     openai_proto.check_chat_request(body, limits)
     _decoded(x, body, session_of_chat)
+    x.ask = chat_ask(x.request.headers)
+    look_up(x)
 
 
 async def admit(x: Exchange) -> None:
@@ -218,6 +228,7 @@ async def convert_messages(x: Exchange) -> None:
         x.url, x.headers = target.base_url + "/chat/completions", bearer(ch)
     else:
         x.out = {**x.body.whole(), "model": ch.upstream_model(x.body["model"])}
+        x.out.pop("diagnostics", None)  # answered here, never forwarded
         x.url = anthropic_url(target.base_url)
         x.headers = anthropic_headers(ch, x.request.headers)
     x.data = _encode(x.out)

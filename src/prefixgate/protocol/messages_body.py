@@ -150,6 +150,7 @@ class Request(Struct):
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     output_config: Any = None
+    diagnostics: Any = None  # checked by diagnostics/request.py; never sent upstream
 
 
 # The top-level fields the rest of the gateway reads from the body (relay, identity,

@@ -95,6 +95,8 @@ class Request(Struct):
     background: bool | None = None
     prompt: Any = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: Any = None  # checked by diagnostics/request.py
+    service_tier: Any = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
 

@@ -49,6 +49,22 @@ class Change(msgspec.Struct, kw_only=True, omit_defaults=True):
     known: str | None = None  # a recognised source, e.g. "billing_header"
 
 
+class Diagnosis(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a request that asked why its cache missed keeps for the next one, and what it
+    was answered (``diagnostics/``): digests of its prompt-affecting parameters by name
+    (``params``; never their values), the request it was compared with (``previous``),
+    the standard answer (``answer``: a reason such as ``system_changed``, ``none`` when
+    nothing diverged, ``not_found``, ``unavailable``), the tokens it says were missed and
+    where the previous request's fingerprint was found (``memory`` or ``store``)."""
+
+    params: dict[str, str] = {}
+    previous: str | None = None
+    answer: str | None = None
+    missed_tokens: int | None = None
+    segment: str | None = None  # the first changed segment, as the client named it
+    found_in: str | None = None
+
+
 class Record(msgspec.Struct, kw_only=True):
     request_id: str
     received_at: float
@@ -98,5 +114,7 @@ class Record(msgspec.Struct, kw_only=True):
     # or "sessions" (compared; see Change.scope); ``change`` is set when it broke
     compared: str | None = None
     change: Change | None = None
+    # set when the client asked why its cache missed (diagnostics/)
+    diagnosis: Diagnosis | None = None
     # full text of segments (content-addressed by Segment.hash), only when capture is opted in
     texts: dict[str, str] | None = None

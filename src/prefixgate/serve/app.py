@@ -144,6 +144,7 @@ def create_app(
                 await close()
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
+            await asyncio.to_thread(gateway.fingerprints.close)  # its store connection
             gateway.metrics.loop.stop()
             if gateway.admission.shed is not None:
                 gateway.admission.shed.stop()
@@ -161,6 +162,7 @@ def create_app(
         Route("/responses", gateway.responses, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/me", me, methods=["GET"]),
+        Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),

@@ -91,6 +91,10 @@ class Store(abc.ABC):
         """The miss ledger of a request, or None."""
         raise NotImplementedError(f"{type(self).__name__} has no ledgers")
 
+    def get_record(self, request_id: str) -> Record | None:
+        """The record of a request, by its id, with its segments; or None."""
+        raise NotImplementedError(f"{type(self).__name__} cannot look a record up")
+
     @abc.abstractmethod
     def count(self) -> int:
         """Number of stored records."""

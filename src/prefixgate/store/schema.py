@@ -54,7 +54,7 @@ import msgspec
 
 from prefixgate.ledger.model import CAUSES as LEDGER_CAUSES
 from prefixgate.ledger.model import Ledger
-from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.model import Change, Diagnosis, Record, Segment
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
 LAST_SEEN_GRANULARITY = 3600.0
@@ -122,9 +122,18 @@ ADDED_COLUMNS: list[tuple[str, str]] = [
     ("change_lost", "real"),
     ("change", "json"),
 ]
+# Columns added to ``requests`` by migration 9: ``diagnosis``, what a request that asked
+# why its cache missed keeps for the next (its parameters' digests) and was answered
+# (:class:`~prefixgate.record.model.Diagnosis`, diagnostics/).
+DIAGNOSIS_COLUMNS: list[tuple[str, str]] = [("diagnosis", "json")]
 # Every column written for a request, in insert order (``id`` excluded).
 COLUMNS: list[str] = [
-    name for name, _ in SCALAR_COLUMNS + SEGMENT_COLUMNS + COST_COLUMNS + ADDED_COLUMNS
+    name
+    for name, _ in SCALAR_COLUMNS
+    + SEGMENT_COLUMNS
+    + COST_COLUMNS
+    + ADDED_COLUMNS
+    + DIAGNOSIS_COLUMNS
 ]
 SCALAR_NAMES: list[str] = [name for name, _ in SCALAR_COLUMNS]
 COST_NAMES: list[str] = [name for name, _ in COST_COLUMNS]
@@ -242,6 +251,12 @@ def _migration_8(dialect: str) -> list[str]:
 
 
 def _migration_9(dialect: str) -> list[str]:
+    # What a request that asked for diagnostics keeps and was answered (DIAGNOSIS_COLUMNS).
+    t = TYPES[dialect]
+    return [f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in DIAGNOSIS_COLUMNS]
+
+
+def _migration_10(dialect: str) -> list[str]:
     # The console's audit log (web/console.py): who changed which key or budget, when; the
     # detail never holds a key, only names, budgets and digests' first characters.
     t = TYPES[dialect]
@@ -264,6 +279,7 @@ MIGRATIONS = [
     _migration_7,
     _migration_8,
     _migration_9,
+    _migration_10,
 ]
 LATEST_VERSION = len(MIGRATIONS)
 LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table
@@ -278,6 +294,7 @@ SCHEMA_VERSION_DDL = (
 _SEGMENTS_ENCODER = msgspec.json.Encoder()
 _SEGMENTS_DECODER = msgspec.json.Decoder(list[Segment])
 _CHANGE_DECODER = msgspec.json.Decoder(Change)
+_DIAGNOSIS_DECODER = msgspec.json.Decoder(Diagnosis)
 _FIELD_INDEX = {name: i for i, name in enumerate(Record.__struct_fields__)}
 _SCALAR_INDEX = [_FIELD_INDEX[name] for name in SCALAR_NAMES]
 _COST_INDEX = [_FIELD_INDEX[name] for name in COST_NAMES]
@@ -321,17 +338,29 @@ def record_row(record: Record) -> tuple[Any, ...]:
             min(c.lost_tokens / scale, 1.0),
             _SEGMENTS_ENCODER.encode(c).decode(),
         ]
+    d = record.diagnosis
+    row.append(None if d is None else _SEGMENTS_ENCODER.encode(d).decode())
     return tuple(row)
 
 
-def decode_change(value: str | bytes | None) -> Change | None:
-    """A ``change`` column as read (JSON text on both backends: Postgres casts it)."""
+def _decoded(decoder: msgspec.json.Decoder, value: str | bytes | None):
+    """A JSON column as read (text on both backends: Postgres casts it)."""
     if value is None:
         return None
     try:
-        return _CHANGE_DECODER.decode(value)
+        return decoder.decode(value)
     except msgspec.ValidationError:  # written by a later version: unread, not fatal
         return None
+
+
+def decode_change(value: str | bytes | None) -> Change | None:
+    """A ``change`` column as read."""
+    return _decoded(_CHANGE_DECODER, value)
+
+
+def decode_diagnosis(value: str | bytes | None) -> Diagnosis | None:
+    """A ``diagnosis`` column as read."""
+    return _decoded(_DIAGNOSIS_DECODER, value)
 
 
 def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
@@ -342,7 +371,7 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
     seg_in = decode_segments(row[n])
     seg_out = list(seg_in) if row[n + 2] and seg_in is not None else decode_segments(row[n + 1])
     kwargs.update(zip(COST_NAMES, row[n + 4 : n + 4 + len(COST_NAMES)], strict=True))
-    names = (name for name, _ in ADDED_COLUMNS)
+    names = (name for name, _ in ADDED_COLUMNS + DIAGNOSIS_COLUMNS)
     added = dict(zip(names, row[n + 4 + len(COST_NAMES) :], strict=True))
     record = Record(
         **kwargs,
@@ -351,6 +380,7 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
         error_message=added["error_message"],
         compared=added["compared"],
         change=decode_change(added["change"]),
+        diagnosis=decode_diagnosis(added["diagnosis"]),
     )
     return record, bool(row[n + 3])
 

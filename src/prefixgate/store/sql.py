@@ -35,6 +35,7 @@ class SqlStore(SessionQueries, Store):
             + schema.SEGMENT_COLUMNS
             + schema.COST_COLUMNS
             + schema.ADDED_COLUMNS
+            + schema.DIAGNOSIS_COLUMNS
         )
         values = ", ".join(self._param(kinds[c]) for c in schema.COLUMNS)
         self._insert_request = (
@@ -54,6 +55,7 @@ class SqlStore(SessionQueries, Store):
             " ON CONFLICT (request_id) DO NOTHING"
         )
         self._select_ledger = f"SELECT {', '.join(ledger_cols)} FROM ledgers WHERE request_id = {p}"
+        self._select_request = f"SELECT {self._select_cols} FROM requests WHERE request_id = {p}"
 
     # -- backend hooks ---------------------------------------------------------------
     @abc.abstractmethod
@@ -146,6 +148,12 @@ class SqlStore(SessionQueries, Store):
         return None if row is None else schema.row_ledger(row)
 
     # -- reading ---------------------------------------------------------------------
+    def get_record(self, request_id: str) -> Record | None:
+        with self._transaction() as cur:
+            cur.execute(self._select_request, (request_id,))
+            row = cur.fetchone()
+        return None if row is None else schema.row_record(row)[0]
+
     def count(self) -> int:
         with self._transaction() as cur:
             cur.execute("SELECT COUNT(*) FROM requests")

@@ -1,0 +1,99 @@
+"""The ``diagnose`` step and what the relays add to an answer when the client asked why
+its cache missed (``diagnostics/``; ``docs/diagnostics.md``).
+
+The earlier request is looked up (memory, else the store) from the moment the request is
+decoded (:func:`look_up`). The step runs inside the failover loop after the send, once
+the upstream has begun to answer (the request's segments were computed meanwhile, while
+the upstream worked), and before the relay writes the answer's first byte: it compares
+and leaves the
+:class:`~prefixgate.diagnostics.verdict.Verdict` on the exchange; the relay puts the
+standard object and the extension's structural part at the start of the answer, and the
+engine's figures at its end. A request that did not ask costs one attribute test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from prefixgate.diagnostics import verdict as vd
+from prefixgate.diagnostics.lookup import LookupFailed
+from prefixgate.diagnostics.request import request_id_of
+from prefixgate.pipeline.exchange import Exchange
+from prefixgate.record.model import Diagnosis
+from prefixgate.upstream.order import render_order
+from prefixgate.usage import Usage
+
+_API = {"messages": "anthropic", "responses": "responses", "chat": "chat"}
+
+
+def look_up(x: Exchange) -> None:
+    """Start looking the earlier request up as soon as the request is decoded (a store
+    read, when another worker served it, overlaps the rest of the request's way)."""
+    ask = x.ask
+    if ask is not None and ask.previous is not None and x.prev is None:
+        x.prev = asyncio.ensure_future(_find(x.gateway.fingerprints, ask.previous))
+
+
+async def _find(fingerprints, previous: str) -> tuple[tuple, bool]:
+    try:
+        return await fingerprints.find(previous), False
+    except LookupFailed:
+        return (None, None), True
+
+
+async def diagnose(x: Exchange) -> None:
+    """Compare the request with the earlier one its client named (its segments are known
+    by now: the capture ran while the upstream worked); keep it for the next."""
+    ask = x.ask
+    if ask is None:
+        return
+    gw, rec, ch = x.gateway, x.record, x.channel
+    if ch.kind != "openai" or (rec.endpoint == "responses" and ch.responses_api == "passthrough"):
+        # The upstream speaks the client's protocol and answers with its own ids: the
+        # Responses field is its to answer; Anthropic's ``diagnostics`` is not forwarded.
+        x.verdict = None
+        return
+    if gw.capture_pending:
+        gw.capture_now(rec.request_id)
+    if rec.segments_in is None:  # no capture configured: segments for this comparison only
+        gw.diagnostics_capture(rec, x.body, x.out, ch, x.principal, x.raw, x.data)
+    (prev, where), failed = await x.prev if x.prev is not None else ((None, None), False)
+    if ask.previous is None:
+        verdict = vd.Verdict(vd.NONE)
+    elif failed:
+        verdict = vd.Verdict(vd.UNAVAILABLE)
+    else:
+        verdict = vd.judge(
+            prev,
+            rec,
+            x.params,
+            api=_API[rec.endpoint],
+            tools_first=render_order(ch) == "tools_first",
+            found_in=where,
+        )
+    x.verdict = verdict
+    at = verdict.at
+    rec.diagnosis = Diagnosis(
+        params=x.params,
+        previous=request_id_of(ask.previous) if ask.previous else None,
+        answer=verdict.answer if ask.previous is not None else None,
+        missed_tokens=verdict.missed,
+        segment=at.segment if at is not None else None,
+        found_in=where,
+    )
+    gw.fingerprints.keep(rec)
+
+
+def extension_head(x: Exchange) -> dict:
+    """The extension's structural part, for the start of the answer."""
+    v = x.verdict
+    return vd.extension(v, x.record, x.ask.previous)
+
+
+def extension_tail(x: Exchange, usage: Usage) -> dict:
+    """The extension at the end of the answer: the structural part and the engine's
+    figures."""
+    return {
+        **extension_head(x),
+        "engine": vd.engine_truth(usage.prompt_tokens, usage.cached_tokens),
+    }
