@@ -57,7 +57,7 @@ def presented_key(headers) -> str | None:
 
 class Authenticator:
     """Keys from the config file, plus keys managed in the store (``prefixgate keys``),
-    which :meth:`refresh_from_store` reloads periodically so that new and revoked keys take
+    which :func:`refresh_keys` reloads periodically so that new and revoked keys take
     effect without a restart."""
 
     def __init__(self, config: Config) -> None:
@@ -75,6 +75,7 @@ class Authenticator:
             for k in config.keys
         }
         self._from_store: dict[str, Principal] = {}
+        self._rows: tuple = ()  # the store's key rows last loaded
         self._admin = config.admin_digest()
         server = config.server
         self.attempts = AdminAttempts(
@@ -84,11 +85,20 @@ class Authenticator:
 
     def set_store_keys(self, rows) -> None:
         """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)."""
+        self._rows = tuple(rows)
         self._from_store = {
             r.digest: Principal(r.name, r.owner, tuple(r.models), budgets=self._budgets(r))
             for r in rows
             if r.active
         }
+
+    def adopt(self, previous: Authenticator) -> None:
+        """After a reload: the store's keys as ``previous`` last loaded them (their rows,
+        parsed again with this config's currency), until the next refresh; and the admin
+        key's failed attempts, so a reload never resets a guesser's count."""
+        self._rows = previous._rows
+        self.set_store_keys(self._rows)
+        self.attempts = previous.attempts
 
     def _budgets(self, row) -> tuple[Budget, ...]:
         out = []
@@ -99,26 +109,22 @@ class Authenticator:
                 log.warning("key %r: budget ignored: %s", row.name, exc)
         return tuple(out)
 
-    async def refresh_from_store(
-        self, dsn: str, interval: float = 5.0, timeouts: tuple[float, float] | None = None
-    ) -> None:
-        """Reload the store's keys every ``interval`` seconds, until cancelled; a stalled
-        store fails a round after ``timeouts`` (statement, lock) seconds."""
-        from prefixgate.store import open_store
+    def named(self, name: str) -> tuple[str, Principal] | None:
+        """The digest and principal of the active key named ``name`` (a key holder's
+        session is checked against the key's current digest: a rotated or revoked key
+        ends it)."""
+        for table in (self._by_digest, self._from_store):
+            for digest, principal in table.items():
+                if principal.name == name:
+                    return digest, principal
+        return None
 
-        statement, lock = timeouts or (None, None)
-
-        def load():
-            with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
-                store.migrate()
-                return store.list_keys()
-
-        while True:
-            try:
-                self.set_store_keys(await asyncio.to_thread(load))
-            except Exception as exc:  # keep the last known keys while the store is down
-                log.warning("cannot reload API keys from the store: %s", exc)
-            await asyncio.sleep(interval)
+    def principal_of(self, key: str) -> Principal | None:
+        """The principal of an API key (not the admin key), or None."""
+        if not key:
+            return None
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._by_digest.get(digest) or self._from_store.get(digest)
 
     @property
     def open_access(self) -> bool:
@@ -171,3 +177,72 @@ class Authenticator:
             raise AuthenticationFailed("admin key required")
         if address is not None:
             self.attempts.succeeded(address)
+
+
+async def refresh_keys(
+    gateway, dsn: str, timeouts: tuple[float, float] | None = None, interval: float = 5.0
+) -> None:
+    """Reload the store's keys into the gateway's current authenticator every
+    ``interval`` seconds, until cancelled (after a config reload, into the new one); a
+    stalled store fails a round after ``timeouts`` (statement, lock) seconds."""
+    from prefixgate.store import open_store
+
+    statement, lock = timeouts or (None, None)
+
+    def load():
+        with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
+            store.migrate()
+            return store.list_keys()
+
+    while True:
+        try:
+            gateway.auth.set_store_keys(await asyncio.to_thread(load))
+        except Exception as exc:  # keep the last known keys while the store is down
+            log.warning("cannot reload API keys from the store: %s", exc)
+        await asyncio.sleep(interval)
+
+
+class KeyEpoch:
+    """A counter the workers of one ``serve --workers N`` share (an anonymous shared
+    memory page made before they fork): a worker that changed the store's keys (the
+    console) bumps it, and every worker reads the store's keys again before it
+    authenticates its next request, so a rotated or revoked key is refused at once on
+    every worker, not at the next periodic refresh."""
+
+    def __init__(self) -> None:
+        import mmap
+
+        self._page = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED)
+        self.seen = 0
+
+    @property
+    def value(self) -> int:
+        return int.from_bytes(self._page[:8], "little")
+
+    def moved(self) -> bool:
+        return self.value != self.seen
+
+    def bump(self) -> None:
+        """After a change this worker already applied to itself."""
+        self.seen = self.value + 1
+        self._page[:8] = self.seen.to_bytes(8, "little")
+
+
+async def fresh_store_keys(gateway) -> None:
+    """When another worker changed the store's keys (``gateway.key_epoch`` moved): read
+    them now, before this request is authenticated."""
+    epoch = gateway.key_epoch
+    target = epoch.value
+    store = gateway.config.store
+    from prefixgate.store import open_store
+
+    def load():
+        with open_store(store.dsn, statement_timeout=store.statement_timeout) as s:
+            return s.list_keys()
+
+    try:
+        gateway.auth.set_store_keys(await asyncio.to_thread(load))
+    except Exception as exc:  # the periodic refresh tries again
+        log.warning("cannot reload API keys from the store: %s", exc)
+        return
+    epoch.seen = target

@@ -405,6 +405,9 @@ class ServerConfig(_Model):
     # The event loop's pauses and each garbage collection's (loopwatch.py) as /metrics
     # histograms: a 100 Hz timer and a callback per collection, so opt-in.
     loop_watch: bool = False
+    # On SIGTERM/SIGINT the port is handed to a successor (serve/handover.py), then the
+    # requests in flight may run this many seconds to their end before they are cut.
+    drain_timeout: float = Field(default=30.0, ge=0)
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -22,12 +22,14 @@ from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_t
 from prefixgate.diagnostics.lookup import Fingerprints
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.events.tokens import EngineTokens
+from prefixgate.live import Live
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.metrics import GatewayMetrics
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
+from prefixgate.reload import ReloadCollector, ReloadLog, ReloadResult, reload_gateway
 from prefixgate.routing.channels import ChannelRouter, Target
 from prefixgate.spend.keeper import BudgetKeeper
 from prefixgate.spend.prices import PriceTable
@@ -66,20 +68,20 @@ class Gateway:
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
         events: EngineEvents | None = None,
     ) -> None:
-        self.config = config
-        self.auth = Authenticator(config)
         self.upstream = upstream or _upstream_for(config)
-        # The engine's token ids of a channel's request (events/tokens.py), per session.
-        self.engine_tokens = EngineTokens(config.channels)
         self.events = events  # the engines' KV events (events/hub.py), or None
-        self.router = ChannelRouter(
-            config.channels, transport=self.upstream, events=events, tokens=self.engine_tokens
-        )
+        # The config and what is built from it (keys, router, prices, budgets): replaced
+        # whole by a reload (reload.py); each request keeps the one it arrived on.
+        self.live = Live.build(config, upstream=self.upstream, events=events)
+        self.reloads = ReloadLog()
+        self.draining: set[Live] = set()  # retired generations with requests still running
+        self.key_epoch = None  # auth.KeyEpoch shared by the workers of one serve, if any
         self.recorder = recorder or _NullRecorder()
         self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
         self.metrics = GatewayMetrics(recorder)
         self.admission = Admission(config.server, config.channels)
         self.metrics.watch_admission(self.admission)
+        self.metrics.registry.register(ReloadCollector(self))
         if events is not None:
             from prefixgate.events.metrics import EventsCollector
 
@@ -94,8 +96,6 @@ class Gateway:
         self._own_capture: Callable[..., None] | None = None
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)
-        self.prices = PriceTable.from_config(config.prices) if config.prices else None
-        self.budgets = BudgetKeeper(config, self.prices) if _has_budgets(config) else None
         self.telemetry = None  # telemetry.Telemetry when config.telemetry (started by the app)
         self.failures = LogThrottle(log, interval=10.0)
         self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
@@ -104,6 +104,36 @@ class Gateway:
         # Requests taken and not yet recorded (a stream's record closes as its last
         # chunk is written, so a client reading the stream can be a moment ahead).
         self.open_records = 0
+
+    # -- the current generation (live.py) -------------------------------------------------
+    @property
+    def config(self) -> Config:
+        return self.live.config
+
+    @property
+    def auth(self) -> Authenticator:
+        return self.live.auth
+
+    @property
+    def router(self) -> ChannelRouter:
+        return self.live.router
+
+    @property
+    def engine_tokens(self) -> EngineTokens:
+        return self.live.engine_tokens
+
+    @property
+    def prices(self) -> PriceTable | None:
+        return self.live.prices
+
+    @property
+    def budgets(self) -> BudgetKeeper | None:
+        return self.live.budgets
+
+    async def reload(self, config: Config) -> ReloadResult:
+        """Serve ``config`` from now on (``reload.py``): requests in flight finish on the
+        generation they started with."""
+        return await reload_gateway(self, config)
 
     # -- entry points ------------------------------------------------------------------
     async def messages(self, request: Request) -> Response:
@@ -172,6 +202,29 @@ class Gateway:
         self._model_lists[ch.name] = (now + ttl, ids)
         return ids
 
+    # -- generations and background work ------------------------------------------------------
+    def done_with(self, live: Live) -> None:
+        """A request that ran on ``live`` ended: the last one of a retired generation
+        closes it."""
+        live.inflight -= 1
+        if live.retired and live.inflight == 0:
+            self.close_generation(live)
+
+    def retired_generations(self) -> list[Live]:
+        return list(self.draining)
+
+    def close_generation(self, live: Live) -> None:
+        from prefixgate.reload import close_generation
+
+        self.spawn(close_generation(self, live))
+
+    def spawn(self, coro) -> asyncio.Task:
+        """Run ``coro`` in the background, kept referenced until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
     # -- services the steps use ------------------------------------------------------------
     def failed_attempt(self, target: Target, err: UpstreamError, content: bytes = b"") -> None:
         """A retryable failure of one target: its health hears of it, the log says so
@@ -193,11 +246,7 @@ class Gateway:
         """Give back the rate limiter's slot and count the request's tokens, off the
         request path."""
         tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
-        task = asyncio.get_running_loop().create_task(
-            self.limiter.done(principal.name, principal.limits, tokens)
-        )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.spawn(self.limiter.done(principal.name, principal.limits, tokens))
 
     @property
     def capture_pending(self) -> bool:
@@ -249,11 +298,6 @@ def _store_factory(config: Config) -> Callable[[], Store] | None:
         )
 
     return factory
-
-
-def _has_budgets(config: Config) -> bool:
-    """Budgets in the config, or keys in the store (which may carry their own)."""
-    return bool(config.store_keys or config.budgets.owners or any(k.budgets for k in config.keys))
 
 
 def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:

@@ -350,6 +350,27 @@ class ChannelRouter:
                 shared.forget(channel.name, base_url)
 
     # -- lifecycle ---------------------------------------------------------------------
+    def adopt(self, previous: ChannelRouter) -> None:
+        """Take over from the router of the previous configuration (a reload): the
+        in-flight counts and leases (shared, so that the requests still running on the
+        previous one count here until they end), each replica's health and the
+        round-robin turns, and the prefix router's memory of a replica that stays in a
+        channel whose block size and memory bound are unchanged."""
+        self._inflight, self._held = previous._inflight, previous._held
+        self._ejected, self._down, self._turn = previous._ejected, previous._down, previous._turn
+        before = {ch.name: ch for ch in previous.channels}
+        for ch in self.channels:
+            old = before.get(ch.name)
+            if old is None or (old.routing_block_size, old.routing_lru_blocks) != (
+                ch.routing_block_size,
+                ch.routing_lru_blocks,
+            ):
+                continue
+            for url in ch.urls():
+                lru = previous._lru.get((ch.name, url))
+                if lru is not None:
+                    self._lru[(ch.name, url)] = lru
+
     async def start(self) -> None:
         """Start the active health checks and the shared-state writers."""
         self.health.start()
