@@ -27,7 +27,7 @@ from prefixgate.store import open_store
 from tests.conftest import settled
 from tests.real import harness
 from tests.real.test_kv_events import session_prompt
-from tests.real.test_ledger import _until_held
+from tests.real.test_ledger import until_held
 
 B = harness.BLOCK_SIZE
 
@@ -68,7 +68,7 @@ def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None
                 server.url + "/tokenize",
                 json={"model": server.served_model, "messages": sent["messages"]},
             )
-            _until_held(index, (server.base_url,), content_keys(tok.json()["tokens"], B))
+            until_held(index, (server.base_url,), content_keys(tok.json()["tokens"], B))
             return got
 
         system = session_prompt(nonce, 0)

@@ -232,7 +232,9 @@ def test_healthz_details_need_the_admin_key() -> None:
         "source": "assumed (not learned from the upstream yet)",
         "system_in_place": False,
     }
-    assert r.json() == {"status": "ok", "details": {"kv_events": [], "rendering": [rendering]}}
+    details = r.json()["details"]
+    assert details["kv_events"] == [] and details["rendering"] == [rendering]
+    assert details["config"]["generation"] == 1 and details["config"]["last_reload"] is None
 
 
 def test_precise_needs_kv_events() -> None:

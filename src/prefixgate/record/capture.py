@@ -17,8 +17,8 @@ from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
 from prefixgate.record.model import Record
 from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import (
+    cut_from_bytes,
     segments_anthropic,
-    segments_from_bytes,
     segments_of_chat,
     segments_openai,
 )
@@ -94,12 +94,22 @@ class Capturer:
                     objects = materialize(body_in, body_out)
             return objects
 
-        segs = None
+        tracking = rec.session_id is not None and self.changes.budget > 0
+        segs = pieces_in = pieces_out = None
         if texts is None and raw_in is not None:
             if api_in == "responses":
                 segs = segments_responses_from_bytes(raw_in)
             else:
-                segs = segments_from_bytes(raw_in, api_in)
+                # one cut gives the segments and their bytes (for the change memory); the
+                # session's previous request lends what it sent the same way
+                prev = (
+                    self.changes.latest(channel.name, body_out.get("model"), rec.session_id)
+                    if tracking
+                    else None
+                )
+                cut = cut_from_bytes(raw_in, api_in, previous=None if prev is None else prev.into)
+                if cut is not None:
+                    segs, pieces_in = cut
         if segs is None:
             of = _SEGMENTS_OF[api_in]
             segs = of(decoded()[0], texts=texts, known=known)
@@ -126,6 +136,10 @@ class Capturer:
             segs = None
             if api_out == "responses":
                 segs = list(rec.segments_in) if texts is None else None  # sent as it came
+            elif texts is None and raw_out is not None:
+                cut = cut_from_bytes(raw_out, api_out, tools_first=first)
+                if cut is not None:
+                    segs, pieces_out = cut
             elif (
                 texts is None
                 and isinstance(body_in, MessagesBody | ResponsesBody)
@@ -133,8 +147,6 @@ class Capturer:
             ):
                 # built here from the typed request: its pieces are encoded alone
                 segs = segments_of_chat(body_out, tools_first=first)
-            elif texts is None and raw_out is not None:
-                segs = segments_from_bytes(raw_out, api_out, tools_first=first)
             if segs is None:
                 if api_out == "responses":
                     segs = segments_responses(decoded()[1], texts=texts, known=known)
@@ -152,7 +164,7 @@ class Capturer:
         if texts:
             rec.texts = texts
             known.add_all(texts)
-        if rec.session_id is not None and self.changes.budget > 0:
+        if tracking:
             self.changes.observe(
                 rec,
                 channel.name,
@@ -160,6 +172,8 @@ class Capturer:
                 raw_in if raw_in is not None else _raw(body_in),
                 None if passthrough else (raw_out if raw_out is not None else _raw(body_out)),
                 by_bytes=channel.kind == "openai",
+                pieces_in=pieces_in,
+                pieces_out=None if passthrough else pieces_out,
             )
 
 

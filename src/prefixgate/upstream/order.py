@@ -184,6 +184,14 @@ async def start(channels, transport, first_wait: float = 2.0) -> asyncio.Task | 
     return asyncio.get_running_loop().create_task(_again(auto, transport, first))
 
 
+async def learn_all(channels, transport) -> None:
+    """Learn the rendering of the channels among ``channels`` that learn it from the engine
+    once (a reload added or moved them); the periodic task of :func:`start` does not know
+    them."""
+    auto = [ch for ch in channels if ch.kind == "openai" and not ch.chat_template]
+    await asyncio.gather(*(learn(ch, transport) for ch in auto))
+
+
 async def _again(auto, transport, first: asyncio.Future | None = None) -> None:
     if first is not None:
         try:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import time
@@ -418,6 +420,8 @@ def create_upstream_app(settings: SimSettings | None = None) -> Starlette:
     app.state.sim = sim
     app.state.cache = sim.cache
     app.state.settings = sim.settings
+    if sim.settings.api_key:
+        return KeyRequired(app, sim.settings.api_key)
     return app
 
 
@@ -426,3 +430,37 @@ def _without_old_reasoning(m: Any) -> Any:
     if isinstance(m, dict) and "reasoning_content" in m:
         return {k: v for k, v in m.items() if k != "reasoning_content"}
     return m
+
+
+class KeyRequired:
+    """vLLM's ``--api-key``: every route but ``/health`` answers 401 without
+    ``Authorization: Bearer <key>`` (compared by digest, in constant time)."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.digest = hashlib.sha256(key.encode()).digest()
+
+    def __getattr__(self, name: str):
+        return getattr(self.app, name)  # state, router … of the wrapped app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = b""
+            for name, value in scope["headers"]:
+                if name == b"authorization" and value[:7].lower() == b"bearer ":
+                    given = value[7:].strip()
+            if not hmac.compare_digest(hashlib.sha256(given).digest(), self.digest):
+                body = b'{"error": "Unauthorized"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

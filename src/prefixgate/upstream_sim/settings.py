@@ -44,6 +44,9 @@ class SimSettings:
     # publish the cache's stores and evictions as vLLM's KV events (events/publisher.py);
     # also vLLM's --kv-events-config JSON (a str or dict), plus "encoding": map|array|map-batch
     kv_events: PublisherSettings | None = None
+    # The key every route but /health asks for (Authorization: Bearer), as vLLM's --api-key;
+    # None: none (then listen on loopback only).
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.models, str):
