@@ -21,9 +21,10 @@ from tests.real import harness
 from tests.real.agents import Claude, stack
 from tests.real.test_claude_code import (
     AGENT_ENV,
-    _conversation,
+    PROMPTS,
     _four_turns,
     _later_turns_hit,
+    _tools_sent,
     check_booked_as_the_templates,
 )
 
@@ -32,6 +33,14 @@ def _settings(server, events: dict | None, **channel) -> dict:
     if events is not None:
         channel["kv_events"] = harness.kv_events_channel(server, events)["kv_events"]
     return {"vllm_url": server.url, "model": server.served_model, "channel": channel}
+
+
+def _conversation(s) -> list:
+    """The CLI's model calls: at least one a turn (with KV events on, runs made five in
+    four turns, all answered; every call is measured and booked alike)."""
+    recs = [r for r in s.records("messages") if r.status == 200 and _tools_sent(r)]
+    assert len(recs) >= len(PROMPTS), [(r.status, r.prompt_tokens) for r in recs]
+    return recs
 
 
 def _until_learned(url: str) -> None:
