@@ -91,9 +91,15 @@ def extension_head(x: Exchange) -> dict:
 
 
 def extension_tail(x: Exchange, usage: Usage) -> dict:
-    """The extension at the end of the answer: the structural part and the engine's
-    figures."""
-    return {
+    """The extension at the end of the answer: the structural part, the engine's figures
+    and the miss ledger (computed by :meth:`Exchange.settle` before the end; left out
+    when there is none, or it was not ready in time)."""
+    out = {
         **extension_head(x),
         "engine": vd.engine_truth(usage.prompt_tokens, usage.cached_tokens),
     }
+    fut = x.ledger
+    ledger = fut.result() if fut is not None and fut.done() else None
+    if ledger is not None:
+        out["ledger"] = ledger.as_dict()
+    return out
