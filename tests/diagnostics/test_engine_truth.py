@@ -17,6 +17,7 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.diagnostics.verdict import EXTENSION
 from prefixgate.events.publisher import PublisherSettings
+from prefixgate.pipeline import exchange
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
@@ -192,3 +193,26 @@ def test_the_ledger_comes_at_the_answers_end_equal_to_the_stored_one(one_replica
     evicted = [t for t in tails.values() if t["compared_with"]]
     assert len(evicted) == 3 and all(t["answer"] == "none" for t in evicted)
     assert all(t["ledger"]["parts"]["evicted"] > 0 for t in evicted)
+
+
+def test_a_ledger_not_ready_in_time_is_left_out_and_still_kept(one_replica, tmp_path, monkeypatch):
+    # The answer's end waits for the ledger only so long; past it the answer goes without,
+    # and the ledger is computed all the same, stored and served by the answer's id.
+    monkeypatch.setattr(exchange, "SETTLE_WAIT", 0.0)
+    ups = one_replica
+    app = build_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
+    with ServerThread(app) as srv:
+        client = anthropic.Anthropic(base_url=srv.url, api_key="any", max_retries=0)
+        msg = client.messages.create(
+            model="sim-model",
+            max_tokens=16,
+            system=SYSTEM,
+            messages=[{"role": "user", "content": "Explain the parser."}],
+            diagnostics={"previous_message_id": None},
+        )
+        settled(app.state.gateway)
+        wait_stored(app, 1)
+        looked_up = httpx.get(f"{srv.url}/v1/diagnostics/{msg.id}", timeout=30).json()
+    tail = getattr(msg, EXTENSION)
+    assert "engine" in tail and "ledger" not in tail
+    assert looked_up["ledger"]["prompt_tokens"] == tail["engine"]["prompt_tokens"]

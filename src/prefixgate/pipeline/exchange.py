@@ -204,13 +204,14 @@ class Exchange:
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
 
-    async def settle(self, usage: Usage, wait: float = SETTLE_WAIT) -> None:
+    async def settle(self, usage: Usage, wait: float | None = None) -> None:
         """For a request that asked why its cache missed: its miss ledger computed now,
         once the engine's usage is known and before the answer's last bytes go out, so
         that the answer's end can carry it. The request goes to the ledger worker's queue
         as its finish would send it (one computation, in the order of the requests: the
         one the answer shows is the one stored); the answer waits for it at most ``wait``
-        seconds (then it says ``null`` and the ledger is still computed and kept)."""
+        seconds (:data:`SETTLE_WAIT`; then the answer goes without it and the ledger is
+        still computed and kept)."""
         if self.verdict is None or self.ledger is not None or usage.prompt_tokens is None:
             return
         rec, gw = self.record, self.gateway
@@ -229,7 +230,7 @@ class Exchange:
             return
         self.ledger = fut
         if not fut.done():
-            await asyncio.wait((fut,), timeout=wait)
+            await asyncio.wait((fut,), timeout=SETTLE_WAIT if wait is None else wait)
 
     def release_channel(self) -> None:
         """Give back the channel's admission slot (the request is done with the target)."""
