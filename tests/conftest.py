@@ -48,6 +48,8 @@ def _fresh_render_orders():
 
     order._learned.clear()
     order._told.clear()
+    order._models.clear()
+    order._from_templates.clear()
     yield
 
 

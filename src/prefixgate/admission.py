@@ -185,13 +185,25 @@ class Admission:
             "this gateway worker", server.max_in_flight, server.max_queued, server.queue_timeout
         )
         self.shed = LagShed(server.shed_loop_lag) if server.shed_loop_lag else None
-        self.channels: dict[str, Gate] = {
-            ch.name: Gate(
-                f"channel {ch.name}", ch.max_in_flight, server.max_queued, server.queue_timeout
-            )
-            for ch in channels
-            if ch.max_in_flight is not None
-        }
+        self._server = server
+        self.channels: dict[str, Gate] = {}
+        self.reconfigure(channels)
+
+    def reconfigure(self, channels) -> None:
+        """The channels' gates for a (reloaded) list of channels: a channel whose cap is
+        unchanged keeps its gate and what it holds; a new or changed cap gets a new gate
+        (requests holding the old one give it back there)."""
+        server, gates = self._server, {}
+        for ch in channels:
+            if ch.max_in_flight is None:
+                continue
+            gate = self.channels.get(ch.name)
+            if gate is None or gate.limit != ch.max_in_flight:
+                gate = Gate(
+                    f"channel {ch.name}", ch.max_in_flight, server.max_queued, server.queue_timeout
+                )
+            gates[ch.name] = gate
+        self.channels = gates
 
     def snapshot(self) -> dict:
         worker = self.worker.snapshot()

@@ -11,8 +11,10 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 from dataclasses import dataclass
 
+from prefixgate.admin_attempts import AdminAttempts, client_address, networks
 from prefixgate.config import Config
 from prefixgate.errors import AuthenticationFailed, PermissionDenied
 from prefixgate.ratelimit import Limits
@@ -36,6 +38,10 @@ class Principal:
 
 ANONYMOUS = Principal(name="anonymous")
 
+# What ``prefixgate keys new`` / ``keys create`` print: a prefix (``pg-`` by default) and
+# 43 characters of ``secrets.token_urlsafe(32)``.
+ISSUED_KEY = re.compile(r"[A-Za-z0-9_]{0,16}-[A-Za-z0-9_\-]{43}")
+
 
 def presented_key(headers) -> str | None:
     key = headers.get("x-api-key")
@@ -51,7 +57,7 @@ def presented_key(headers) -> str | None:
 
 class Authenticator:
     """Keys from the config file, plus keys managed in the store (``prefixgate keys``),
-    which :meth:`refresh_from_store` reloads periodically so that new and revoked keys take
+    which :func:`refresh_keys` reloads periodically so that new and revoked keys take
     effect without a restart."""
 
     def __init__(self, config: Config) -> None:
@@ -69,15 +75,30 @@ class Authenticator:
             for k in config.keys
         }
         self._from_store: dict[str, Principal] = {}
+        self._rows: tuple = ()  # the store's key rows last loaded
         self._admin = config.admin_digest()
+        server = config.server
+        self.attempts = AdminAttempts(
+            server.admin_failures_per_minute, server.admin_failures_in_all_per_minute
+        )
+        self.trusted_proxies = networks(server.trusted_proxies)
 
     def set_store_keys(self, rows) -> None:
         """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)."""
+        self._rows = tuple(rows)
         self._from_store = {
             r.digest: Principal(r.name, r.owner, tuple(r.models), budgets=self._budgets(r))
             for r in rows
             if r.active
         }
+
+    def adopt(self, previous: Authenticator) -> None:
+        """After a reload: the store's keys as ``previous`` last loaded them (their rows,
+        parsed again with this config's currency), until the next refresh; and the admin
+        key's failed attempts, so a reload never resets a guesser's count."""
+        self._rows = previous._rows
+        self.set_store_keys(self._rows)
+        self.attempts = previous.attempts
 
     def _budgets(self, row) -> tuple[Budget, ...]:
         out = []
@@ -88,26 +109,22 @@ class Authenticator:
                 log.warning("key %r: budget ignored: %s", row.name, exc)
         return tuple(out)
 
-    async def refresh_from_store(
-        self, dsn: str, interval: float = 5.0, timeouts: tuple[float, float] | None = None
-    ) -> None:
-        """Reload the store's keys every ``interval`` seconds, until cancelled; a stalled
-        store fails a round after ``timeouts`` (statement, lock) seconds."""
-        from prefixgate.store import open_store
+    def named(self, name: str) -> tuple[str, Principal] | None:
+        """The digest and principal of the active key named ``name`` (a key holder's
+        session is checked against the key's current digest: a rotated or revoked key
+        ends it)."""
+        for table in (self._by_digest, self._from_store):
+            for digest, principal in table.items():
+                if principal.name == name:
+                    return digest, principal
+        return None
 
-        statement, lock = timeouts or (None, None)
-
-        def load():
-            with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
-                store.migrate()
-                return store.list_keys()
-
-        while True:
-            try:
-                self.set_store_keys(await asyncio.to_thread(load))
-            except Exception as exc:  # keep the last known keys while the store is down
-                log.warning("cannot reload API keys from the store: %s", exc)
-            await asyncio.sleep(interval)
+    def principal_of(self, key: str) -> Principal | None:
+        """The principal of an API key (not the admin key), or None."""
+        if not key:
+            return None
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._by_digest.get(digest) or self._from_store.get(digest)
 
     @property
     def open_access(self) -> bool:
@@ -127,17 +144,105 @@ class Authenticator:
             raise AuthenticationFailed("invalid API key")
         return principal
 
+    def is_credential(self, value: str) -> bool:
+        """Whether ``value`` is a key this gateway knows (the admin key, an API key) or has
+        the shape of one it issues (``prefixgate keys new``), never compared in clear."""
+        if ISSUED_KEY.fullmatch(value):
+            return True
+        digest = hashlib.sha256(value.encode()).hexdigest()
+        if self._admin is not None and hmac.compare_digest(digest, self._admin):
+            return True
+        return digest in self._by_digest or digest in self._from_store
+
     def authorize_model(self, principal: Principal, model: str) -> None:
         if not principal.allows(model):
             raise PermissionDenied(f"this API key may not use model {model!r}")
 
-    def check_admin(self, headers) -> None:
+    def check_admin(self, headers, scope: dict | None = None) -> None:
+        """The admin key in ``headers``; with the request's ASGI ``scope``, each key tried
+        is counted for its client address (429 past the bounds of :mod:`.admin_attempts`)."""
         key = presented_key(headers)
         if self._admin is None:
             if self._open:
                 return  # open access on loopback: admin routes open too
             raise PermissionDenied("admin routes are disabled: no admin key is configured")
-        if not key or not hmac.compare_digest(
-            hashlib.sha256(key.encode()).hexdigest(), self._admin
-        ):
+        if not key:
             raise AuthenticationFailed("admin key required")
+        address = client_address(scope, self.trusted_proxies) if scope is not None else None
+        if address is not None:
+            self.attempts.check(address)
+        if not hmac.compare_digest(hashlib.sha256(key.encode()).hexdigest(), self._admin):
+            if address is not None:
+                self.attempts.failed(address)
+            raise AuthenticationFailed("admin key required")
+        if address is not None:
+            self.attempts.succeeded(address)
+
+
+async def refresh_keys(
+    gateway, dsn: str, timeouts: tuple[float, float] | None = None, interval: float = 5.0
+) -> None:
+    """Reload the store's keys into the gateway's current authenticator every
+    ``interval`` seconds, until cancelled (after a config reload, into the new one); a
+    stalled store fails a round after ``timeouts`` (statement, lock) seconds."""
+    from prefixgate.store import open_store
+
+    statement, lock = timeouts or (None, None)
+
+    def load():
+        with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
+            store.migrate()
+            return store.list_keys()
+
+    while True:
+        try:
+            gateway.auth.set_store_keys(await asyncio.to_thread(load))
+        except Exception as exc:  # keep the last known keys while the store is down
+            log.warning("cannot reload API keys from the store: %s", exc)
+        await asyncio.sleep(interval)
+
+
+class KeyEpoch:
+    """A counter the workers of one ``serve --workers N`` share (an anonymous shared
+    memory page made before they fork): a worker that changed the store's keys (the
+    console) bumps it, and every worker reads the store's keys again before it
+    authenticates its next request, so a rotated or revoked key is refused at once on
+    every worker, not at the next periodic refresh."""
+
+    def __init__(self) -> None:
+        import mmap
+
+        self._page = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED)
+        self.seen = 0
+
+    @property
+    def value(self) -> int:
+        return int.from_bytes(self._page[:8], "little")
+
+    def moved(self) -> bool:
+        return self.value != self.seen
+
+    def bump(self) -> None:
+        """After a change this worker already applied to itself."""
+        self.seen = self.value + 1
+        self._page[:8] = self.seen.to_bytes(8, "little")
+
+
+async def fresh_store_keys(gateway) -> None:
+    """When another worker changed the store's keys (``gateway.key_epoch`` moved): read
+    them now, before this request is authenticated."""
+    epoch = gateway.key_epoch
+    target = epoch.value
+    store = gateway.config.store
+    from prefixgate.store import open_store
+
+    def load():
+        with open_store(store.dsn, statement_timeout=store.statement_timeout) as s:
+            return s.list_keys()
+
+    try:
+        gateway.auth.set_store_keys(await asyncio.to_thread(load))
+    except Exception as exc:  # the periodic refresh tries again
+        log.warning("cannot reload API keys from the store: %s", exc)
+        return
+    epoch.seen = target

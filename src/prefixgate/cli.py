@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
+import signal
 import sys
 
 import click
@@ -69,38 +72,46 @@ def main() -> None:
     default=False,
     help="One log line per request (as server.access_log: true).",
 )
+@click.option(
+    "--pid-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the pid to signal (SIGHUP: reload; SIGTERM: hand over and drain) once the port "
+    "is served.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve(
-    config_path, upstream, model, host, port, store_dsn, workers, http_impl, access_log, log_level
+    config_path,
+    upstream,
+    model,
+    host,
+    port,
+    store_dsn,
+    workers,
+    http_impl,
+    access_log,
+    pid_file,
+    log_level,
 ) -> None:
     """Run the gateway.
 
     With neither --config nor --upstream it serves an embedded simulated vLLM upstream, so
     it runs with nothing else installed. Without configured API keys it accepts any key and
-    binds to loopback only.
+    binds to loopback only. SIGHUP re-reads --config (docs/operating.md); SIGTERM hands the
+    port over to a new process on it and drains the requests in flight.
     """
     _setup_logging(log_level)
-    try:
+    if config_path and (upstream or model):
+        raise click.UsageError("--upstream/--model go without --config")
+
+    def load():
         if config_path:
-            if upstream or model:
-                raise click.UsageError("--upstream/--model go without --config")
-            config = load_config(config_path)
-            overrides: dict = {}
-            if host or port:
-                overrides["server"] = config.server.model_copy(
-                    update={k: v for k, v in (("host", host), ("port", port)) if v}
-                )
-            if store_dsn:
-                overrides["store"] = (
-                    config.store or type(config).model_fields["store"].default
-                ).model_copy(update={"dsn": store_dsn})
-            if overrides:
-                config = config.model_copy(update=overrides)
-        else:
-            config = quick_config(upstream, model, host or "127.0.0.1", port or 8787, store_dsn)
-        if access_log:
-            server = config.server.model_copy(update={"access_log": True})
-            config = config.model_copy(update={"server": server})
+            return _with_overrides(load_config(config_path), host, port, store_dsn, access_log)
+        config = quick_config(upstream, model, host or "127.0.0.1", port or 8787, store_dsn)
+        return _with_overrides(config, None, None, None, access_log)
+
+    try:
+        config = load()
         config.admin_digest()
         for key in config.keys:
             key.digest()  # a key_env that is not set is a config error, said now
@@ -114,22 +125,32 @@ def serve(
     if config.open_access:
         log.warning("no API keys configured: accepting any key (loopback only)")
     from prefixgate.serve import process as serving
+    from prefixgate.serve.lifecycle import Lifecycle
     from prefixgate.serve.report import bind_error
 
     where = (config.server.host, config.server.port)
     edge = _Edge(config, http_impl, workers, serving.raise_open_files())
+    reload_from = load if config_path else None
+    # A SIGHUP before the loop handles it (a reload sent during the start) is not a kill.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         if workers == 1:
             try:
-                sock = serving.bind(*where)
+                sock = serving.bind(*where, reuse_port=True)  # a successor may bind it too
             except OSError as exc:
                 raise click.ClickException(bind_error(*where, exc)) from None
-            serving.run(_serve(config, sock, edge=edge, report=True))
+            life = Lifecycle(reload_from, pid_file)
+            serving.run(_serve(config, sock, edge=edge, report=True, life=life))
             return
         log.info("prefixgate: %d worker processes", workers)
+        parent = os.getpid()
+        from prefixgate.auth import KeyEpoch
+
+        epoch = KeyEpoch() if config.store_keys else None  # shared by the forked workers
 
         def worker(sock, i: int) -> None:  # each claims its own slot in the record journal
-            serving.run(_serve(config, sock, edge=edge, report=i == 0))
+            life = Lifecycle(reload_from, pid_file, pid=parent, announce=i == 0)
+            serving.run(_serve(config, sock, edge=edge, report=i == 0, life=life, key_epoch=epoch))
 
         try:
             status = serving.run_workers(workers, *where, worker)
@@ -138,6 +159,24 @@ def serve(
         sys.exit(status)
     except KeyboardInterrupt:  # SIGINT before the server's own handler was in place
         sys.exit(130)
+
+
+def _with_overrides(config, host, port, store_dsn, access_log):
+    """``config`` with the command line's --host, --port, --store and --access-log (a
+    reload applies them again to the file it reads)."""
+    overrides: dict = {}
+    if host or port:
+        overrides["server"] = config.server.model_copy(
+            update={k: v for k, v in (("host", host), ("port", port)) if v}
+        )
+    if store_dsn:
+        overrides["store"] = (
+            config.store or type(config).model_fields["store"].default
+        ).model_copy(update={"dsn": store_dsn})
+    if access_log:
+        server = overrides.get("server", config.server)
+        overrides["server"] = server.model_copy(update={"access_log": True})
+    return config.model_copy(update=overrides) if overrides else config
 
 
 class _Edge:
@@ -160,7 +199,20 @@ class _Edge:
         )
 
 
-async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
+EMBEDDED_KEY_ENV = "PREFIXGATE_EMBEDDED_UPSTREAM_KEY"
+
+
+def _embedded_in(config, url: str):
+    """``config`` with its first channel sent to the embedded upstream at ``url``, with
+    the embedded upstream's key."""
+    update = {"base_url": url, "api_key_env": EMBEDDED_KEY_ENV}
+    channels = (config.channels[0].model_copy(update=update), *config.channels[1:])
+    return config.model_copy(update={"channels": channels})
+
+
+async def _serve(
+    config, sock, *, edge: _Edge, report: bool = True, life=None, key_epoch=None
+) -> None:
     from prefixgate.serve.app import build_app, refusal_app
     from prefixgate.serve.process import http_server, uvicorn_server
     from prefixgate.serve.report import check_upstreams, start_block
@@ -170,14 +222,21 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     if config.embedded_upstream:
         from prefixgate.upstream_sim import SimSettings, start_embedded
 
-        embedded, sims = await start_embedded(SimSettings(block_size=64))
-        channels = (config.channels[0].model_copy(update={"base_url": embedded}),)
-        config = config.model_copy(update={"channels": channels})
+        # Its own random key: nobody else on the machine reaches it past the gateway.
+        os.environ[EMBEDDED_KEY_ENV] = secrets.token_urlsafe(32)
+        settings = SimSettings(block_size=64, api_key=os.environ[EMBEDDED_KEY_ENV])
+        embedded, sims = await start_embedded(settings)
+        config = _embedded_in(config, embedded)
+        if life is not None and life.load is not None:  # a reload keeps the embedded one
+            read = life.load
+            life.load = lambda: _embedded_in(read(), embedded)
     checks = [] if (embedded or not report) else await check_upstreams(config)
     host = config.server.host
     url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
 
     def started() -> None:
+        if life is not None:
+            life.started()
         if report:
             block = start_block(
                 config,
@@ -199,7 +258,7 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
         server = uvicorn_server(
             app,
             log_level="warning",
-            graceful=30,
+            graceful=config.server.drain_timeout,
             edge=edge.limits,
             refusal=refusal,
             max_header_bytes=header_bound,
@@ -208,7 +267,8 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     else:
         server = http_server(
             app,
-            graceful=30,
+            graceful=config.server.drain_timeout,
+            handover=(edge.workers, None),
             max_body=limits.max_body_bytes,
             max_header_bytes=header_bound,
             busy_poll_us=config.server.busy_poll_us,
@@ -217,9 +277,15 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
             refusal=refusal,
             on_started=started,
         )
+    app.state.gateway.key_epoch = key_epoch
+    if life is not None:
+        life.install(app.state.gateway)
     try:
         await server.serve(sockets=[sock])
     finally:
+        if life is not None:
+            life.uninstall()
+            life.stopped()
         for s in sims:  # stopped and awaited: a task left running is cancelled noisily
             s.should_exit = True
         tasks = [s.config.app.state.serve_task for s in sims]
@@ -301,8 +367,14 @@ async def _serve(config, sock, *, edge: _Edge, report: bool = True) -> None:
     default=None,
     help="Refuse a model not in --model with vLLM's 404, as vLLM does (default: any).",
 )
+@click.option(
+    "--api-key-env",
+    default=None,
+    help="An environment variable holding the key every route but /health asks for "
+    "(Authorization: Bearer), as vLLM's --api-key.",
+)
 @click.option("--log-level", default="info", show_default=True)
-def upstream_sim(host, port, replicas, log_level, strict_models, **opts) -> None:
+def upstream_sim(host, port, replicas, log_level, strict_models, api_key_env, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
     chained block hashes, last-token rule and LRU, with vLLM's usage fields and /metrics."""
     from prefixgate.upstream_sim import serve_upstreams, settings_from_options
@@ -310,6 +382,15 @@ def upstream_sim(host, port, replicas, log_level, strict_models, **opts) -> None
     _setup_logging(log_level)
     if strict_models is not None:
         opts["accept_any_model"] = not strict_models
+    if api_key_env:
+        if not os.environ.get(api_key_env):
+            raise click.UsageError(f"--api-key-env: {api_key_env} is not set")
+        opts["api_key"] = os.environ[api_key_env]
+    elif host not in ("127.0.0.1", "::1", "localhost"):
+        raise click.UsageError(
+            "a simulated upstream without a key listens on loopback only: "
+            "give it one with --api-key-env, or --host 127.0.0.1"
+        )
     settings = settings_from_options(**opts)
 
     def ready(urls) -> None:
@@ -326,12 +407,14 @@ def _register_subcommands() -> None:
     from prefixgate.commands.demo import demo
     from prefixgate.commands.doctor import doctor
     from prefixgate.commands.keys import keys
+    from prefixgate.commands.reload import reload_command
     from prefixgate.commands.usage import usage
     from prefixgate.simulate.cli import simulate_command
 
     main.add_command(demo, "demo")
     main.add_command(doctor, "doctor")
     main.add_command(keys, "keys")
+    main.add_command(reload_command, "reload")
     main.add_command(usage, "usage")
     main.add_command(simulate_command, "simulate")
     main.add_command(bench_command, "bench")

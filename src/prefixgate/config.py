@@ -8,10 +8,12 @@ an environment variable and hashed at load time; upstream keys come from the env
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import ssl
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -38,6 +40,18 @@ def _redis_url(v: str) -> str:
 
 
 RedisUrl = Annotated[str, AfterValidator(_redis_url)]
+
+
+def no_userinfo(url: str) -> str:
+    """``url``, refused when it holds a user or password (``http://user:pass@host``): an
+    upstream's URL is kept in every record, the journal, the dashboard and log lines, so
+    it must hold no secret. The message never repeats the URL."""
+    if "@" in urlsplit(url).netloc:
+        raise ValueError(
+            "a user or password in an upstream URL is refused (the URL is recorded and "
+            "logged): put the key in an environment variable named by api_key_env"
+        )
+    return url
 
 
 def hash_key(key: str) -> str:
@@ -166,6 +180,9 @@ class ChannelConfig(_Model):
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
     render_order: RenderOrder = "auto"  # auto: learned from the upstream (upstream/order.py)
+    # Later system messages delivered inside the client's turns (hygiene/system_in_place.py):
+    # auto: where the upstream's template was seen to move them to the head.
+    system_in_place: bool | Literal["auto"] = "auto"
     # How /v1/responses reaches this channel: converted to Chat Completions (any
     # OpenAI-compatible server), or passed through to the upstream's own /responses.
     responses_api: Literal["convert", "passthrough"] = "convert"
@@ -230,7 +247,17 @@ class ChannelConfig(_Model):
     def _strip_slash(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError("base_url must start with http:// or https://")
-        return v.rstrip("/")
+        return no_userinfo(v).rstrip("/")
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(no_userinfo(u) for u in v)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _metrics_url(cls, v: str | None) -> str | None:
+        return None if v is None else no_userinfo(v)
 
     @property
     def strip_billing_header(self) -> bool:
@@ -369,9 +396,28 @@ class ServerConfig(_Model):
     # it again (admission.LagShed); null turns it off.
     shed_loop_lag: float | None = Field(default=0.25, gt=0)
     access_log: bool = False  # one log line per request (prefixgate.access)
+    # Admin credential checks (admin_attempts.py): wrong admin keys a client address may
+    # send a minute, and all addresses together, before 429 without a look at the key.
+    admin_failures_per_minute: int = Field(default=10, ge=1)
+    admin_failures_in_all_per_minute: int = Field(default=100, ge=1)
+    # Proxies whose X-Forwarded-For names the client (addresses or CIDR blocks).
+    trusted_proxies: list[str] = []
     # The event loop's pauses and each garbage collection's (loopwatch.py) as /metrics
     # histograms: a 100 Hz timer and a callback per collection, so opt-in.
     loop_watch: bool = False
+    # On SIGTERM/SIGINT the port is handed to a successor (serve/handover.py), then the
+    # requests in flight may run this many seconds to their end before they are cut.
+    drain_timeout: float = Field(default=30.0, ge=0)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for spec in v:
+            try:
+                ipaddress.ip_network(spec, strict=False)
+            except ValueError:
+                raise ValueError(f"not an address or CIDR block: {spec!r}") from None
+        return v
 
 
 class DashboardConfig(_Model):
@@ -439,7 +485,7 @@ class TelemetryConfig(_Model):
     def _http_url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError("otlp_endpoint must be an http:// or https:// URL")
-        return v
+        return no_userinfo(v)
 
 
 class Config(_Model):

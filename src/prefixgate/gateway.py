@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from prefixgate import hygiene, pipeline
+from prefixgate import pipeline
 from prefixgate.admission import Admission
 from prefixgate.auth import Authenticator, Principal
-from prefixgate.config import ChannelConfig, Config
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.config import ChannelConfig, Config, StoreConfig
+from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_to_openai
 from prefixgate.diagnostics.lookup import Fingerprints
-from prefixgate.errors import GatewayError, NotFound, UpstreamError
+from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.events.tokens import EngineTokens
+from prefixgate.live import Live
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.metrics import GatewayMetrics
-from prefixgate.pipeline import steps
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
-from prefixgate.protocol.common import decode_body
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
+from prefixgate.reload import ReloadCollector, ReloadLog, ReloadResult, reload_gateway
 from prefixgate.routing.channels import ChannelRouter, Target
 from prefixgate.spend.keeper import BudgetKeeper
 from prefixgate.spend.prices import PriceTable
@@ -68,32 +68,34 @@ class Gateway:
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
         events: EngineEvents | None = None,
     ) -> None:
-        self.config = config
-        self.auth = Authenticator(config)
         self.upstream = upstream or _upstream_for(config)
-        # The engine's token ids of a channel's request (events/tokens.py), per session.
-        self.engine_tokens = EngineTokens(config.channels)
         self.events = events  # the engines' KV events (events/hub.py), or None
-        self.router = ChannelRouter(
-            config.channels, transport=self.upstream, events=events, tokens=self.engine_tokens
-        )
+        # The config and what is built from it (keys, router, prices, budgets): replaced
+        # whole by a reload (reload.py); each request keeps the one it arrived on.
+        self.live = Live.build(config, upstream=self.upstream, events=events)
+        self.reloads = ReloadLog()
+        self.draining: set[Live] = set()  # retired generations with requests still running
+        self.key_epoch = None  # auth.KeyEpoch shared by the workers of one serve, if any
         self.recorder = recorder or _NullRecorder()
         self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
         self.metrics = GatewayMetrics(recorder)
         self.admission = Admission(config.server, config.channels)
         self.metrics.watch_admission(self.admission)
+        self.metrics.registry.register(ReloadCollector(self))
         if events is not None:
             from prefixgate.events.metrics import EventsCollector
 
             self.metrics.registry.register(EventsCollector(events))
         self.capture = capture
+        # Each session's latest conversion (convert/request.py), within the change
+        # memory's bound (store.change_memory_mb; its default without a store).
+        change_mb = (config.store or StoreConfig()).change_memory_mb
+        self.turns = SessionTurns(int(change_mb * 1024 * 1024))
         # diagnostics/: the requests that asked why their cache missed, for the next ones
         self.fingerprints = Fingerprints(_store_factory(config))
         self._own_capture: Callable[..., None] | None = None
         self.token_counter = token_counter or _estimate_tokens
         self.limiter = make_limiter(config.rate_limits_shared)
-        self.prices = PriceTable.from_config(config.prices) if config.prices else None
-        self.budgets = BudgetKeeper(config, self.prices) if _has_budgets(config) else None
         self.telemetry = None  # telemetry.Telemetry when config.telemetry (started by the app)
         self.failures = LogThrottle(log, interval=10.0)
         self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
@@ -102,6 +104,36 @@ class Gateway:
         # Requests taken and not yet recorded (a stream's record closes as its last
         # chunk is written, so a client reading the stream can be a moment ahead).
         self.open_records = 0
+
+    # -- the current generation (live.py) -------------------------------------------------
+    @property
+    def config(self) -> Config:
+        return self.live.config
+
+    @property
+    def auth(self) -> Authenticator:
+        return self.live.auth
+
+    @property
+    def router(self) -> ChannelRouter:
+        return self.live.router
+
+    @property
+    def engine_tokens(self) -> EngineTokens:
+        return self.live.engine_tokens
+
+    @property
+    def prices(self) -> PriceTable | None:
+        return self.live.prices
+
+    @property
+    def budgets(self) -> BudgetKeeper | None:
+        return self.live.budgets
+
+    async def reload(self, config: Config) -> ReloadResult:
+        """Serve ``config`` from now on (``reload.py``): requests in flight finish on the
+        generation they started with."""
+        return await reload_gateway(self, config)
 
     # -- entry points ------------------------------------------------------------------
     async def messages(self, request: Request) -> Response:
@@ -120,31 +152,9 @@ class Gateway:
         return await diagnosis(self, request)
 
     async def count_tokens(self, request: Request) -> Response:
-        """The prompt's tokens as the first channel that would serve it renders it, after
-        that channel's hygiene steps. No record (nothing is sent upstream)."""
-        try:
-            principal = self.auth.authenticate(request.headers)
-            raw = await steps.read_body(request, self.config.limits.max_body_bytes)
-            body = decode_body(raw, self.config.limits)
-            anthropic_proto.check_count_tokens_request(body, self.config.limits)
-            self.auth.authorize_model(principal, body["model"])
-            targets = [
-                t
-                for t in self.router.candidates(body["model"], None)
-                if t.channel.kind in pipeline.MESSAGES.kinds
-            ]
-            if not targets:
-                raise NotFound(f"model {body['model']!r} is not served here")
-            channel = targets[0].channel
-            body = hygiene.apply_plain(body, channel)
-            return JSONResponse({"input_tokens": self.token_counter(body, channel)})
-        except GatewayError as err:
-            return pipeline.error_response(err, anthropic_proto.error_bytes)
-        except Exception:
-            log.exception("internal error on /v1/messages/count_tokens")
-            return pipeline.error_response(
-                GatewayError("internal error"), anthropic_proto.error_bytes
-            )
+        """The prompt's tokens (``pipeline/count.py``): authenticated, limited, admitted and
+        budgeted as inference is, and recorded; nothing is sent upstream."""
+        return await pipeline.run(pipeline.Exchange(self, request, pipeline.COUNT_TOKENS))
 
     async def models(self, request: Request) -> Response:
         anthropic = "anthropic-version" in request.headers
@@ -192,11 +202,38 @@ class Gateway:
         self._model_lists[ch.name] = (now + ttl, ids)
         return ids
 
+    # -- generations and background work ------------------------------------------------------
+    def done_with(self, live: Live) -> None:
+        """A request that ran on ``live`` ended: the last one of a retired generation
+        closes it."""
+        live.inflight -= 1
+        if live.retired and live.inflight == 0:
+            self.close_generation(live)
+
+    def retired_generations(self) -> list[Live]:
+        return list(self.draining)
+
+    def close_generation(self, live: Live) -> None:
+        from prefixgate.reload import close_generation
+
+        self.spawn(close_generation(self, live))
+
+    def spawn(self, coro) -> asyncio.Task:
+        """Run ``coro`` in the background, kept referenced until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
     # -- services the steps use ------------------------------------------------------------
-    def failed_attempt(self, target: Target, err: UpstreamError) -> None:
+    def failed_attempt(self, target: Target, err: UpstreamError, content: bytes = b"") -> None:
         """A retryable failure of one target: its health hears of it, the log says so
-        (once per interval per replica, with the count of the others)."""
-        self.router.report_failure(target)
+        (once per interval per replica, with the count of the others). An upstream's own
+        internal error (500 …, not 502-504) may be the request's doing: it ejects the replica
+        only when a second request's content failed there too (``report_failure``)."""
+        status = err.upstream_status
+        own = status is not None and status >= 500 and status not in (502, 503, 504)
+        self.router.report_failure(target, content if own else None)
         self.failures.warning(
             (target.name, target.base_url),
             "channel %s (%s) failed: %s",
@@ -209,11 +246,7 @@ class Gateway:
         """Give back the rate limiter's slot and count the request's tokens, off the
         request path."""
         tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
-        task = asyncio.get_running_loop().create_task(
-            self.limiter.done(principal.name, principal.limits, tokens)
-        )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.spawn(self.limiter.done(principal.name, principal.limits, tokens))
 
     @property
     def capture_pending(self) -> bool:
@@ -265,11 +298,6 @@ def _store_factory(config: Config) -> Callable[[], Store] | None:
         )
 
     return factory
-
-
-def _has_budgets(config: Config) -> bool:
-    """Budgets in the config, or keys in the store (which may carry their own)."""
-    return bool(config.store_keys or config.budgets.owners or any(k.budgets for k in config.keys))
 
 
 def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:

@@ -12,8 +12,11 @@ from prefixgate.store import open_store
 from .test_upstream_health import snapshot
 
 
-def write(dsn: str, rows: list[tuple[str, str, dict]]) -> None:
-    """(channel, replica, ledger parts and figures) per request."""
+def write(
+    dsn: str, rows: list[tuple[str, str, dict]], source: str = "events", changed=None
+) -> None:
+    """(channel, replica, ledger parts and figures) per request; ``changed(i)``: the i-th
+    ledger's changed segment."""
     records, ledgers = [], []
     for i, (channel, replica, parts) in enumerate(rows):
         rid = f"r{i:04d}"
@@ -36,7 +39,7 @@ def write(dsn: str, rows: list[tuple[str, str, dict]]) -> None:
             Ledger(
                 request_id=rid,
                 received_at=1000.0 + i,
-                source="events",
+                source=source,
                 prompt_tokens=prompt,
                 block_size=16,
                 **{k: v for k, v in parts.items() if not k.startswith(("host", "pred", "at"))},
@@ -46,6 +49,7 @@ def write(dsn: str, rows: list[tuple[str, str, dict]]) -> None:
                 model_predicted=cached + 16 * (i % 2),
                 host_hit=parts.get("host_hit", 0),
                 host_missed=parts.get("host_missed", 0),
+                changed_segment=changed(i) if changed else None,
             )
         )
     with open_store(dsn) as store:
@@ -97,3 +101,25 @@ def test_no_ledgers_no_findings(tmp_path) -> None:
     dsn = f"sqlite:///{tmp_path / 'n.db'}"
     write(dsn, [])
     assert [f.kind for f in diagnose(dsn).findings] == ["no_problem"]
+
+
+def test_no_capacity_finding_without_eviction_evidence(tmp_path) -> None:
+    """Ledgers from the cache model (no KV events): an eviction they book, from a store
+    written before the model stopped booking them, is no evidence of one."""
+    dsn = f"sqlite:///{tmp_path / 'm.db'}"
+    write(dsn, [("model", "http://a/v1", {"hit": 600, "evicted": 380, "partial_block": 20})] * 10,
+          source="model")  # fmt: skip
+    kinds = {f.kind for f in diagnose(dsn).findings}
+    assert "kv_capacity" not in kinds
+
+
+def test_the_templates_findings_name_the_moved_segment_and_the_loss(tmp_path) -> None:
+    dsn = f"sqlite:///{tmp_path / 't.db'}"
+    write(dsn, [("hoists", "http://a/v1", {"hit": 100, "prefix_changed": 880, "partial_block": 20})]
+          * 6, changed=lambda i: f"messages[{3 * i + 2}]:system@head")  # fmt: skip
+    d = diagnose(dsn)
+    [f] = [f for f in d.findings if f.kind == "template_hoisting"]
+    assert f.severity == "critical" and f.facts["recomputed_tokens"] == 6 * 880
+    assert f.facts["requests"] == 6 and f.facts["per_request"] == 880
+    assert "moves each new system message to the head" in f.title
+    assert "kv_capacity" not in {g.kind for g in d.findings}

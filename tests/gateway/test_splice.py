@@ -117,7 +117,7 @@ def test_a_client_that_stops_reading_stops_the_upstream(gateway, upstream):
     with socket.create_connection((host, int(port))) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         s.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(body), body)
         )
         held = _settle(lambda: stream.taken)

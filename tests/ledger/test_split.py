@@ -106,6 +106,7 @@ def test_model_split() -> None:
         best_replica="b",
         previous_tokens=160,
         changed_at=128,
+        eviction_evidence=True,
     )
     assert s.parts == {
         "hit": 32,
@@ -116,6 +117,18 @@ def test_model_split() -> None:
         "partial_block": 8,
     }
     assert s.elsewhere_replica == "b"
+    # without evidence of evictions, the model's shortfall is no eviction: unknown
+    s = split_model(
+        prompt_tokens=200,
+        block_size=B,
+        cached=32,
+        here=64,
+        best=96,
+        best_replica="b",
+        previous_tokens=160,
+        changed_at=128,
+    )
+    assert s.parts["unknown"] == 32 and "evicted" not in s.parts
     s = split_model(
         prompt_tokens=200,
         block_size=B,

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +25,13 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from prefixgate.config import parse_config
+from prefixgate.events.publisher import PublisherSettings
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
+from prefixgate.traffic.template_sessions import wait_stored
 from prefixgate.upstream_sim import SimSettings, create_upstream_app
+from tests.conftest import settled
 from tests.fakes import RecordingUpstream
 
 SIM_MODEL = "sim-model"
@@ -40,10 +44,22 @@ class Stack:
     dsn: str  # its store (complete once the stack exits)
     upstream: RecordingUpstream  # what the gateway sent upstream
     model: str  # the model name the clients ask for
+    app: object = None  # the gateway's ASGI app
 
     def records(self, endpoint: str) -> list:
         with open_store(self.dsn) as store:
             return [r for r in store.iter_records(with_texts=True) if r.endpoint == endpoint]
+
+    def ledgers(self, records: list) -> list:
+        """The miss ledgers of ``records`` (call :meth:`wait_stored` before the stack exits)."""
+        with open_store(self.dsn) as store:
+            return [store.get_ledger(r.request_id) for r in records]
+
+    def wait_stored(self) -> None:
+        """Until every request the gateway took is in the store with its ledger."""
+        gateway = self.app.state.gateway
+        settled(gateway)
+        wait_stored(self.app, gateway.recorder.stats().written or 1)
 
 
 def forwarding_app(base: str):
@@ -78,30 +94,64 @@ def forwarding_app(base: str):
 
 @contextlib.contextmanager
 def stack(
-    tmp_path: Path, *, vllm_url: str | None = None, model: str = SIM_MODEL, **sim
+    tmp_path: Path,
+    *,
+    vllm_url: str | None = None,
+    model: str = SIM_MODEL,
+    channel: dict | None = None,
+    events: bool = False,
+    **sim,
 ) -> Iterator[Stack]:
     """The gateway over the simulated vLLM (``sim`` are its settings), or over the real
-    vLLM at ``vllm_url`` (its root URL)."""
+    vLLM at ``vllm_url`` (its root URL); ``channel``: more settings of the gateway's
+    channel; ``events``: the simulated vLLM publishes its KV events, which the gateway
+    reads (its ledger's source)."""
+    if events:
+        sim["kv_events"] = PublisherSettings("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "kv", "map")
     if vllm_url is None:
-        upstream = RecordingUpstream(create_upstream_app(SimSettings(block_size=32, **sim)))
+        inner = create_upstream_app(SimSettings(block_size=32, **sim))
+        upstream = RecordingUpstream(inner)
     else:
         upstream = RecordingUpstream(forwarding_app(vllm_url))
     dsn = f"sqlite:///{tmp_path / 'store.db'}"
     with ServerThread(upstream) as up:
-        channel = {
+        ch = {
             "name": "sim" if vllm_url is None else "real-vllm",
             "base_url": up.url + "/v1",
             "capture_text": True,
             "timeouts": {"first_byte": 300, "idle": 300},
+            **(channel or {}),
         }
+        if events:
+            pub = inner.state.sim.events
+            ch["kv_events"] = {
+                "replicas": [
+                    {
+                        "endpoint": "tcp://*:" + pub.endpoint.rsplit(":", 1)[1],
+                        "replay_endpoint": "tcp://*:" + pub.replay_endpoint.rsplit(":", 1)[1],
+                    }
+                ],
+                "topic": "kv",
+                "block_size": 32,
+            }
         config = parse_config(
             {
-                "channels": [channel],
+                "channels": [ch],
                 "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
+                # a CLI's turn refused as overloaded on a busy test machine tells nothing
+                "server": {"shed_loop_lag": None},
             }
         )
-        with ServerThread(build_app(config)) as gw:
-            yield Stack(gw.url, dsn, upstream, model)
+        app = build_app(config)
+        with ServerThread(app) as gw:
+            if events:
+                assert pub.wait_for_subscribers(1, 30), "the gateway never subscribed"
+            elif "kv_events" in ch:  # a real engine's publisher connects to the hub
+                deadline = time.monotonic() + 120
+                while not app.state.events.listening():
+                    assert time.monotonic() < deadline, app.state.events.statuses()
+                    time.sleep(0.05)
+            yield Stack(gw.url, dsn, upstream, model, app)
 
 
 class _Cli:

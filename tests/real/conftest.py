@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from prefixgate.cache.render import template_file
 from tests.real import harness, harness_sglang
 
 
@@ -97,6 +98,26 @@ def vllm_agent(vllm_python, agent_model, say) -> Iterator[harness.VllmServer]:
     """vLLM serving the agent model: a 64k window, answers that end by themselves."""
     yield from _serve(
         vllm_python, agent_model, say, "vllm-agent", max_model_len=harness.AGENT_MAX_MODEL_LEN
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_agent_hoisting(vllm_python, agent_model, say) -> Iterator[tuple[harness.VllmServer, dict]]:
+    """vLLM serving the agent model with the project's DeepSeek-like template (every system
+    message gathered at the head: ``--chat-template``), publishing its KV events (a KV
+    cache far larger than the tests' sessions); yields the server and its event settings."""
+    events = harness.kv_events_config()
+    extra = ("--chat-template", str(template_file("hoisting")), "--kv-events-config")
+    yield from (
+        (server, events)
+        for server in _serve(
+            vllm_python,
+            agent_model,
+            say,
+            "vllm-agent-hoisting",
+            max_model_len=harness.AGENT_MAX_MODEL_LEN,
+            extra_args=(*extra, json.dumps(events)),
+        )
     )
 
 

@@ -14,7 +14,9 @@ import random
 import re
 
 import httpx
+import pytest
 
+from prefixgate.doctor import diagnose
 from tests.real import harness
 from tests.real.agents import Claude, check_stable_prefix, converse, stack
 
@@ -120,3 +122,118 @@ def test_two_turns_through_the_real_vllm_hit_its_prefix_cache(claude_exe, vllm_a
         assert usage["cache_read_input_tokens"] == (rec.cached_tokens or 0)
         assert usage["input_tokens"] == rec.prompt_tokens - (rec.cached_tokens or 0)
     assert turns.hit_rate > 0.9
+
+
+# -- the engine's template: Claude Code's <total_tokens> reminder (docs/rendering.md) -----
+REMINDER = {"CLAUDE_CODE_TOTAL_TOKENS_REMINDER": "countdown"}
+PROMPTS = ("say hi", "and once more", "and a third time", "and a last one")
+
+
+def _four_turns(cli: Claude) -> None:
+    for i, prompt in enumerate(PROMPTS):
+        cli.run(prompt, resume=i > 0)
+
+
+def _later_turns_hit(recs) -> float:
+    later = recs[1:]
+    return sum(r.cached_tokens or 0 for r in later) / sum(r.prompt_tokens for r in later)
+
+
+def _conversation(s) -> list:
+    recs = [r for r in s.records("messages") if r.status == 200 and _tools_sent(r)]
+    assert len(recs) == len(PROMPTS), [(r.status, r.prompt_tokens) for r in recs]
+    return recs
+
+
+def _tools_sent(rec) -> bool:
+    return any(seg.name == "tools" for seg in rec.segments_in or ())
+
+
+def test_the_reminder_on_a_hoisting_template_hits_with_the_defaults(claude_exe, tmp_path):
+    """The simulated vLLM serving the project's DeepSeek-like template (every system
+    message gathered at the head): the gateway learns it and delivers the CLI's later
+    system messages inside its turns; turns 2-4 hit as on a template that keeps them."""
+    with stack(tmp_path, chat_template="hoisting") as s:
+        _four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
+    recs = _conversation(s)
+    assert _later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
+    last = s.upstream.chats()[-1]["body"]["messages"]
+    # the reminders reached the engine, in place, marked; no later system message left
+    assert [m["role"] for m in last].count("system") == 1
+    assert sum("<total_tokens>" in json.dumps(m) for m in last[1:]) >= len(PROMPTS)
+    assert "<system>\\n<total_tokens>" in json.dumps(last)
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_the_reminder_unprotected_is_booked_and_diagnosed_as_the_templates(
+    claude_exe, tmp_path, events
+):
+    """The same with ``system_in_place: false``: each turn's new reminder lands at the
+    head; the ledger books the loss as prefix_changed at the moved system message, the
+    doctor names the template's hoisting, and no capacity finding on an unlimited cache."""
+    off = {"system_in_place": False}
+    with stack(tmp_path, chat_template="hoisting", channel=off, events=events) as s:
+        _four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
+        s.wait_stored()
+    recs = _conversation(s)
+    assert _later_turns_hit(recs) < 0.5
+    ledgers = s.ledgers(recs)
+    for x in ledgers[1:]:
+        assert x.source == ("events" if events else "model")
+        assert (x.changed_segment or "").endswith(":system@head"), x
+        assert x.prefix_changed > 0.5 * x.prompt_tokens and x.evicted == 0, x
+    d = diagnose(s.dsn)
+    kinds = {f.kind: f for f in d.findings}
+    assert "moves each new system message to the head" in kinds["template_hoisting"].title
+    assert "kv_capacity" not in kinds
+
+
+def _real(vllm, events: dict | None, **channel) -> dict:
+    """The stack's settings for the real vLLM; with ``events``, the gateway reads its KV
+    events (the subscriber binds the endpoint the engine's publisher connects to)."""
+    if events is not None:
+        channel["kv_events"] = harness.kv_events_channel(vllm, events)["kv_events"]
+    return {"vllm_url": vllm.url, "model": vllm.served_model, "channel": channel}
+
+
+AGENT_ENV = {
+    **REMINDER,
+    "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(harness.AGENT_MAX_MODEL_LEN),
+    "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
+}
+
+
+def test_the_reminder_through_the_real_vllm_with_a_hoisting_template(
+    claude_exe, vllm_agent_hoisting, tmp_path
+):
+    """The real vLLM started with the project's hoisting template (``--chat-template``):
+    the gateway learns it from vLLM's /tokenize; with the defaults turns 2-4 hit."""
+    vllm, _ = vllm_agent_hoisting
+    with stack(tmp_path, **_real(vllm, None)) as s:
+        _four_turns(Claude(claude_exe, s, tmp_path, **AGENT_ENV))
+    recs = _conversation(s)
+    assert recs[0].prompt_tokens > 10_000  # Claude Code's real prompt
+    assert _later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_the_reminder_unprotected_through_the_real_vllm_is_diagnosed(
+    claude_exe, vllm_agent_hoisting, tmp_path, events
+):
+    """The same with ``system_in_place: false``: the real engine recomputes each turn; the
+    ledger (from vLLM's KV events, or the cache model) books it as prefix_changed at the
+    moved system message; the doctor names the template's hoisting, never capacity."""
+    vllm, kv = vllm_agent_hoisting
+    settings = _real(vllm, kv if events else None, system_in_place=False)
+    with stack(tmp_path, **settings) as s:
+        _four_turns(Claude(claude_exe, s, tmp_path, **AGENT_ENV))
+        s.wait_stored()
+    recs = _conversation(s)
+    assert _later_turns_hit(recs) < 0.5, [(r.prompt_tokens, r.cached_tokens) for r in recs]
+    for x in s.ledgers(recs)[1:]:
+        assert x.source == ("events" if events else "model")
+        assert (x.changed_segment or "").endswith(":system@head"), x
+        assert x.prefix_changed > 0.5 * x.prompt_tokens and x.evicted == 0, x
+    kinds = {f.kind: f for f in diagnose(s.dsn).findings}
+    assert "moves each new system message to the head" in kinds["template_hoisting"].title
+    assert "kv_capacity" not in kinds

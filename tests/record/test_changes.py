@@ -169,3 +169,33 @@ def test_a_budget_of_zero_turns_the_comparison_off():
     recs = [capture(cap, ch, req.content(), req.headers) for req in session]
     assert all(r.compared is None and r.change is None for r in recs)
     assert all(r.segments_out for r in recs)  # the segments are still captured
+
+
+def test_the_total_tokens_countdown_in_the_system_prompt_is_recognised():
+    """Claude Code versions that count the tokens left down in the system prompt: the
+    change is labelled with the catalog's marker (its text is not kept)."""
+    cap, ch = Capturer(), channel("system_first")
+    recs = []
+    for turn in range(3):
+        messages = [{"role": "user", "content": "hi"}]
+        for t in range(turn):
+            messages += [
+                {"role": "assistant", "content": f"answer {t}"},
+                {"role": "user", "content": f"more {t}"},
+            ]
+        body = {
+            "model": "m",
+            "max_tokens": 8,
+            "system": [
+                {"type": "text", "text": "You are Claude Code. Be brief."},
+                {
+                    "type": "text",
+                    "text": f"<total_tokens>{190000 - 5000 * turn} tokens left</total_tokens>",
+                },
+            ],
+            "messages": messages,
+            "metadata": {"user_id": '{"session_id": "s-1"}'},
+        }
+        recs.append(capture(cap, ch, msgspec.json.encode(body), {}))
+    changes = [r.change for r in recs if r.change is not None]
+    assert changes and {c.known for c in changes} == {"total_tokens_reminder"}

@@ -482,3 +482,93 @@ def test_a_tools_list_seen_before_is_looked_up_whole_and_a_changed_tool_shows():
     assert after == segments_anthropic(changed)
     differ = [a.name for a, b in zip(again, after, strict=True) if a.hash != b.hash]
     assert differ == ["tools", "t3"]
+
+
+# -- one cut, and the session's previous request lending what did not change -------------
+def _cut_checked(body: dict, api: str, previous=None):
+    from prefixgate.record.segments import cut_from_bytes, pieces_of
+
+    raw = json.dumps(body).encode()
+    cut = cut_from_bytes(raw, api, previous=previous)
+    if cut is None:
+        return None
+    segs, pieces = cut
+    by_object = (segments_anthropic if api == "anthropic" else segments_openai)(
+        body, tools_first=api == "openai"
+    )
+    assert segs == by_object
+    assert pieces == pieces_of(raw, segs)
+    return cut
+
+
+def test_a_cut_lent_the_previous_turn_equals_a_fresh_one_through_a_claude_code_session():
+    from prefixgate.traffic.claude_code import ClaudeCodeSession
+    from prefixgate.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
+
+    spec = TrafficSpec(
+        sessions=1, turns=12, titles=False, compact_chars=60_000, mix={AGENT_CLAUDE_CODE: 1.0}
+    )
+    previous = None
+    lent = 0
+    for req in ClaudeCodeSession(spec, 3).requests():
+        cut = _cut_checked(req.body, "anthropic", previous)
+        if previous is not None:
+            before = {id(d) for _, d in previous}
+            lent += sum(id(d) in before for _, d in cut[1])
+        previous = cut[1]
+    assert lent > 100  # the history, the tools and the system blocks were taken as they were
+
+
+def test_a_cut_sees_every_change_against_the_previous_request():
+    turn = {
+        "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+        "tools": [{"name": f"t{i}", "description": "d" * 50} for i in range(3)],
+        "messages": [{"role": "user", "content": f"m{i}" * 40} for i in range(4)],
+    }
+    first = _cut_checked(turn, "anthropic")[1]
+    edits = [
+        lambda b: b["messages"][1].update(content="edited"),
+        lambda b: b["tools"].reverse(),
+        lambda b: b["tools"][1].update(description="other"),
+        lambda b: b["system"][0].update(text="clock 12:01"),
+        lambda b: b.update(system="one string"),
+        lambda b: b["messages"].insert(0, {"role": "assistant", "content": "x"}),
+        lambda b: b["messages"].pop(2),
+        lambda b: b.pop("tools"),
+        lambda b: b["messages"][0].update(role="system"),
+    ]
+    for edit in edits:
+        changed = copy.deepcopy(turn)
+        edit(changed)
+        for api in ("anthropic", "openai"):
+            _cut_checked(changed, api, first)
+
+
+def test_a_cut_lent_any_previous_request_matches_on_generated_bodies():
+    scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=4)
+    blocks = st.dictionaries(
+        st.sampled_from(["type", "text", "cache_control", "name"]), scalars, max_size=3
+    )
+    message = st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "developer"])},
+        optional={"content": st.text(max_size=4) | st.lists(blocks, max_size=2)},
+    )
+    bodies = st.fixed_dictionaries(
+        {"messages": st.lists(message, max_size=4)},
+        optional={
+            "tools": st.lists(
+                st.fixed_dictionaries({"name": st.sampled_from(["a", "b"])}), max_size=2
+            ),
+            "system": st.text(max_size=3) | st.lists(blocks, max_size=2),
+        },
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(bodies, bodies, st.sampled_from(["anthropic", "openai"]))
+    def check(before, body, api):
+        previous = _cut_checked(before, api)
+        # the new body shares a prefix of messages with the previous one, as a session does
+        body = {**body, "messages": before["messages"][:2] + body["messages"]}
+        _cut_checked(body, api, None if previous is None else previous[1])
+
+    check()

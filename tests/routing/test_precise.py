@@ -223,7 +223,18 @@ def test_healthz_details_need_the_admin_key() -> None:
         assert httpx.get(gw.url + "/healthz").json() == {"status": "ok"}
         assert httpx.get(gw.url + "/healthz?details").status_code == 401
         r = httpx.get(gw.url + "/healthz?details", headers={"x-api-key": "admin-secret"})
-    assert r.json() == {"status": "ok", "details": {"kv_events": []}}
+    # no upstream listening: its template's rendering is not known, and said so
+    rendering = {
+        "channel": "c",
+        "tools": "tools_first",
+        "system": "unknown",
+        "reasoning": "unknown",
+        "source": "assumed (not learned from the upstream yet)",
+        "system_in_place": False,
+    }
+    details = r.json()["details"]
+    assert details["kv_events"] == [] and details["rendering"] == [rendering]
+    assert details["config"]["generation"] == 1 and details["config"]["last_reload"] is None
 
 
 def test_precise_needs_kv_events() -> None:

@@ -3,10 +3,12 @@ config written to a file, its output kept, started and stopped as an operator wo
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,3 +80,37 @@ class Served:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_for(cond, what: str, limit: float = 120.0):
+    """``cond()``'s first true value, polled; a guard against a hang, not a measurement."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"never: {what}")
+
+
+async def held_streams(url: str, bodies: list[dict], opened: threading.Event) -> list:
+    """One chat stream per body, concurrently, each on its own connection; ``opened`` is
+    set once every stream has its first bytes. Each stream's (bytes, request id)."""
+    n, count = len(bodies), 0
+    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=0)
+    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+
+        async def one(body: dict) -> tuple[bytes, str]:
+            nonlocal count
+            async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200, await r.aread()
+                got = b""
+                async for part in r.aiter_raw():
+                    if not got:
+                        count += 1
+                        if count == n:
+                            opened.set()
+                    got += part
+                return got, r.headers["x-request-id"]
+
+        return await asyncio.gather(*(one(b) for b in bodies))

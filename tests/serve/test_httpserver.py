@@ -40,7 +40,7 @@ def request(
     version: str = "1.1",
 ) -> bytes:
     """A request's bytes; ``Content-Length`` is added for a body unless framed already."""
-    lines = [f"{method} {target} HTTP/{version}", "Host: test"]
+    lines = [f"{method} {target} HTTP/{version}", "Host: localhost"]
     lines += [f"{name}: {value}" for name, value in headers]
     framed = {name.lower() for name, _ in headers} & {"content-length", "transfer-encoding"}
     if body and not framed:
@@ -624,9 +624,9 @@ def test_request_target_past_64_kib_gets_414(srv):
     "data",
     [
         b"NOT HTTP AT ALL\r\n\r\n",
-        b"GET / HTTP/1.1\r\nHost: test\r\nno colon here\r\n\r\n",
-        b"POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: abc\r\n\r\n",
-        b"POST /echo HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nno colon here\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     ],
     ids=["request-line", "header-line", "content-length", "chunk-size"],
 )
@@ -892,7 +892,7 @@ def test_pipelined_expect_continue_does_not_break_the_response_in_progress(probe
 
 def test_unterminated_header_line_past_max_header_bytes_is_refused(limited):
     with Conn(limited.port, timeout=1.0) as c:
-        c.send_until_reset(b"GET / HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * (100 * LIMIT))
+        c.send_until_reset(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (100 * LIMIT))
         assert c.read_response().status == 431
 
 
@@ -911,7 +911,9 @@ def test_a_refused_connection_is_freed_without_the_cyclic_collector(limited):
     gc.disable()
     try:
         with Conn(limited.port, timeout=1.0) as c:
-            c.send_until_reset(b"GET / HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * (100 * LIMIT))
+            c.send_until_reset(
+                b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (100 * LIMIT)
+            )
             assert c.read_response().status == 431
             c.wait_closed()
         deadline = time.monotonic() + TIMEOUT

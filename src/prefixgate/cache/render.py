@@ -29,6 +29,7 @@ __all__ = [
     "canonical_json",
     "content_text",
     "render_tokens",
+    "template_file",
     "vllm_messages",
 ]
 
@@ -38,6 +39,19 @@ _LEADING_ROLES = ("system", "developer")
 
 class RenderError(Exception):
     """A chat template could not be loaded or rendered."""
+
+
+# The project's own chat templates (``data/templates``), by name: each shows one way real
+# templates place things (docs/rendering.md). The simulated upstream and a real vLLM
+# (``--chat-template``) serve them in the tests and benchmarks.
+TEMPLATES = ("hoisting", "in_place", "reasoning_last_query")
+
+
+def template_file(name: str) -> Path:
+    """The file of one of the project's own templates (:data:`TEMPLATES`)."""
+    if name not in TEMPLATES:
+        raise RenderError(f"no built-in chat template {name!r} (one of {', '.join(TEMPLATES)})")
+    return Path(__file__).parents[1] / "data" / "templates" / f"{name}.jinja"
 
 
 class Renderer(Protocol):
@@ -283,7 +297,7 @@ class JinjaChatTemplate:
 
 def vllm_messages(messages: Sequence[dict]) -> list[dict]:
     """Messages as vLLM hands them to a chat template ("string" content format): text
-    parts joined by newlines, ``reasoning`` also as ``reasoning_content``, and tool-call
+    parts joined by newlines, ``reasoning`` (or ``reasoning_content``) under both names, and tool-call
     arguments decoded from their JSON string (an object; ``{}`` when not one)."""
     out = []
     for m in messages:
@@ -302,8 +316,13 @@ def vllm_messages(messages: Sequence[dict]) -> list[dict]:
         calls = m.get("tool_calls")
         if m.get("role") == "assistant" and isinstance(calls, list) and calls:
             msg["tool_calls"] = [_call(c) for c in calls]
-        if m.get("role") == "assistant" and m.get("reasoning") is not None:
-            msg["reasoning"] = msg["reasoning_content"] = m["reasoning"]
+        # vLLM takes an assistant's ``reasoning`` or, from older clients and gateways,
+        # ``reasoning_content``, and hands the template both names
+        reasoning = m.get("reasoning")
+        if reasoning is None:
+            reasoning = m.get("reasoning_content")
+        if m.get("role") == "assistant" and reasoning is not None:
+            msg["reasoning"] = msg["reasoning_content"] = reasoning
         for key in ("tool_call_id", "name"):
             if isinstance(m.get(key), str):
                 msg[key] = m[key]

@@ -19,6 +19,7 @@ texts are joined, their JSON is joined (``_join``). ``convert`` gives that raw-l
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
@@ -83,14 +84,76 @@ def plain(out: dict) -> dict:
     return _ANY.decode(_encode(out))
 
 
-def convert(req: Request, opts: ConvertOptions) -> dict:
-    """The Chat request for a typed Messages request; texts stay raw."""
+class _Turn:
+    """One session's latest converted request: its typed messages and what each became."""
+
+    __slots__ = ("messages", "converted", "opts", "size")
+
+    def __init__(self, messages: list, converted: list[list[dict]], opts, size: int) -> None:
+        self.messages, self.converted, self.opts, self.size = messages, converted, opts, size
+
+
+class SessionTurns:
+    """Per session and channel, the latest request's messages and their conversion, so
+    that the next turn converts only what is new: an agent re-sends its whole
+    conversation every turn. A message equal to the one at the same place last turn (the
+    typed structs compared, raw texts by memcmp) takes its conversion as it was; any other
+    is converted afresh, so an edited history converts exactly as without this memory.
+    Bounded by ``budget`` bytes, each session's entry costing its request's size (its raw
+    texts are views of the request's bytes), least recently used out first."""
+
+    ENTRY = 256  # bytes an entry costs beyond its request
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self._d: OrderedDict[tuple, _Turn] = OrderedDict()
+
+    def convert(self, key: tuple, req: Request, opts: ConvertOptions, size: int) -> dict:
+        """:func:`convert`, lent what the same session's previous request converted."""
+        prev = self._d.pop(key, None)
+        if prev is not None:
+            self.bytes -= prev.size
+            if prev.opts != opts:
+                prev = None
+        converted: list[list[dict]] = []
+        out = convert(req, opts, prev, converted)
+        size += self.ENTRY
+        if size <= self.budget:
+            self._d[key] = _Turn(req.messages, converted, opts, size)
+            self.bytes += size
+            while self.bytes > self.budget:
+                _, old = self._d.popitem(last=False)
+                self.bytes -= old.size
+        return out
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def convert(
+    req: Request,
+    opts: ConvertOptions,
+    previous: _Turn | None = None,
+    converted: list[list[dict]] | None = None,
+) -> dict:
+    """The Chat request for a typed Messages request; texts stay raw. ``previous``: the
+    session's previous turn (:class:`SessionTurns`), whose conversions are taken for the
+    messages that are equal; ``converted`` is filled with each message's conversion."""
     messages: list[dict] = []
     sys_text = _system(req.system)
     if not _empty(sys_text):
         messages.append({"role": "system", "content": sys_text})
-    for m in req.messages:
-        messages.extend(_convert_message(m, opts))
+    before = previous.messages if previous is not None else ()
+    n = len(before)
+    for i, m in enumerate(req.messages):
+        if i < n and before[i] == m:
+            part = previous.converted[i]
+        else:
+            part = _convert_message(m, opts)
+        messages.extend(part)
+        if converted is not None:
+            converted.append(part)
 
     out: dict = {"model": opts.upstream_model, "messages": messages}
     tools = [_convert_tool(t) for t in req.tools or () if _is_function_tool(t)]

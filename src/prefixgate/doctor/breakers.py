@@ -257,6 +257,8 @@ def where(b: Breaker) -> str:
     name, pre = segment_name(b.segment), ""
     if b.example is not None and b.example.known == "billing_header":
         name, pre = "Claude Code's billing header", f"{segment_name(b.segment)}, "
+    elif b.example is not None and b.example.known == "total_tokens_reminder":
+        name, pre = "Claude Code's <total_tokens> reminder", f"{segment_name(b.segment)}, "
     if shape is None or not shape.text_chars or shape.char_offset == 0:
         start = "at the start of" if shape is not None and shape.text_chars else "in"
         return f"{start} {name}" + (f" ({pre.rstrip(', ')})" if pre else "")
@@ -306,6 +308,14 @@ def advice(b: Breaker) -> list[str]:
             "`x-anthropic-billing-header:` system block on Messages → OpenAI conversion; "
             "never for the vendor's own API, which reads it)",
             "or on every Claude Code client: `CLAUDE_CODE_ATTRIBUTION_HEADER=0`",
+        ]
+    if known == "total_tokens_reminder":
+        return [
+            f"in {name}: Claude Code's `<total_tokens>` reminder counts down in the system "
+            "prompt; on every Claude Code client: `CLAUDE_CODE_TOTAL_TOKENS_REMINDER=off` (or "
+            "the setting `totalTokensReminder: off`), or a version that keeps it constant "
+            "there (2.1.332 sends the window) and puts the count in later system messages, "
+            "which the gateway delivers in place (docs/rendering.md)",
         ]
     cls = b.cls
     if cls in ("time_of_day", "date", "date_time", "epoch"):

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -124,10 +125,19 @@ def diagnose(
 
 
 def _safe_dsn(dsn: str) -> str:
-    if "://" in dsn and "@" in dsn.split("://", 1)[1]:
-        scheme, rest = dsn.split("://", 1)
-        return f"{scheme}://…@{rest.split('@', 1)[1].split('?', 1)[0]}"
-    return dsn
+    """The store's DSN as a report may print it: no user or password (the last ``@`` of
+    the authority ends them, a password may hold ``@``), no query (``?password=``,
+    ``sslpassword=`` …) and no ``password=`` of a key-value DSN."""
+    if "://" not in dsn:
+        return _PASSWORD_KV.sub(r"\1=…", dsn)
+    scheme, rest = dsn.split("://", 1)
+    rest = rest.split("?", 1)[0]
+    if "@" in rest:
+        rest = "…@" + rest.rpartition("@")[2]
+    return f"{scheme}://{rest}"
+
+
+_PASSWORD_KV = re.compile(r"(\w*password)\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)", re.I)
 
 
 # -- upstream sources ---------------------------------------------------------------------

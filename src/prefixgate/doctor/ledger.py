@@ -2,14 +2,17 @@
 findings, one per kind of loss, each with its figure and the fix that fits it,
 
 - **capacity** (``kv_capacity``): tokens the engine had computed and evicted before they
-  were asked for again: more KV memory, a host tier, or fewer concurrent sessions;
+  were asked for again, as the engine's KV events show (a shortfall of the hit alone is
+  no evidence: a template the gateway does not know, a model's estimate): more KV memory,
+  a host tier, or fewer concurrent sessions;
 - **routing** (``routing_loss``): tokens cached on another replica of the channel when the
   request was sent: which routing policy would have kept them;
 - **host tier** (``l2_write_only``): blocks the engine's own events show in its host
   tier (medium ``CPU``) when a request missed them, and none ever loaded back: the host
   tier's real contents, in place of the guesses from counters and log lines;
 
-and the **calibration** line (``calibration``): how often the index's and the cache
+what the engine's chat template costs (:mod:`.rendering`: ``template_hoisting``,
+``template_reasoning``), and the **calibration** line (``calibration``): how often the index's and the cache
 model's predictions of the hit equal the engine's reported ``cached_tokens``. Prompt
 instability stays the slices' finding (``prefix_broken``); the ledger's
 ``prefix_changed`` figure is in the calibration table beside the other causes.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from prefixgate.doctor import rendering
 from prefixgate.doctor.model import CRITICAL, INFO, WARNING, Finding, Table
 from prefixgate.doctor.report import pct, tokens
 from prefixgate.ledger import CAUSES
@@ -63,7 +67,8 @@ def findings(
         "SELECT r.channel, COUNT(*), SUM(l.prompt_tokens), "
         f"{_SUMS}, SUM(l.host_hit), SUM(l.host_missed), "
         f"{_AGREE.format(p='index')}, {_AGREE.format(p='model')},"
-        " SUM(CASE WHEN l.source = 'events' THEN 1 ELSE 0 END)"
+        " SUM(CASE WHEN l.source = 'events' THEN 1 ELSE 0 END),"
+        " SUM(CASE WHEN l.source = 'events' THEN l.tokens_evicted ELSE 0 END)"
         " FROM ledgers l JOIN requests r ON r.request_id = l.request_id"
         f" WHERE 1 = 1{where} GROUP BY r.channel ORDER BY r.channel",
         params,
@@ -85,12 +90,20 @@ def findings(
             "model_requests": int(row[14] or 0),
             "model_agree": int(row[15] or 0),
             "events_requests": int(row[16] or 0),
+            # evictions the engine's own events show: the only evidence a capacity
+            # finding stands on (a cache model's shortfall alone is no eviction)
+            "evicted_seen": int(row[17] or 0),
         }
         channels.append(ch)
         policy = (policies or {}).get(ch["channel"])
         for f in (_capacity(ch), _routing(store, ch, policy, where, params), _host_tier(ch)):
             if f is not None:
                 out.append(f)
+    out.extend(
+        rendering.findings(
+            store, where, params, {c["channel"]: c["prompt_tokens"] for c in channels}
+        )
+    )
     out.append(_calibration(channels))
     host_seen = any(c["host_hit"] or c["host_missed"] for c in channels)
     return out, host_seen
@@ -109,7 +122,7 @@ def _causes_table(ch: dict) -> Table:
 
 
 def _capacity(ch: dict) -> Finding | None:
-    share = _share(ch, "evicted")
+    share = _share(ch, "evicted_seen")
     if share < CAPACITY_SHARE:
         return None
     name = ch["channel"]
@@ -117,13 +130,14 @@ def _capacity(ch: dict) -> Finding | None:
         kind="kv_capacity",
         severity=CRITICAL if share >= CRITICAL_SHARE else WARNING,
         title=(
-            f"channel {name}: {tokens(ch['evicted'])} prompt tokens ({pct(share)}) recomputed "
+            f"channel {name}: {tokens(ch['evicted_seen'])} prompt tokens ({pct(share)}) recomputed "
             "because the engine had evicted them"
         ),
         summary=[
             f"{ch['requests']:,} requests, {tokens(ch['prompt_tokens'])} prompt tokens: the "
-            f"serving replica had computed {tokens(ch['evicted'])} of them before and removed "
-            "them before the request came (its KV cache is too small for the sessions it holds)",
+            f"serving replica had computed {tokens(ch['evicted_seen'])} of them before and "
+            "removed them before the request came, as its KV events show (its KV cache is too "
+            "small for the sessions it holds)",
         ],
         fix=[
             "add KV memory: a higher `--gpu-memory-utilization`, a shorter `--max-model-len`, "
@@ -134,7 +148,7 @@ def _capacity(ch: dict) -> Finding | None:
             "replicas)",
         ],
         evidence=[_causes_table(ch)],
-        facts={"channel": name, "evicted_tokens": ch["evicted"], "share": round(share, 6)},
+        facts={"channel": name, "evicted_tokens": ch["evicted_seen"], "share": round(share, 6)},
     )
 
 

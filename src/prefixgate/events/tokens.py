@@ -314,7 +314,7 @@ class EngineTokens:
         from prefixgate.errors import GatewayError
         from prefixgate.upstream.channel import bearer
 
-        payload: dict[str, Any] = {"messages": request.get("messages") or []}
+        payload: dict[str, Any] = {"messages": tokenize_messages(request.get("messages") or [])}
         for k in ("model", "tools", "chat_template_kwargs", "add_generation_prompt"):
             if request.get(k) is not None:
                 payload[k] = request[k]
@@ -340,6 +340,23 @@ class EngineTokens:
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineTokensError(f"POST {url}: no token list in the answer")
         return tokens
+
+
+def tokenize_messages(messages: list) -> list:
+    """Messages for ``/tokenize`` as its chat completion saw them: vLLM's chat request
+    renames an assistant's ``reasoning_content`` to ``reasoning`` before templating, its
+    ``/tokenize`` request does not (0.32), so a message carrying only the old name would
+    render there without its reasoning. Both names are given."""
+    out = []
+    for m in messages:
+        if (
+            isinstance(m, dict)
+            and m.get("reasoning_content") is not None
+            and m.get("reasoning") is None
+        ):
+            m = {**m, "reasoning": m["reasoning_content"]}
+        out.append(m)
+    return out
 
 
 def _opening(request: dict) -> str | None:

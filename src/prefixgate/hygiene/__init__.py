@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prefixgate.hygiene.billing import strip_billing_header, strip_billing_header_typed
+from prefixgate.hygiene.system_in_place import system_in_place, system_in_place_typed
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
@@ -38,7 +39,27 @@ BILLING_HEADER = HygieneStep(
     plain=strip_billing_header,
 )
 
-STEPS: tuple[HygieneStep, ...] = (BILLING_HEADER,)
+
+def keeps_system_in_place(ch: ChannelConfig) -> bool:
+    """``system_in_place: true``, or ``auto`` (the default) where the upstream's template
+    was seen to move later system messages to the head."""
+    if ch.kind != "openai" or ch.system_in_place is False:
+        return False
+    if ch.system_in_place is True:
+        return True
+    from prefixgate.upstream.order import rendering_of
+
+    return rendering_of(ch).hoists_system
+
+
+SYSTEM_IN_PLACE = HygieneStep(
+    name="system_in_place",
+    applies=keeps_system_in_place,
+    typed=system_in_place_typed,
+    plain=system_in_place,
+)
+
+STEPS: tuple[HygieneStep, ...] = (BILLING_HEADER, SYSTEM_IN_PLACE)
 
 
 def apply_typed(req: Request, ch: ChannelConfig) -> Request:
@@ -57,4 +78,12 @@ def apply_plain(body: dict, ch: ChannelConfig) -> dict:
     return body
 
 
-__all__ = ["STEPS", "HygieneStep", "apply_plain", "apply_typed", "strip_billing_header"]
+__all__ = [
+    "STEPS",
+    "HygieneStep",
+    "apply_plain",
+    "apply_typed",
+    "keeps_system_in_place",
+    "strip_billing_header",
+    "system_in_place",
+]

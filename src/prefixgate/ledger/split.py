@@ -185,12 +185,16 @@ def split_model(
     best_replica: str | None,
     previous_tokens: int | None,
     changed_at: int | None,
+    eviction_evidence: bool = False,
 ) -> Split:
     """The split from the cache model: ``here`` the tokens the serving replica's model
     would hit had it never evicted, ``best`` the most another replica's model would hit
     (``None`` both without segments: what did not hit is then ``unknown``);
     ``changed_at`` the token offset where this prompt first differs from the session's
-    previous one (``None``: it does not)."""
+    previous one (``None``: it does not). What the model would hit beyond the engine's
+    figure is ``evicted`` only with ``eviction_evidence`` (the engine's cache size or its
+    counters show evictions); without, a shortfall alone proves nothing (the model's
+    estimate, a template it does not know) and is ``unknown``."""
     L, B = prompt_tokens, block_size
     out = Split()
     hit, top = _bounds(L, B, cached if cached is not None else here or 0)
@@ -201,7 +205,7 @@ def split_model(
         return out
     at = hit
     for cause, end in (
-        ("evicted", here),
+        ("evicted" if eviction_evidence else "unknown", here),
         ("elsewhere", best or 0),
     ):
         end = min(max(end, at), top)

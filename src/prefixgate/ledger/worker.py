@@ -101,6 +101,20 @@ class _Previous:
     segments: list[Segment] | None
 
 
+def _segment_at(segments: list[Segment], token: int, prompt_tokens: int) -> int:
+    """The index of the segment that holds the prompt's ``token`` (segment sizes are
+    estimates, scaled to the real prompt)."""
+    total = sum(s.tokens for s in segments if s.kind != "tool") or 1
+    at, seen = token * total / max(prompt_tokens, 1), 0
+    for i, s in enumerate(segments):
+        if s.kind == "tool":
+            continue
+        seen += s.tokens
+        if seen > at:
+            return i
+    return len(segments) - 1
+
+
 class LedgerWorker:
     def __init__(
         self,
@@ -140,6 +154,9 @@ class LedgerWorker:
         self._sessions: OrderedDict[tuple[str, str], _Previous] = OrderedDict()
         # per session and channel: its last prompt's token ids and content keys (remote ids)
         self._ids: OrderedDict[tuple[str, str], tuple[np.ndarray, list[bytes], int]] = OrderedDict()
+        # the last prompt's first token that differs from its session's previous one, and
+        # whether that is before the previous one's end (None: no previous tokens known)
+        self._token_change: tuple[int, bool] | None = None
         self._models: dict[str, ReplicaModels] = {}
         self.calibration: dict[str, Calibration] = {}
         self.recent: deque[Ledger] = deque(maxlen=keep_recent)
@@ -336,6 +353,10 @@ class LedgerWorker:
         if change is not None and split.parts.get("prefix_changed") and segments:
             index = change.index
             name = segments[index].name if index < len(segments) else None
+        elif split.parts.get("prefix_changed") and segments and self._token_change:
+            # only the engine's tokens show the change: the segment at that token
+            index = _segment_at(segments, self._token_change[0], L)
+            name = segments[index].name
         return Ledger(
             request_id=rec.request_id,
             received_at=rec.received_at,
@@ -369,10 +390,15 @@ class LedgerWorker:
         key = (rec.session_id, rec.channel or "") if rec.session_id is not None else None
         prev = self._ids.pop(key, None) if key is not None else None
         old: list[bytes] = []
-        if prev is not None and prev[2] == B:
+        self._token_change = None
+        if prev is not None:
             n = min(len(prev[0]), len(arr))
             diff = np.flatnonzero(prev[0][:n] != arr[:n])
-            old = prev[1][: (int(diff[0]) if len(diff) else n) // B]
+            at = int(diff[0]) if len(diff) else n
+            # the engine's prompt changed before the previous one's end: at token ``at``
+            self._token_change = (at, at < len(prev[0]))
+            if prev[2] == B:
+                old = prev[1][: at // B]
         keys = list(old)
         step = _SLICE * B
         for start in range(len(keys) * B, len(arr) - B + 1, step):  # a slice a loop turn
@@ -383,6 +409,23 @@ class LedgerWorker:
             while len(self._ids) > self.sessions_max // 10:
                 self._ids.popitem(last=False)
         return keys
+
+    def _keep_ids(self, rec: Record, ids, keys: list[bytes], B: int) -> None:
+        """The session's token ids kept for its next prompt (keys computed elsewhere), and
+        where this prompt's tokens first differ from the previous one's."""
+        arr = np.asarray(ids, dtype=np.int64)
+        key = (rec.session_id, rec.channel or "") if rec.session_id is not None else None
+        prev = self._ids.pop(key, None) if key is not None else None
+        self._token_change = None
+        if prev is not None:
+            n = min(len(prev[0]), len(arr))
+            diff = np.flatnonzero(prev[0][:n] != arr[:n])
+            at = int(diff[0]) if len(diff) else n
+            self._token_change = (at, at < len(prev[0]))
+        if key is not None:
+            self._ids[key] = (arr, keys, B)
+            while len(self._ids) > self.sessions_max // 10:
+                self._ids.popitem(last=False)
 
     def _remember(self, rec: Record) -> _Previous | None:
         """The session's previous request on this channel; this one kept in its place."""
@@ -408,7 +451,12 @@ class LedgerWorker:
         L = rec.prompt_tokens or 0
         t = rec.received_at
         t_end = rec.first_byte_at or rec.done_at or t
+        self._token_change = None
         keys = await self._keys(ch, rec, request, B, blocks)
+        if self._token_change is not None:
+            # the engine's tokens against the session's previous prompt: whatever moved
+            # them (a template that re-orders, a re-rendered turn), not the request's order
+            changed = self._token_change[1]
         ev = self.events
         index = ev.channels[ch.name].index if ch.name in ev.channels else None
         mine = others = None
@@ -463,6 +511,7 @@ class LedgerWorker:
             if ch.tokenizer != "approx" or ch.chat_template:
                 ids, keys = self.tokens.content_keys(ch, body, B, session=rec.session_id)
                 n = len(ids)
+                self._keep_ids(rec, ids, keys, B)
             else:
                 if self.upstream is None:
                     return None

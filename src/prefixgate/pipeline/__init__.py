@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from prefixgate import hygiene as _hygiene
 from prefixgate.convert.request import plain
+from prefixgate.pipeline.count import count_tokens, decode_count_tokens
 from prefixgate.pipeline.diagnose import diagnose
 from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, run
 from prefixgate.pipeline.relays import relay_chat, relay_messages
@@ -79,6 +80,16 @@ RESPONSES_STEPS = (
     relay_responses,
 )
 
+COUNT_TOKENS_STEPS = (
+    authenticate,
+    read,
+    decode_count_tokens,
+    admit,
+    queue,
+    budget,
+    count_tokens,
+)
+
 
 def _messages_prompt(x: Exchange, ch) -> dict:
     return plain(upstream_chat_request(x, ch))
@@ -112,6 +123,16 @@ CHAT = Endpoint(
     steps=CHAT_STEPS,
 )
 
+COUNT_TOKENS = Endpoint(
+    name="count_tokens",
+    error_bytes=anthropic_proto.error_bytes,
+    request_id_header="request-id",  # Anthropic's name
+    kinds=("openai", "anthropic"),
+    prompt=_messages_prompt,
+    steps=COUNT_TOKENS_STEPS,
+    overloaded_status=529,
+)
+
 RESPONSES = Endpoint(
     name="responses",
     error_bytes=openai_proto.error_bytes,
@@ -138,6 +159,7 @@ def describe(steps: tuple) -> str:
 
 __all__ = [
     "CHAT",
+    "COUNT_TOKENS",
     "MESSAGES",
     "RESPONSES",
     "Endpoint",

@@ -63,6 +63,7 @@ class Exchange:
 
     __slots__ = (
         "gateway",
+        "live",
         "request",
         "endpoint",
         "record",
@@ -93,6 +94,10 @@ class Exchange:
 
     def __init__(self, gateway: Gateway, request: Request, endpoint: Endpoint) -> None:
         self.gateway = gateway
+        # The config and its services this request runs on to its end (live.py), even
+        # if a reload swaps them meanwhile.
+        self.live = live = gateway.live
+        live.inflight += 1
         self.request = request
         self.endpoint = endpoint
         client, version = client_of(request.headers.get("user-agent"))
@@ -166,7 +171,8 @@ class Exchange:
             rec.error_message = "the client left before the answer was complete"
         if gw.capture_pending:
             gw.capture_now(rec.request_id)
-        gw.router.release(rec.request_id)
+        live = self.live
+        live.router.release(rec.request_id)
         rec.done_at = time.time()
         rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
         if self.gate is not None:  # admission slots (admission.py)
@@ -181,12 +187,12 @@ class Exchange:
             rec.completion_tokens = usage.completion_tokens
             rec.cache_creation_tokens = usage.cache_creation_tokens
         try:
-            if gw.prices is not None:
-                gw.prices.charge(rec)
+            if live.prices is not None:
+                live.prices.charge(rec)
             if self.admitted:
                 gw.limits_done(self.principal, rec)
             if self.hold is not None:
-                gw.budgets.settle(self.hold, rec)
+                live.budgets.settle(self.hold, rec)
             gw.metrics.observe(rec)
             gw.recorder.submit(rec)
             # The ledger is computed later, off the request path; the span waits for it.
@@ -203,6 +209,7 @@ class Exchange:
                 gw.ledger.feed(rec, self.out, span, blocks=blocks)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
+        gw.done_with(live)
 
     async def settle(self, usage: Usage, wait: float | None = None) -> None:
         """For a request that asked why its cache missed: its miss ledger computed now,

@@ -49,7 +49,7 @@ _encode = msgspec.json.encode
 async def decode_responses(x: Exchange) -> None:
     """A Responses request, decoded into typed structs (texts raw) and checked as it is:
     what a stateless gateway cannot serve is refused here, before anything is sent."""
-    _decoded(x, decode_responses_body(x.raw, x.gateway.config.limits), session_of_responses)
+    _decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
     typed = x.body.typed
     if typed.prompt_cache_options is not None:
         x.ask = responses_ask(typed.prompt_cache_options)

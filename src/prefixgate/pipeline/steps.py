@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from prefixgate import hygiene as hygiene_steps
+from prefixgate.auth import fresh_store_keys
 from prefixgate.convert.request import ConvertOptions, convert
 from prefixgate.diagnostics.request import anthropic_ask, anthropic_params, chat_ask
 from prefixgate.errors import (
@@ -35,14 +36,18 @@ _encode = msgspec.json.encode
 
 # -- before the upstream: who, what, may they, where -----------------------------------------
 async def authenticate(x: Exchange) -> None:
-    """The key (``x-api-key`` or ``Authorization: Bearer``), looked up by its digest."""
-    x.principal = x.gateway.auth.authenticate(x.request.headers)
+    """The key (``x-api-key`` or ``Authorization: Bearer``), looked up by its digest
+    (after the store's keys are read again if another worker changed them)."""
+    epoch = x.gateway.key_epoch
+    if epoch is not None and epoch.moved():
+        await fresh_store_keys(x.gateway)
+    x.principal = x.live.auth.authenticate(x.request.headers)
     x.record.key_name, x.record.key_owner = x.principal.name, x.principal.owner
 
 
 async def read(x: Exchange) -> None:
     """The body, refused past ``limits.max_body_bytes`` (declared or streamed)."""
-    x.raw = await read_body(x.request, x.gateway.config.limits.max_body_bytes)
+    x.raw = await read_body(x.request, x.live.config.limits.max_body_bytes)
 
 
 async def read_body(request, limit: int) -> bytes:
@@ -71,7 +76,7 @@ def _decoded(x: Exchange, body, session_of) -> None:
 async def decode_messages(x: Exchange) -> None:
     """An Anthropic Messages request, decoded into typed structs and checked as it is;
     its ``diagnostics`` (why did my cache miss) read apart, never sent upstream."""
-    _decoded(x, decode_messages_body(x.raw, x.gateway.config.limits), session_of_messages)
+    _decoded(x, decode_messages_body(x.raw, x.live.config.limits), session_of_messages)
     typed = x.body.typed
     if typed.diagnostics is not None:
         x.ask = anthropic_ask(typed.diagnostics)
@@ -81,7 +86,7 @@ async def decode_messages(x: Exchange) -> None:
 
 async def decode_chat(x: Exchange) -> None:
     """An OpenAI chat request: decoded but for ``messages`` and ``tools``, then checked."""
-    limits = x.gateway.config.limits
+    limits = x.live.config.limits
     body = openai_proto.decode_chat_body(x.raw, limits)
     openai_proto.check_chat_request(body, limits)
     _decoded(x, body, session_of_chat)
@@ -93,7 +98,7 @@ async def admit(x: Exchange) -> None:
     """The key may use the model, and is within its rate and concurrency limits (429 with
     ``retry-after`` when over)."""
     gw, principal = x.gateway, x.principal
-    gw.auth.authorize_model(principal, x.body["model"])
+    x.live.auth.authorize_model(principal, x.body["model"])
     if principal.limits.any:
         await gw.limiter.admit(principal.name, principal.limits)
         x.admitted = True
@@ -129,7 +134,7 @@ async def budget(x: Exchange) -> None:
     """The key's and its owner's budgets (tokens or money per day, week or month) have room:
     the request's estimate is held on each until it is settled with its real usage in
     ``finish``; 429 when one is spent. Every answer says what is left."""
-    keeper = x.gateway.budgets
+    keeper = x.live.budgets
     if keeper is not None:
         try:
             x.hold, x.reply_headers = await keeper.reserve(
@@ -145,7 +150,7 @@ async def plan(x: Exchange) -> None:
     by the channel's policy (the ``prefix`` policy asks for the prompt a channel would
     receive: ``Endpoint.prompt``, prepared once per channel and reused by the send)."""
     model = x.body["model"]
-    x.targets = await x.gateway.router.plan(
+    x.targets = await x.live.router.plan(
         model,
         x.record.session_id,
         kinds=x.endpoint.kinds,
@@ -175,12 +180,12 @@ class Failover:
                 return None
             except UpstreamError as err:
                 x.upstream = None  # closed by the step that failed
-                x.gateway.router.release(x.record.request_id)
+                x.live.router.release(x.record.request_id)
                 x.release_channel()
                 if not err.retryable:
                     raise
                 if not isinstance(err, ChannelBusy):  # a full channel is not a failure
-                    x.gateway.failed_attempt(target, err)
+                    x.gateway.failed_attempt(target, err, x.raw)
                     x.record.retries += 1
                 last = err
         raise last or NotFound(f"no channel serves model {x.body['model']!r}")
@@ -210,7 +215,12 @@ def upstream_chat_request(x: Exchange, ch) -> dict:
         options = ConvertOptions(
             ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
         )
-        out = x.prepared[ch.name] = convert(hygienic_request(x, ch), options)
+        typed, session = hygienic_request(x, ch), x.record.session_id
+        if session is None:
+            out = convert(typed, options)
+        else:  # the session's previous turn lends the conversions of what it re-sends
+            out = x.gateway.turns.convert((ch.name, session), typed, options, len(x.raw))
+        x.prepared[ch.name] = out
     return out
 
 
@@ -261,7 +271,7 @@ async def send(x: Exchange) -> None:
         x.channel_gate = gate
     rec.channel, rec.replica, rec.upstream_model = ch.name, target.base_url, x.out["model"]
     rec.route_source = target.source
-    gw.router.acquire(target, rec.request_id)  # in flight until finish()
+    x.live.router.acquire(target, rec.request_id)  # in flight until finish()
     options = {"timeouts": ch.timeouts, "extra_headers": x.headers, "tls": ch.tls}
     # The prompt fits; only max_tokens pushed it over the window: clamp and resend. At
     # most twice: SGLang first says max_tokens alone exceeds the window (the prompt not
@@ -278,4 +288,4 @@ async def send(x: Exchange) -> None:
             x.data = _encode(x.out)
     x.upstream = resp
     x.first = await check_answer(resp, ch, stream=rec.stream)
-    gw.router.report_success(target)
+    x.live.router.report_success(target)

@@ -7,6 +7,7 @@ import msgspec
 from prefixgate.config import Limits
 from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.protocol.common import type_name
+from prefixgate.protocol.validate import check_count
 
 # Anthropic's error type for each neutral kind, with its HTTP status.
 _ERROR_TYPES = {
@@ -72,9 +73,7 @@ def check_messages_request(body: dict, limits: Limits) -> None:
     model = body.get("model")
     if not (isinstance(model, str) and model != ""):
         raise InvalidRequest("model: a non-empty string is required", param="model")
-    mt = body.get("max_tokens")
-    if not (isinstance(mt, int) and not isinstance(mt, bool) and mt >= 1):
-        raise InvalidRequest("max_tokens: a positive integer is required", param="max_tokens")
+    check_count(body, "max_tokens", required=True)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("messages: an array is required", param="messages")

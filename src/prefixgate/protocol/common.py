@@ -6,6 +6,7 @@ import msgspec
 
 from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest, RequestTooLarge
+from prefixgate.protocol.validate import check_text
 
 _decoder = msgspec.json.Decoder()
 
@@ -17,6 +18,7 @@ def check_body_bytes(raw: bytes, limits: Limits) -> None:
         )
     if not raw or raw.isspace():
         raise InvalidRequest("request body is empty; a JSON object is required")
+    check_text(raw)
 
 
 def too_deep(limits: Limits) -> InvalidRequest:

@@ -30,6 +30,7 @@ from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.anthropic import check_messages_request
 from prefixgate.protocol.common import check_body_bytes, decode_body, json_depth
+from prefixgate.protocol.validate import MAX_TOKENS
 
 _QUOTE = 34  # '"': the first byte of a JSON string
 
@@ -265,7 +266,7 @@ def _typed(raw: bytes) -> Request:
 def _walk(typed: Request, limits: Limits | None) -> None:
     """What the structs cannot say: raw texts are strings, counts and depths are within
     the limits, and tool results' contents are typed. ``_Plain`` if anything is off."""
-    if limits is not None and (not typed.model or typed.max_tokens < 1):
+    if limits is not None and (not typed.model or not 1 <= typed.max_tokens <= MAX_TOKENS):
         raise _Plain
     room = limits.max_json_depth if limits is not None else None
     blocks = 0

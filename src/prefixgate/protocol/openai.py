@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -9,6 +10,7 @@ import msgspec
 from prefixgate.config import Limits
 from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep, type_name
+from prefixgate.protocol.validate import check_count, check_number
 
 _ERROR_TYPES = {
     "invalid_request_error": ("invalid_request_error", None),
@@ -48,6 +50,9 @@ def error_chunk(err: GatewayError) -> bytes:
     """An SSE data line carrying an error, for failures after the stream has started."""
     return b"data: " + error_bytes(err) + b"\n\n"
 
+
+# msgspec's " - at `$.where`" (or "$[0].where") ending a validation message
+_AT = re.compile(r" - at `\$\.?([^`]*)`")
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -109,6 +114,40 @@ def materialize(*bodies: dict) -> list[dict]:
     return out
 
 
+class ToolFunction(msgspec.Struct):
+    """A chat tool's ``function`` as vLLM and OpenAI read it: a name, and a description and
+    a JSON-schema object that stay raw (checked by their first byte, never decoded)."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    description: msgspec.Raw = msgspec.Raw()
+    parameters: msgspec.Raw = msgspec.Raw()
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    function: ToolFunction
+    type: Literal["function"] = "function"
+
+
+def _check_tool(tool: Tool, where: str) -> None:
+    """What the struct cannot say of a raw tool: its description is a string, its
+    parameters an object (either may be null or absent)."""
+    f = tool.function
+    if len(f.description) and memoryview(f.description)[0] not in b'"n':
+        raise InvalidRequest(
+            f"{where}.function.description: must be a string",
+            param=f"{where}.function.description",
+        )
+    if len(f.parameters) and memoryview(f.parameters)[0] not in b"{n":
+        raise InvalidRequest(
+            f"{where}.function.parameters: must be a JSON Schema object",
+            param=f"{where}.function.parameters",
+        )
+
+
+_PLAIN_TOOL = msgspec.json.Decoder(Tool)
+
+
 def _shapes(limits: Limits) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
     key = (limits.max_messages, limits.max_blocks, limits.max_tools)
     shapes = _SHAPES.get(key)
@@ -122,17 +161,21 @@ def _shapes(limits: Limits) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]
         messages = Annotated[
             list[message], msgspec.Meta(min_length=1, max_length=limits.max_messages)
         ]
-        tools = Annotated[list[part], msgspec.Meta(max_length=limits.max_tools)]
+        tools = Annotated[list[Tool], msgspec.Meta(max_length=limits.max_tools)]
         shapes = _SHAPES[key] = (msgspec.json.Decoder(messages), msgspec.json.Decoder(tools))
     return shapes
 
 
-def _check_raw(decoder: msgspec.json.Decoder, raw: msgspec.Raw, name: str) -> None:
+def _check_raw(decoder: msgspec.json.Decoder, raw: msgspec.Raw, name: str):
     try:
-        decoder.decode(raw)
+        return decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        text = str(exc).replace("`$", f"`{name}")
-        raise InvalidRequest(f"{name}: {text}", param=name) from None
+        text = str(exc)
+        m = _AT.search(text)
+        if m is None:
+            raise InvalidRequest(f"{name}: {text}", param=name) from None
+        where = name + m.group(1)
+        raise InvalidRequest(f"{where}: {text[: m.start()]}", param=where) from None
     except RecursionError:
         raise InvalidRequest(f"{name}: nested too deeply", param=name) from None
 
@@ -147,7 +190,8 @@ def check_chat_request(body: dict, limits: Limits) -> None:
         _check_raw(for_messages, messages, "messages")
         tools = body.get("tools")
         if type(tools) is msgspec.Raw:
-            _check_raw(for_tools, tools, "tools")
+            for i, tool in enumerate(_check_raw(for_tools, tools, "tools") or ()):
+                _check_tool(tool, f"tools[{i}]")
         _check_scalars(body)
         return
     if not (isinstance(messages, list) and len(messages) > 0):
@@ -186,6 +230,9 @@ def check_chat_request(body: dict, limits: Limits) -> None:
             )
         if not (all(isinstance(t, dict) for t in tools)):
             raise InvalidRequest("tools: each tool must be an object", param="tools")
+        for i, t in enumerate(tools):
+            raw = msgspec.json.encode(t)
+            _check_tool(_check_raw(_PLAIN_TOOL, msgspec.Raw(raw), f"tools[{i}]"), f"tools[{i}]")
     _check_scalars(body)
 
 
@@ -195,7 +242,10 @@ def _check_scalars(body: dict) -> None:
     so = body.get("stream_options")
     if not (so is None or isinstance(so, dict)):
         raise InvalidRequest("stream_options: must be an object", param="stream_options")
-    for key in ("temperature", "top_p", "max_tokens", "max_completion_tokens", "n"):
-        v = body.get(key)
-        if not (v is None or (isinstance(v, int | float) and not isinstance(v, bool))):
-            raise InvalidRequest(f"{key}: must be a number", param=key)
+    check_count(body, "max_tokens")
+    check_count(body, "max_completion_tokens")
+    check_number(body, "temperature", 0, 2)
+    check_number(body, "top_p", 0, 1)
+    n = body.get("n")
+    if not (n is None or (type(n) is int and 1 <= n <= 128)):
+        raise InvalidRequest("n: an integer from 1 to 128 is required", param="n")

@@ -28,6 +28,7 @@ from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep
 from prefixgate.protocol.messages_body import is_string
+from prefixgate.protocol.validate import MAX_TOKENS, check_count
 
 
 class Part(Struct):
@@ -157,7 +158,7 @@ _TOP = msgspec.json.Decoder(dict[str, Raw])
 _ANY = msgspec.json.Decoder()
 _DECODER = msgspec.json.Decoder(Request)
 _PARTS = msgspec.json.Decoder(list[Part])
-_AT = re.compile(r"`\$\.?([^`]*)`")
+_AT = re.compile(r"(?: - at )?`\$\.?([^`]*)`")
 
 
 def decode_responses_body(raw: bytes, limits: Limits) -> ResponsesBody:
@@ -210,10 +211,8 @@ def check_request(req: Request, limits: Limits) -> bool:
             param="background",
         )
     mot = req.max_output_tokens
-    if mot is not None and mot < 1:
-        raise InvalidRequest(
-            "max_output_tokens: a positive integer is required", param="max_output_tokens"
-        )
+    if mot is not None and not 1 <= mot <= MAX_TOKENS:
+        check_count({"max_output_tokens": mot}, "max_output_tokens")
     room = limits.max_json_depth
     for name in ("tool_choice", "reasoning", "text", "metadata"):
         _deep(getattr(req, name), room, 2, name)

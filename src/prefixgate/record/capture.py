@@ -15,14 +15,15 @@ from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
 from prefixgate.record.model import Record
+from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import (
+    cut_from_bytes,
     segments_anthropic,
-    segments_from_bytes,
     segments_of_chat,
     segments_openai,
 )
 from prefixgate.record.segments_responses import segments_responses, segments_responses_from_bytes
-from prefixgate.upstream.order import render_order
+from prefixgate.upstream.order import rendering_of
 
 # The protocol a request came in, by the record's endpoint.
 _API_IN = {"chat": "openai", "responses": "responses"}
@@ -80,7 +81,8 @@ class Capturer:
         )
         known = self._seen
         api_in = _API_IN.get(rec.endpoint, "anthropic")
-        tools_first = render_order(channel) == "tools_first"
+        rendering = rendering_of(channel)
+        tools_first = rendering.tools == "tools_first"
         objects: list[dict] | None = None
 
         def decoded() -> list[dict]:
@@ -92,12 +94,22 @@ class Capturer:
                     objects = materialize(body_in, body_out)
             return objects
 
-        segs = None
+        tracking = rec.session_id is not None and self.changes.budget > 0
+        segs = pieces_in = pieces_out = None
         if texts is None and raw_in is not None:
             if api_in == "responses":
                 segs = segments_responses_from_bytes(raw_in)
             else:
-                segs = segments_from_bytes(raw_in, api_in)
+                # one cut gives the segments and their bytes (for the change memory); the
+                # session's previous request lends what it sent the same way
+                prev = (
+                    self.changes.latest(channel.name, body_out.get("model"), rec.session_id)
+                    if tracking
+                    else None
+                )
+                cut = cut_from_bytes(raw_in, api_in, previous=None if prev is None else prev.into)
+                if cut is not None:
+                    segs, pieces_in = cut
         if segs is None:
             of = _SEGMENTS_OF[api_in]
             segs = of(decoded()[0], texts=texts, known=known)
@@ -111,7 +123,9 @@ class Capturer:
         ):
             # A chat request passed through: the very same messages and tools, in the same
             # order, so the same segments (computing them again would double the cost).
-            rec.segments_out = list(rec.segments_in)
+            rec.segments_out = rendered_segments(
+                list(rec.segments_in), rendering, body_out.get("messages"), texts=texts, known=known
+            )
             passthrough = True
         else:
             passthrough = False
@@ -122,6 +136,10 @@ class Capturer:
             segs = None
             if api_out == "responses":
                 segs = list(rec.segments_in) if texts is None else None  # sent as it came
+            elif texts is None and raw_out is not None:
+                cut = cut_from_bytes(raw_out, api_out, tools_first=first)
+                if cut is not None:
+                    segs, pieces_out = cut
             elif (
                 texts is None
                 and isinstance(body_in, MessagesBody | ResponsesBody)
@@ -129,8 +147,6 @@ class Capturer:
             ):
                 # built here from the typed request: its pieces are encoded alone
                 segs = segments_of_chat(body_out, tools_first=first)
-            elif texts is None and raw_out is not None:
-                segs = segments_from_bytes(raw_out, api_out, tools_first=first)
             if segs is None:
                 if api_out == "responses":
                     segs = segments_responses(decoded()[1], texts=texts, known=known)
@@ -140,11 +156,15 @@ class Capturer:
                     )
                 else:
                     segs = segments_anthropic(decoded()[1], texts=texts, known=known)
+            if api_out == "openai":  # in the order the engine's template renders them
+                segs = rendered_segments(
+                    segs, rendering, body_out.get("messages"), texts=texts, known=known
+                )
             rec.segments_out = segs
         if texts:
             rec.texts = texts
             known.add_all(texts)
-        if rec.session_id is not None and self.changes.budget > 0:
+        if tracking:
             self.changes.observe(
                 rec,
                 channel.name,
@@ -152,6 +172,8 @@ class Capturer:
                 raw_in if raw_in is not None else _raw(body_in),
                 None if passthrough else (raw_out if raw_out is not None else _raw(body_out)),
                 by_bytes=channel.kind == "openai",
+                pieces_in=pieces_in,
+                pieces_out=None if passthrough else pieces_out,
             )
 
 

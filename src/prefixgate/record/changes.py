@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
 from prefixgate.record.model import Change, Record, Segment
 from prefixgate.record.segments import _strip, pieces_of
@@ -89,16 +90,22 @@ class ChangeTracker:
         raw_out: bytes | None,
         *,
         by_bytes: bool,
+        pieces_in: list[tuple[Segment, bytes]] | None = None,
+        pieces_out: list[tuple[Segment, bytes]] | None = None,
     ) -> None:
         """Compare ``rec`` (its segments already captured) with its session's previous
-        requests; set ``rec.compared`` and ``rec.change``; keep it for the next."""
+        requests; set ``rec.compared`` and ``rec.change``; keep it for the next.
+        ``pieces_in`` / ``pieces_out``: the segments' bytes when the capture cut them
+        already (else they are cut here from ``raw_in`` / ``raw_out``)."""
         if rec.session_id is None or not rec.segments_in or not rec.segments_out:
             return
-        into = pieces_of(raw_in, rec.segments_in)
+        into = pieces_in if pieces_in is not None else pieces_of(raw_in, rec.segments_in)
         if into is None:
             return
         if raw_out is None:
             out_full: list[tuple[Segment, bytes]] | None = into
+        elif pieces_out is not None:
+            out_full = pieces_out
         else:
             out_full = pieces_of(raw_out, rec.segments_out)
         if out_full is None:
@@ -133,6 +140,11 @@ class ChangeTracker:
         self._sessions[key] = kept
         self.bytes += sum(c.size for c in kept)
         self._evict()
+
+    def latest(self, channel: str, upstream_model: str | None, session: str) -> _Cut | None:
+        """The session's latest request as kept (its pieces as received: ``.into``)."""
+        kept = self._sessions.get((channel, upstream_model, session))
+        return kept[-1] if kept else None
 
     def _evict(self) -> None:
         while self._sessions and (
@@ -295,13 +307,16 @@ def text_of(value: Any) -> str:
 
 
 def _known(data: bytes | None, kind: str) -> str | None:
-    if kind != "system" or data is None or BILLING_PREFIX.encode() not in data[:200]:
+    """The catalogued client marker (``hygiene/markers.py``) in a changed system segment."""
+    if kind != "system" or data is None:
+        return None
+    if BILLING_PREFIX.encode() not in data[:200] and b"<total_tokens>" not in data:
         return None
     try:
         text = text_of(_decode(data))
     except (msgspec.DecodeError, RecursionError):
         return None
-    return "billing_header" if text.lstrip().startswith(BILLING_PREFIX) else None
+    return known_marker(text)
 
 
 __all__ = ["ChangeTracker", "compare", "text_of"]

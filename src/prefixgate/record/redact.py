@@ -16,6 +16,9 @@ REDACTED = "<redacted>"
 
 # Anthropic / OpenAI style keys: sk-ant-api03-…, sk-proj-…, sk-…
 _SK = re.compile(r"sk-[A-Za-z0-9_\-]{16,}")
+# The gateway's own keys (`prefixgate keys new` / `keys create`): pg- and 43 characters of
+# secrets.token_urlsafe(32)
+_PG = re.compile(r"pg-[A-Za-z0-9_\-]{32,}")
 # Authorization: Bearer <token>
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=\-]{8,}")
 # Well-known token shapes: GitHub, Slack, AWS access key ids, Google API keys.
@@ -45,6 +48,8 @@ def redact(text: str) -> str:
     replaced by ``<redacted>``."""
     if "sk-" in text:
         text = _SK.sub(lambda m: m.group(0) if _alnum_before(text, m.start()) else REDACTED, text)
+    if "pg-" in text:
+        text = _PG.sub(lambda m: m.group(0) if _alnum_before(text, m.start()) else REDACTED, text)
     if "Bearer" in text:
         text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
     text = _SHAPES.sub(REDACTED, text)

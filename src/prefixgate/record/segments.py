@@ -373,13 +373,36 @@ def segments_from_bytes(
     """:func:`segments_anthropic` (``api="anthropic"``) or :func:`segments_openai` of the
     request whose JSON is ``raw``, without texts; ``None`` for a body of another shape
     (the caller then uses those functions)."""
+    cut = cut_from_bytes(raw, api, tools_first=tools_first)
+    return None if cut is None else cut[0]
+
+
+Piece = tuple[Segment, bytes]
+
+
+def cut_from_bytes(
+    raw: bytes,
+    api: str,
+    *,
+    tools_first: bool | None = None,
+    previous: list[Piece] | None = None,
+) -> tuple[list[Segment], list[Piece]] | None:
+    """:func:`segments_from_bytes` and :func:`pieces_of` together, from one pass over the
+    bytes: the segments, and each one's JSON bytes (the ``tools`` list left out).
+
+    ``previous``: the pieces of the session's previous request in the same API. An agent
+    re-sends its conversation every turn, so each message, the tools and the system
+    blocks are first compared with what stood at the same place the turn before (one
+    memcmp): when equal, the previous segment and bytes are taken as they are, without a
+    copy or a lookup; only what is new is cut, decoded and hashed. A piece that differs
+    (a moved marker, an edited message) is computed as if nothing came before."""
     if tools_first is None:
         tools_first = api == "openai"
     try:
         shape = _SHAPE.decode(raw)
     except (msgspec.DecodeError, RecursionError):  # ValidationError: another shape
         return None
-    return _segments_of_pieces(api, bytes(shape.tools), shape.messages, shape.system, tools_first)
+    return _cut(api, bytes(shape.tools), shape.messages, shape.system, tools_first, previous)
 
 
 def pieces_of(raw: bytes, segs: list[Segment]) -> list[tuple[Segment, bytes]] | None:
@@ -424,52 +447,113 @@ def segments_of_chat(body: dict[str, Any], *, tools_first: bool = True) -> list[
     ``msgspec.Raw``), without encoding it whole and cutting it up again: each tool and
     message is encoded alone, which gives the very bytes it has in the whole."""
     tools = body.get("tools")
-    return _segments_of_pieces(
+    cut = _cut(
         "openai",
         _encode(tools) if tools else b"null",
         [_encode(m) for m in body["messages"]],
         None,
         tools_first,
+        None,
     )
+    assert cut is not None  # (a list of tools, or none)
+    return cut[0]
 
 
 _encode = msgspec.json.encode
 
 
-def _segments_of_pieces(
-    api: str, tools_list: bytes, messages_raw, system_raw, tools_first: bool
-) -> list[Segment] | None:
+def _same_list(data: bytes, previous: list[Piece]) -> bool:
+    """Whether a JSON array's bytes are the previous pieces' bytes, as one array."""
+    return len(data) == 1 + len(previous) + sum(len(p[1]) for p in previous) and (
+        data == b"[" + b",".join([p[1] for p in previous]) + b"]"
+    )
+
+
+def _equal(raw: msgspec.Raw | bytes, data: bytes) -> bool:
+    """``raw``'s bytes are ``data`` (a memcmp; a memoryview would compare byte by byte)."""
+    return raw == data if type(raw) is bytes else raw == msgspec.Raw(data)
+
+
+def _seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
+    return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
+
+
+def _cut(
+    api: str,
+    tools_list: bytes,
+    messages_raw,
+    system_raw,
+    tools_first: bool,
+    previous: list[Piece] | None,
+) -> tuple[list[Segment], list[Piece]] | None:
+    prev_tools: list[Piece] = []
+    prev_blocks: list[Piece] = []
+    prev_messages: dict[str, Piece] = {}
+    for p in previous or ():
+        kind, name = p[0].kind, p[0].name
+        if kind == "tool":
+            prev_tools.append(p)
+        elif name.startswith("messages["):
+            prev_messages[name[: name.index("]") + 1]] = p
+        elif kind == "system":
+            prev_blocks.append(p)
     tools = _tools_of_list(tools_list, api)
     if tools is None:
         return None
-    msgs = [_piece("message", bytes(m), _role) for m in messages_raw or ()]
+    if tools and prev_tools and _same_list(tools_list, prev_tools):
+        tool_pieces = [(seg, p[1]) for seg, p in zip(tools[1:], prev_tools, strict=True)]
+    elif tools:
+        tool_pieces = [
+            (seg, bytes(t)) for seg, t in zip(tools[1:], _ITEMS.decode(tools_list), strict=True)
+        ]
+    else:
+        tool_pieces = []
+    tools_part: list[Piece] = [(tools[0], b""), *tool_pieces] if tools else []
 
-    def seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
-        return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
+    msgs: list[Piece] = []
+    for i, m in enumerate(messages_raw or ()):
+        index = f"messages[{i}]"
+        before = prev_messages.get(index)
+        if before is not None and len(before[1]) == len(m) and _equal(m, before[1]):
+            msgs.append(before)
+            continue
+        data = bytes(m)
+        piece = _piece("message", data, _role)
+        msgs.append((_seg("message", f"{index}:{piece[2]}", piece), data))
 
     if api == "anthropic":
-        head: list[Segment] = []
+        head: list[Piece] = []
         system = bytes(system_raw)
         if system[:1] == b'"':
-            head.append(seg("system", "system", _piece("system", system, _no_label)))
+            head.append((_seg("system", "system", _piece("system", system, _no_label)), system))
         elif system[:1] == b"[":
-            for i, block in enumerate(_ITEMS.decode(system)):
-                piece = _piece("block", bytes(block), _no_label)
-                head.append(seg("system", f"system[{i}]", piece))
+            if (
+                prev_blocks
+                and prev_blocks[0][0].name != "system"
+                and _same_list(system, prev_blocks)
+            ):
+                head = list(prev_blocks)
+            else:
+                for i, block in enumerate(_ITEMS.decode(system)):
+                    data = bytes(block)
+                    piece = _piece("block", data, _no_label)
+                    head.append((_seg("system", f"system[{i}]", piece), data))
         elif system != b"null":
             return None
-        out = tools + head if tools_first else head + tools
-        out += [seg("message", f"messages[{i}]:{p[2]}", p) for i, p in enumerate(msgs)]
-        return out
-    leading = 0
-    while leading < len(msgs) and msgs[leading][2] in ("system", "developer"):
-        leading += 1
-    lead = [seg("system", f"messages[{i}]:{p[2]}", p) for i, p in enumerate(msgs[:leading])]
-    rest = [
-        seg("message", f"messages[{i}]:{p[2]}", p)
-        for i, p in enumerate(msgs[leading:], start=leading)
-    ]
-    return tools + lead + rest if tools_first else lead + tools + rest
+        whole = tools_part + head if tools_first else head + tools_part
+        whole += msgs
+    else:
+        leading = 0
+        while leading < len(msgs) and msgs[leading][0].name.endswith((":system", ":developer")):
+            leading += 1
+        lead = [(_as(s, "system"), d) for s, d in msgs[:leading]]
+        rest = [(_as(s, "message"), d) for s, d in msgs[leading:]]
+        whole = tools_part + lead + rest if tools_first else lead + tools_part + rest
+    return [p[0] for p in whole], [p for p in whole if p[0].kind != "tools"]
+
+
+def _as(seg: Segment, kind: str) -> Segment:
+    return seg if seg.kind == kind else Segment(kind, seg.name, seg.hash, seg.chars, seg.tokens)
 
 
 def texts_of(

@@ -26,6 +26,7 @@ through Redis (``shared.py``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -104,6 +105,9 @@ class ChannelRouter:
         self._failures = LogThrottle(log, interval=60.0)
         self.cooldown = cooldown
         self._ejected: dict[str, float] = {}  # base_url -> until (monotonic)
+        # base_url -> (digest, when) of the last request whose content an upstream's
+        # internal error may be about (report_failure)
+        self._suspect: dict[str, tuple[bytes, float]] = {}
         self._down: set[str] = set()  # base_urls whose health probe failed
         self._inflight: dict[str, int] = {}  # base_url -> requests in flight (this gateway)
         self._held: dict[str, Target] = {}  # lease key -> target
@@ -303,11 +307,26 @@ class ChannelRouter:
         return self._shared.get(channel.routing_shared or "")
 
     # -- health ------------------------------------------------------------------------
-    def report_failure(self, target: Target) -> None:
-        self._ejected[target.base_url] = time.monotonic() + self.cooldown
+    def report_failure(self, target: Target, content: bytes | None = None) -> bool:
+        """A failure of ``target``: ejected for the cool-down, unless the failure may be the
+        request's own doing (``content``: the request's bytes, for an upstream's internal
+        error): then only when another request's content failed there within the cool-down
+        too, so that one malformed request cannot eject every replica in turn. Whether it
+        was ejected."""
+        url = target.base_url
+        now = time.monotonic()
+        if content is not None:
+            digest = hashlib.blake2b(content, digest_size=16).digest()
+            last = self._suspect.get(url)
+            self._suspect[url] = (digest, now)
+            if last is None or last[0] == digest or last[1] + self.cooldown < now:
+                return False
+        self._ejected[url] = now + self.cooldown
+        return True
 
     def report_success(self, target: Target) -> None:
         self._ejected.pop(target.base_url, None)
+        self._suspect.pop(target.base_url, None)
 
     def is_ejected(self, base_url: str) -> bool:
         return self._ejected.get(base_url, 0.0) > time.monotonic()
@@ -331,6 +350,27 @@ class ChannelRouter:
                 shared.forget(channel.name, base_url)
 
     # -- lifecycle ---------------------------------------------------------------------
+    def adopt(self, previous: ChannelRouter) -> None:
+        """Take over from the router of the previous configuration (a reload): the
+        in-flight counts and leases (shared, so that the requests still running on the
+        previous one count here until they end), each replica's health and the
+        round-robin turns, and the prefix router's memory of a replica that stays in a
+        channel whose block size and memory bound are unchanged."""
+        self._inflight, self._held = previous._inflight, previous._held
+        self._ejected, self._down, self._turn = previous._ejected, previous._down, previous._turn
+        before = {ch.name: ch for ch in previous.channels}
+        for ch in self.channels:
+            old = before.get(ch.name)
+            if old is None or (old.routing_block_size, old.routing_lru_blocks) != (
+                ch.routing_block_size,
+                ch.routing_lru_blocks,
+            ):
+                continue
+            for url in ch.urls():
+                lru = previous._lru.get((ch.name, url))
+                if lru is not None:
+                    self._lru[(ch.name, url)] = lru
+
     async def start(self) -> None:
         """Start the active health checks and the shared-state writers."""
         self.health.start()

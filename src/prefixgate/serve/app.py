@@ -14,12 +14,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from prefixgate.auth import refresh_keys
 from prefixgate.config import Config
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
+from prefixgate.reload import config_state
+from prefixgate.serve.browsers import BrowserGuard
 from prefixgate.serve.edge import send_refusal
 from prefixgate.upstream import order as render_orders
 
@@ -42,25 +45,40 @@ def create_app(
 
     async def healthz(request: Request) -> Response:
         """``ok`` for anyone; with ``?details`` (and the admin key) also the state of each
-        replica's KV-event stream. Events never make the gateway unhealthy: a stale stream
+        replica's KV-event stream and what is known of each channel's chat template. Events never make the gateway unhealthy: a stale stream
         only makes routing fall back."""
         if "details" not in request.query_params:
             return JSONResponse({"status": "ok"})
         try:
-            gateway.auth.check_admin(request.headers)
+            gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
-        return JSONResponse({"status": "ok", "details": {"kv_events": kv}})
+        rendering = render_orders.renderings(gateway.config.channels)
+        details = {"kv_events": kv, "rendering": rendering, "config": config_state(gateway)}
+        return JSONResponse({"status": "ok", "details": details})
 
     async def metrics(request: Request) -> Response:
         try:
-            gateway.auth.check_admin(request.headers)
+            gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         return Response(
             gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
+
+    async def me(request: Request) -> Response:
+        """The caller's own usage, budgets, sessions and prefix breaks (web/me.py), for
+        the key they present; never another key's."""
+        try:
+            principal = gateway.auth.authenticate(request.headers)
+            if config.store is None:
+                raise NotFound("nothing is recorded here: the gateway has no store")
+            from prefixgate.web.routes import me_of
+
+            return JSONResponse(await me_of(gateway, config.store.dsn, principal, request))
+        except GatewayError as err:
+            return error_response(err, openai_proto.error_bytes)
 
     async def openapi(request: Request) -> Response:
         from prefixgate.protocol.schemas import openapi_document
@@ -99,7 +117,7 @@ def create_app(
             tasks.append(learning)
         store = config.store
         if gateway.budgets is not None and store is not None:
-            await _seed_budgets(gateway.budgets, store)
+            await seed_budgets(gateway.budgets, store)
         if config.telemetry is not None:
             from prefixgate.telemetry import Telemetry
 
@@ -109,9 +127,7 @@ def create_app(
         if store is not None and config.store_keys:
             tasks.append(
                 asyncio.create_task(
-                    gateway.auth.refresh_from_store(
-                        store.dsn, timeouts=(store.statement_timeout, store.lock_timeout)
-                    )
+                    refresh_keys(gateway, store.dsn, (store.statement_timeout, store.lock_timeout))
                 )
             )
         try:
@@ -146,6 +162,7 @@ def create_app(
         Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/responses", gateway.responses, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/me", me, methods=["GET"]),
         Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -162,12 +179,15 @@ def create_app(
     app.state.ledger = ledger  # LedgerWorker, or None without a store or events
     hot = {
         "/v1/messages": gateway.messages,
+        "/v1/messages/count_tokens": gateway.count_tokens,
         "/v1/chat/completions": gateway.chat,
         "/chat/completions": gateway.chat,
         "/v1/responses": gateway.responses,
         "/responses": gateway.responses,
     }
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
+    if config.open_access:  # no key to ask for: refuse what only a web page would send
+        outer = BrowserGuard(outer, config.server.host, _shape_of)
     return AccessLog(outer) if config.server.access_log else outer
 
 
@@ -363,7 +383,7 @@ class AccessLog:
             )
 
 
-async def _seed_budgets(keeper, store_config) -> None:
+async def seed_budgets(keeper, store_config) -> None:
     """What keys and owners used in the current windows, from the store into the budget
     ledger (a restart renews nobody's budget); a store that is down is said and passed."""
     from prefixgate.spend.standing import seed_ledger

@@ -36,6 +36,7 @@ import dataclasses
 import email.utils
 import logging
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -46,11 +47,19 @@ from urllib.parse import unquote
 import httptools
 
 from prefixgate import busypoll
+from prefixgate.serve import handover
 from prefixgate.serve.edge import ANSWERING, BODY, HEAD, IDLE, Edge, EdgeLimits, host_error, plain
 
 log = logging.getLogger("prefixgate.http")
 
 _MAX_TARGET = 64 * 1024
+# A stop hands the port over (``_hand_over``): it keeps accepting until its accept queues
+# stayed empty this long (a handshake under way when the steering began lands here), at
+# most ``HANDOVER_MAX`` seconds.
+HANDOVER_QUIET = 0.5
+HANDOVER_MAX = 3.0
+DRAIN_IDLE_GRACE = 1.0
+
 # The listen backlog: as deep as the kernel allows (it caps it at net.core.somaxconn, 4096
 # on current Linux). Connections of a burst wait there until the accept loop takes them,
 # and are then answered (at worst overloaded, by admission), instead of being reset.
@@ -338,9 +347,14 @@ class HTTPProtocol(asyncio.Protocol):
             self.write(plain(status, text))
         self.close()
 
+    @property
+    def idle(self) -> bool:
+        """No request on it: none answered, none arriving, none waiting."""
+        return self.current is None and self.parsing is None and not self.pipeline
+
     def shutdown(self) -> None:
         """Server stopping: close now if idle, else after the request in flight."""
-        if self.current is None and self.parsing is None and not self.pipeline:
+        if self.idle:
             self.close()
         else:
             for req in (self.current, self.parsing, *self.pipeline):
@@ -426,7 +440,7 @@ class HTTPProtocol(asyncio.Protocol):
             "headers": self._headers,
             "state": dict(server.state),
         }
-        req = _Request(self, scope, parser.should_keep_alive())
+        req = _Request(self, scope, parser.should_keep_alive() and not server.stopping)
         scope["extensions"] = {"prefixgate.splice": req}
         hosts = 0
         for name, value in self._headers:
@@ -564,8 +578,12 @@ class Server:
         busy_poll_share: float = 0.5,
         edge: EdgeLimits | None = None,
         refusal=None,
+        handover: tuple[int, int | None] | None = None,
     ) -> None:
         self.app = app
+        # Before it stops listening: this process's sockets in the port's group and its
+        # successor's (serve/handover.py); None: close at once.
+        self.handover = handover
         edge = edge or EdgeLimits()
         if keepalive is not None:
             edge = dataclasses.replace(edge, keepalive=keepalive)
@@ -581,8 +599,10 @@ class Server:
         self.edge = Edge(edge, refusal, self.connections)
         self.started = False
         self.should_exit = False
+        self.stopping = False  # answers from now on close their connection
         self.loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.AbstractServer] = []
+        self._listening: list = []
 
     async def serve(self, sockets) -> None:
         self.loop = asyncio.get_running_loop()
@@ -592,6 +612,7 @@ class Server:
             if life is not None and not await life.startup():
                 raise SystemExit(3)
             try:
+                self._listening = list(sockets)
                 for sock in sockets:
                     self._servers.append(
                         await self.loop.create_server(
@@ -612,12 +633,29 @@ class Server:
                 busypoll.uninstall(self.loop)
 
     async def _drain(self) -> None:
+        self.stopping = True
+        await self._hand_over()
+        log.info(
+            "stopping: no longer accepting; %d connections drain (at most %g s)",
+            len(self.connections),
+            self.graceful,
+        )
         for s in self._servers:
             s.close()
-        for conn in list(self.connections):
-            conn.shutdown()
-        deadline = self.loop.time() + self.graceful
+        for sock in self._listening:  # the loop may hold a copy; this one must go too
+            sock.close()
+        start = self.loop.time()
+        deadline = start + self.graceful
+        if self.handover is None:
+            for conn in list(self.connections):
+                conn.shutdown()
+        # Handing over, an idle kept-alive connection stays open while requests are in
+        # flight here (at least DRAIN_IDLE_GRACE): a request a client sends on it is
+        # answered, with `connection: close`, instead of racing the close.
         while self.connections and self.loop.time() < deadline:
+            waited = self.loop.time() - start >= DRAIN_IDLE_GRACE
+            if self.handover is not None and waited and all(c.idle for c in self.connections):
+                break
             await asyncio.sleep(0.05)
         for conn in list(self.connections):
             req = conn.current
@@ -627,6 +665,30 @@ class Server:
         for s in self._servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(s.wait_closed(), 1.0)
+
+    async def _hand_over(self) -> None:
+        """Steer the port's new connections to a successor (``handover.py``) and keep
+        accepting until this process's accept queues have stayed empty for
+        ``HANDOVER_QUIET`` seconds (at most ``HANDOVER_MAX``): what the kernel queued
+        here before the steering, or while a handshake was under way, is served here."""
+        socks = [
+            s
+            for s in self._listening
+            if s.fileno() >= 0 and s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+        ]
+        if self.handover is None or not socks:
+            return
+        ours, theirs = self.handover
+        if not all([handover.steer_to_successor(s, ours, theirs) for s in socks]):
+            return
+        loop = self.loop
+        start = quiet = loop.time()
+        while loop.time() - start < HANDOVER_MAX:
+            await asyncio.sleep(0.02)
+            if any(handover.queued(s) for s in socks):
+                quiet = loop.time()
+            elif loop.time() - quiet >= HANDOVER_QUIET:
+                break
 
     @contextlib.contextmanager
     def _signals(self):

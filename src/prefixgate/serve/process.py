@@ -74,7 +74,7 @@ def run_workers(
 ) -> int:
     """Serve with ``workers`` processes, each its own event loop and its own listening
     socket on the same port (SO_REUSEPORT: the kernel spreads connections over them).
-    ``serve(sock, index)`` runs in each forked child. The parent forwards SIGTERM/SIGINT
+    ``serve(sock, index)`` runs in each forked child. The parent forwards SIGTERM/SIGINT/SIGHUP
     to the children and returns the first non-zero exit status (0 when all stop cleanly).
 
     Each worker is a whole gateway: in-memory state (the prefix router's LRU, in-flight
@@ -84,6 +84,9 @@ def run_workers(
     anchor = bind(host, port, reuse_port=True, listen=False)
     port = anchor.getsockname()[1]
     children: list[int] = []
+    # A SIGHUP (a reload) before a worker's loop handles it must not kill it: ignored
+    # until then (the worker's own handler replaces this), forwarded by the parent.
+    hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for i in range(workers):
         pid = os.fork()
         if pid == 0:  # the child: a gateway of its own
@@ -109,7 +112,10 @@ def run_workers(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {
+        s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    }
+    previous[signal.SIGHUP] = hup
     status = 0
     try:
         for child in children:

@@ -17,6 +17,17 @@ from prefixgate.record.model import Record
 
 
 @dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One change made through the console: when, by whom, what, to which key or owner."""
+
+    at: float
+    actor: str
+    action: str
+    target: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class KeyRow:
     """An API key kept in the store: its digest, never the key."""
 
@@ -135,6 +146,19 @@ class Store(abc.ABC):
     def revoke_key(self, name: str) -> bool:
         """Revoke the named key; False when there is no active key of that name."""
         raise NotImplementedError(f"{type(self).__name__} has no revoke_key")
+
+    def rotate_key(self, name: str, digest: str) -> bool:
+        """Give the named active key a new digest (the old key stops working); False when
+        there is no active key of that name."""
+        raise NotImplementedError(f"{type(self).__name__} has no rotate_key")
+
+    def add_audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
+        """Append one entry to the audit log (never a secret in it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no audit log")
+
+    def list_audit(self, limit: int = 200) -> list[AuditRow]:
+        """The latest entries of the audit log, newest first."""
+        raise NotImplementedError(f"{type(self).__name__} has no audit log")
 
     def create_session(self, row: SessionRow) -> None:
         """Keep a new dashboard session."""

@@ -256,6 +256,17 @@ def _migration_9(dialect: str) -> list[str]:
     return [f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in DIAGNOSIS_COLUMNS]
 
 
+def _migration_10(dialect: str) -> list[str]:
+    # The console's audit log (web/console.py): who changed which key or budget, when; the
+    # detail never holds a key, only names, budgets and digests' first characters.
+    t = TYPES[dialect]
+    return [
+        f"CREATE TABLE audit_log (at {t['real_notnull']}, actor TEXT NOT NULL,"
+        " action TEXT NOT NULL, target TEXT, detail TEXT)",
+        "CREATE INDEX audit_log_at ON audit_log (at)",
+    ]
+
+
 # Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
 # first were; later ones add to them.
 MIGRATIONS = [
@@ -268,6 +279,7 @@ MIGRATIONS = [
     _migration_7,
     _migration_8,
     _migration_9,
+    _migration_10,
 ]
 LATEST_VERSION = len(MIGRATIONS)
 LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table

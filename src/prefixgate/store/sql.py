@@ -14,7 +14,7 @@ from typing import Any
 from prefixgate.ledger.model import Ledger
 from prefixgate.record.model import Record
 from prefixgate.store import schema
-from prefixgate.store.base import KeyRow, Store, StoreError
+from prefixgate.store.base import AuditRow, KeyRow, Store, StoreError
 from prefixgate.store.sessions import SessionQueries
 
 PAGE_SIZE = 1000
@@ -273,6 +273,33 @@ class SqlStore(SessionQueries, Store):
                 (time.time(), name),
             )
             return cur.rowcount > 0
+
+    def rotate_key(self, name: str, digest: str) -> bool:
+        p = self.ph
+        with self._transaction(exclusive=True) as cur:
+            cur.execute(
+                f"UPDATE api_keys SET digest = {p} WHERE name = {p} AND revoked_at IS NULL",
+                (digest, name),
+            )
+            return cur.rowcount > 0
+
+    # -- the console's audit log -----------------------------------------------------------
+    def add_audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
+        p = self.ph
+        with self._transaction() as cur:
+            cur.execute(
+                f"INSERT INTO audit_log (at, actor, action, target, detail)"
+                f" VALUES ({p}, {p}, {p}, {p}, {p})",
+                (time.time(), actor, action, target, detail),
+            )
+
+    def list_audit(self, limit: int = 200) -> list[AuditRow]:
+        with self._transaction() as cur:
+            cur.execute(
+                "SELECT at, actor, action, target, detail FROM audit_log"
+                f" ORDER BY at DESC LIMIT {int(limit)}"
+            )
+            return [AuditRow(*row) for row in cur.fetchall()]
 
     # -- retention -------------------------------------------------------------------
     def prune(self, older_than_seconds: float, *, now: float | None = None) -> int:

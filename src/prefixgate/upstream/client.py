@@ -290,6 +290,23 @@ class Upstream:
         self._limits[(*origin.key[:3], channel)] = (max_connections, keepalive)
         self._targets.clear()
 
+    def retire(self, url: str, *, channel: str | None = None) -> int:
+        """``channel`` no longer sends to ``url`` (a reload removed the replica): its
+        connection limits are forgotten, its idle connections closed now and those still
+        carrying a request closed when it ends. Returns the number closed now."""
+        origin, _ = http1.split_url(url)
+        self._limits.pop((*origin.key[:3], channel), None)
+        self._targets.clear()
+        if self._pool is None:
+            return 0
+        want = origin.key[:3]
+
+        def match(key: tuple) -> bool:
+            group = key[-1] if len(key) >= 5 and key[-2] == "group" else None
+            return key[:3] == want and group == channel
+
+        return self._pool.retire(match)
+
     def _pool_of(self, loop: asyncio.AbstractEventLoop) -> http1.Pool:
         pool = self._pool
         if pool is None or pool.loop is not loop:

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -405,6 +406,7 @@ class Pool:
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._origin_waiters: dict[tuple, collections.deque[asyncio.Future]] = {}
         self._sweep_at: asyncio.TimerHandle | None = None
+        self._retired: set[tuple] = set()  # origins whose connections close when released
 
     @property
     def open_connections(self) -> int:
@@ -460,6 +462,7 @@ class Pool:
                 return await self.acquire(origin, deadline - loop.time())
         self._open += 1
         self._per_origin[key] = self._per_origin.get(key, 0) + 1
+        self._retired.discard(key)  # wanted again (a reload put the replica back)
         conn = Connection(self, origin)
         try:
             async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
@@ -501,7 +504,7 @@ class Pool:
     def release(self, conn: Connection) -> None:
         """Done with ``conn``'s response: keep the connection if it can carry another."""
         conn._stop_timer()
-        if conn.reusable():
+        if conn.reusable() and conn.origin.key not in self._retired:
             conn.idle_since = self.loop.time()
             self._idle.setdefault(conn.origin.key, []).append(conn)
             if self._sweep_at is None:
@@ -509,6 +512,19 @@ class Pool:
             self._notify(conn.origin.key)
         else:
             self.discard(conn)
+
+    def retire(self, match: Callable[[tuple], bool]) -> int:
+        """The origins whose key ``match``es are no longer used (a reload removed the
+        replica): their idle connections are closed now, those in use when released.
+        Returns the number closed now."""
+        keys = {k for k in (*self._idle, *self._per_origin) if match(k)}
+        self._retired |= keys
+        closed = 0
+        for key in keys:
+            for conn in self._idle.pop(key, ()):
+                self.discard(conn)
+                closed += 1
+        return closed
 
     def _sweep(self) -> None:
         """Close the connections idle for longer than their keep-alive; come back when the

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import time
@@ -104,9 +106,15 @@ class UpstreamSim:
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        chat: bool = True,
     ) -> list[int]:
+        """``chat``: for a chat completion (vLLM's chat request takes an assistant's
+        ``reasoning_content`` as its ``reasoning``; its ``/tokenize`` request does not)."""
         try:
             if isinstance(self.renderer, JinjaChatTemplate):
+                if not chat:
+                    messages = [_without_old_reasoning(m) for m in messages]
                 text = self.renderer.render(  # the messages as vLLM gives a template
                     vllm_messages(messages), tools, add_generation_prompt, **(template_kwargs or {})
                 )
@@ -308,6 +316,7 @@ class UpstreamSim:
                 body.get("tools") or None,
                 body.get("add_generation_prompt", True) is not False,
                 kwargs if isinstance(kwargs, dict) else None,
+                chat=False,
             )
         else:
             raise SimError("Either 'prompt' (a string) or 'messages' (a list) is required.")
@@ -411,4 +420,47 @@ def create_upstream_app(settings: SimSettings | None = None) -> Starlette:
     app.state.sim = sim
     app.state.cache = sim.cache
     app.state.settings = sim.settings
+    if sim.settings.api_key:
+        return KeyRequired(app, sim.settings.api_key)
     return app
+
+
+def _without_old_reasoning(m: Any) -> Any:
+    """A message as vLLM's ``/tokenize`` reads it: ``reasoning_content`` unknown there."""
+    if isinstance(m, dict) and "reasoning_content" in m:
+        return {k: v for k, v in m.items() if k != "reasoning_content"}
+    return m
+
+
+class KeyRequired:
+    """vLLM's ``--api-key``: every route but ``/health`` answers 401 without
+    ``Authorization: Bearer <key>`` (compared by digest, in constant time)."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.digest = hashlib.sha256(key.encode()).digest()
+
+    def __getattr__(self, name: str):
+        return getattr(self.app, name)  # state, router … of the wrapped app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = b""
+            for name, value in scope["headers"]:
+                if name == b"authorization" and value[:7].lower() == b"bearer ":
+                    given = value[7:].strip()
+            if not hmac.compare_digest(hashlib.sha256(given).digest(), self.digest):
+                body = b'{"error": "Unauthorized"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

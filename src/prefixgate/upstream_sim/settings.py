@@ -24,7 +24,9 @@ class SimSettings:
     block_size: int = 16
     capacity_tokens: int | None = None  # None: unlimited
     render_order: str = "tools_first"  # or "system_first"
-    chat_template: str | None = None  # a .jinja file or tokenizer_config.json
+    # a .jinja file or tokenizer_config.json, or the name of one of the project's own
+    # templates (cache/render.py TEMPLATES: hoisting, in_place, reasoning_last_query)
+    chat_template: str | None = None
     tokenizer: str = "approx"  # a get_tokenizer() spec
     prefill_tokens_per_s: float = 0.0  # 0: instant
     decode_tokens_per_s: float = 0.0  # 0: instant
@@ -42,6 +44,9 @@ class SimSettings:
     # publish the cache's stores and evictions as vLLM's KV events (events/publisher.py);
     # also vLLM's --kv-events-config JSON (a str or dict), plus "encoding": map|array|map-batch
     kv_events: PublisherSettings | None = None
+    # The key every route but /health asks for (Authorization: Bearer), as vLLM's --api-key;
+    # None: none (then listen on loopback only).
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.models, str):
@@ -64,6 +69,11 @@ class SimSettings:
         self.vllm_version = str(self.vllm_version)
         if not re.fullmatch(r"\d+(\.\d+)*", self.vllm_version):
             raise ValueError(f"vllm_version must look like 0.32, not {self.vllm_version!r}")
+        if self.chat_template is not None and "/" not in self.chat_template:
+            from prefixgate.cache.render import TEMPLATES, template_file
+
+            if self.chat_template in TEMPLATES:  # one of the project's own, by name
+                self.chat_template = str(template_file(self.chat_template))
         if isinstance(self.kv_events, str | dict):
             from prefixgate.events.publisher import PublisherSettings
 

@@ -11,7 +11,8 @@
   against ``Host``); with the cookie's SameSite=Strict, another site can neither log a
   browser in nor out. A client that sends neither header is no browser, so no CSRF target.
 - ``x-api-key`` / ``Authorization: Bearer`` with the admin key still opens the JSON API.
-- A ``?key=`` query anywhere is refused (400): the key would sit in history and logs.
+- A ``?key=`` query holding a credential is refused (400): the key would sit in history
+  and logs. A key *name* there is the dashboard's filter (``?key=alice``) and passes.
 - Without an admin key configured there are no sessions: ``check_admin`` decides alone
   (open on an open loopback gateway, 403 otherwise).
 
@@ -21,6 +22,7 @@ Neither the key nor a token reaches a log line, an error body or a page.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -28,6 +30,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from prefixgate.admin_attempts import client_address
+from prefixgate.auth import presented_key
 from prefixgate.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -38,7 +42,7 @@ from prefixgate.errors import (
 )
 from prefixgate.store import StoreError
 from prefixgate.web import pages
-from prefixgate.web.sessions import ATTEMPT_WINDOW, Sessions
+from prefixgate.web.sessions import ATTEMPT_WINDOW, Sessions, holder_mark, holder_name
 
 log = logging.getLogger("prefixgate")
 
@@ -57,7 +61,7 @@ class StoreUnavailable(GatewayError):
 
 class AdminGate:
     def __init__(self, gateway: Any, dsn: str, prefix: str) -> None:
-        self.check_admin = gateway.auth.check_admin
+        self.gateway = gateway  # its authenticator is the current config's (reload)
         self.prefix = prefix
         config = gateway.config
         self.secure = config.dashboard.secure_cookie
@@ -67,35 +71,69 @@ class AdminGate:
     # -- the check in front of every page and API call ----------------------------------
     async def denied(self, request: Request) -> GatewayError | None:
         """Why ``request`` may not see the dashboard, or None when it may."""
-        if "key" in request.query_params:
+        if self.key_in_url(request.query_params.getlist("key")):
             return InvalidRequest(KEY_IN_URL)
         headers = request.headers
         token = request.cookies.get(COOKIE)
         try:
             if "x-api-key" in headers or "authorization" in headers or self.sessions is None:
-                self.check_admin(headers)
+                self.gateway.auth.check_admin(headers, request.scope)
                 return None
-            if token and await self._valid(token):
-                return None
-            self.check_admin({})
+            if token:
+                owner = await self._owner(token)
+                if owner == self.sessions.admin:
+                    return None
+                if owner is not None and holder_name(owner) is not None:
+                    return PermissionDenied(
+                        f"this is the admin's; your own view is at {self.prefix}/me"
+                    )
+            self.gateway.auth.check_admin({})
         except GatewayError as err:
             if token and isinstance(err, AuthenticationFailed):
                 return AuthenticationFailed("your session has ended: log in again")
             return err
         return None
 
+    def key_in_url(self, values: list[str]) -> bool:
+        """Whether a ``?key=`` value is a credential (the admin key, an API key, or what has
+        the shape of a key the gateway issues) rather than the key name the filter bar
+        sends (``?key=alice``)."""
+        return any(self.gateway.auth.is_credential(v) for v in values)
+
     def has_session(self, request: Request) -> bool:
         return self.sessions is not None and COOKIE in request.cookies
 
-    async def _valid(self, token: str) -> bool:
+    async def _owner(self, token: str) -> str | None:
         try:
-            return await asyncio.to_thread(self.sessions.valid, token)
+            return await asyncio.to_thread(self.sessions.owner, token)
         except StoreError as exc:
             raise StoreUnavailable(f"the store keeping sessions is unavailable: {exc}") from exc
 
+    async def holder(self, request: Request):
+        """The key holder a request speaks for: the key in its headers (scripts), else
+        the key holder's session in its cookie, checked against the key's current digest
+        (a rotated or revoked key ends its sessions); None when neither."""
+        auth = self.gateway.auth
+        key = presented_key(request.headers)
+        if key:
+            return auth.principal_of(key)
+        token = request.cookies.get(COOKIE)
+        if not token or self.sessions is None:
+            return None
+        owner = await self._owner(token)
+        name = holder_name(owner) if owner else None
+        found = auth.named(name) if name else None
+        if found is None or owner != holder_mark(name, found[0]):
+            return None
+        return found[1]
+
     def refusal(self, request: Request, err: GatewayError) -> Response:
         """The login page in place of a page refused with ``err``, returning here after."""
-        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "key"]
+        rest = [
+            (k, v)
+            for k, v in request.query_params.multi_items()
+            if not (k == "key" and self.gateway.auth.is_credential(v))
+        ]
         return self._page(err, request.url.path + ("?" + urlencode(rest) if rest else ""))
 
     def _page(self, err: GatewayError, next_url: str) -> Response:
@@ -128,18 +166,30 @@ class AdminGate:
         except GatewayError as err:
             return self._page(err, self.prefix)
         next_url = self._next(form.get("next"))
-        address = request.client.host if request.client else "unknown"
+        address = client_address(request.scope, self.gateway.auth.trusted_proxies)
         try:
             if not await asyncio.to_thread(self.sessions.attempt, address):
                 return self._page(
                     RateLimited("too many login attempts from this address: wait a minute"),
                     next_url,
                 )
-            self.check_admin({"x-api-key": form.get("key", "")})
-            token = await asyncio.to_thread(self.sessions.open)
+            key = form.get("key", "")
+            # A key holder's own view: their API key, never counted as a wrong admin key.
+            holder = self.gateway.auth.principal_of(key) if key else None
+            if holder is None:
+                self.gateway.auth.check_admin({"x-api-key": key}, request.scope)
+            else:
+                digest = hashlib.sha256(key.encode()).hexdigest()
+                next_url = f"{self.prefix}/me"
+            mark = holder_mark(holder.name, digest) if holder is not None else None
+            token = await asyncio.to_thread(self.sessions.open, mark)
         except AuthenticationFailed:
             log.warning("dashboard: a login from %s with a wrong admin key", address)
-            return self._page(AuthenticationFailed("wrong admin key"), next_url)
+            return self._page(
+                AuthenticationFailed("wrong admin key (and no API key of this gateway)"), next_url
+            )
+        except RateLimited as err:
+            return self._page(err, next_url)
         except StoreError as exc:
             err = StoreUnavailable(f"the store keeping sessions is unavailable: {exc}")
             return self._page(err, next_url)
@@ -180,7 +230,11 @@ class AdminGate:
             return p
         if parts.path.rstrip("/") == p + "/login":
             return p
-        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "key"]
+        query = [
+            (k, v)
+            for k, v in parse_qsl(parts.query)
+            if not (k == "key" and self.gateway.auth.is_credential(v))
+        ]
         return parts.path + ("?" + urlencode(query) if query else "")
 
 

@@ -28,14 +28,16 @@ PAGES = {
     "upstream": ("Upstream health", "Upstream", "upstream.js"),
     "requests": ("Request log", "Requests", "requests.js"),
     "usage": ("Usage and cost", "Usage", "usage.js"),
+    "keys": ("Keys and budgets", "Keys", "keys.js"),
+    "me": ("My usage", "My usage", "me.js"),
     "request": ("Request", None, "request.js"),
 }
-NAV = ("overview", "distribution", "doctor", "upstream", "requests", "usage")
+NAV = ("overview", "distribution", "doctor", "upstream", "requests", "usage", "keys")
 
 
 def _nav(prefix: str, active: str) -> str:
     links = []
-    for name in NAV:
+    for name in NAV if active != "me" else ("me",):  # a key holder sees only their own
         label = PAGES[name][1]
         href = prefix if name == "overview" else f"{prefix}/{name}"
         current = name == active or (active == "request" and name == "requests")
@@ -97,8 +99,8 @@ def login(prefix: str, message: str, *, next_url: str = "", form: bool = True) -
     visitor typed is ever written back into it."""
     p = escape(prefix)
     hint = (
-        "Enter the gateway's admin key. It is sent once, in this form's body; the browser "
-        "keeps only a session cookie."
+        "Enter the gateway's admin key, or your own API key to see your usage. It is sent "
+        "once, in this form's body; the browser keeps only a session cookie."
         if form
         else "Configure an admin key (<code>admin_key_env</code> or "
         "<code>admin_key_sha256</code>) to use the dashboard."

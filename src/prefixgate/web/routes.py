@@ -19,11 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from prefixgate.errors import AuthenticationFailed, GatewayError, InvalidRequest
 from prefixgate.store import StoreError, open_store
 from prefixgate.web import ledger as ledger_view
 from prefixgate.web import pages, queries
 from prefixgate.web import upstream as upstream_mod
-from prefixgate.web.login import AdminGate
+from prefixgate.web.console import Console, check_post, read_json
+from prefixgate.web.login import KEY_IN_URL, AdminGate
 from prefixgate.web.pages import SECURITY_HEADERS
 from prefixgate.web.scope import BadParam, dimension_of, scope_of
 
@@ -38,12 +40,12 @@ STATIC_TYPES = {
 _json = msgspec.json.Encoder()
 
 
-def _json_response(obj: Any, status: int = 200) -> Response:
+def _json_response(obj: Any, status: int = 200, retry_after: float | None = None) -> Response:
+    headers = {"cache-control": "no-store", **SECURITY_HEADERS}
+    if retry_after is not None:
+        headers["retry-after"] = str(int(retry_after))
     return Response(
-        _json.encode(obj),
-        status_code=status,
-        media_type="application/json",
-        headers={"cache-control": "no-store", **SECURITY_HEADERS},
+        _json.encode(obj), status_code=status, media_type="application/json", headers=headers
     )
 
 
@@ -83,6 +85,7 @@ class Dashboard:
         self._doctor = _TTLCache(DOCTOR_TTL)
         self._l2 = _TTLCache(L2_TTL)
         self.gate = AdminGate(gateway, store_dsn, PREFIX)
+        self.console = Console(gateway, store_dsn)
 
     def page(self, name: str) -> Callable:
         async def handler(request: Request) -> Response:
@@ -99,7 +102,8 @@ class Dashboard:
         async def handler(request: Request) -> Response:
             err = await self.gate.denied(request)
             if err is not None:
-                return _json_response({"error": str(err)}, err.status)
+                retry = getattr(err, "retry_after", None)
+                return _json_response({"error": str(err)}, err.status, retry)
             try:
                 result = await fn(request)
             except BadParam as exc:
@@ -111,6 +115,45 @@ class Dashboard:
             return _json_response(result)
 
         return handler
+
+    def change(self, fn: Callable[[Request, dict], Any]) -> Callable:
+        """A POST of the admin API: the admin's, from this origin, a JSON object body."""
+
+        async def handler(request: Request) -> Response:
+            err = await self.gate.denied(request)
+            if err is not None:
+                return _json_response({"error": str(err)}, err.status)
+            try:
+                check_post(request)
+                result = await fn(request, await read_json(request))
+            except GatewayError as exc:
+                return _json_response({"error": exc.message}, exc.status)
+            except StoreError as exc:
+                return _json_response({"error": f"store unavailable: {exc}"}, 503)
+            return _json_response(result)
+
+        return handler
+
+    # -- a key holder's own view (web/me.py) ------------------------------------------------
+    async def me_page(self, request: Request) -> Response:
+        if "key" in request.query_params:
+            return self.gate.refusal(request, InvalidRequest(KEY_IN_URL))
+        holder = await self.gate.holder(request)
+        if holder is None:
+            err = AuthenticationFailed("sign in with your API key to see your own usage")
+            return self.gate.refusal(request, err)
+        return pages.html_response(pages.render(PREFIX, "me", logout=True))
+
+    async def me_api(self, request: Request) -> Response:
+        if "key" in request.query_params:
+            return _json_response({"error": KEY_IN_URL}, 400)
+        holder = await self.gate.holder(request)
+        if holder is None:
+            return _json_response({"error": "sign in with your API key"}, 401)
+        try:
+            return _json_response(await me_of(self.gateway, self.dsn, holder, request))
+        except StoreError as exc:
+            return _json_response({"error": f"store unavailable: {exc}"}, 503)
 
     # -- store access ------------------------------------------------------------------
     async def _read(self, fn: Callable, *args: Any, **kw: Any) -> Any:
@@ -267,6 +310,7 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/requests", d.page("requests"), methods=["GET"]),
         Route(p + "/requests/{request_id}", d.page("request"), methods=["GET"]),
         Route(p + "/usage", d.page("usage"), methods=["GET"]),
+        Route(p + "/keys", d.page("keys"), methods=["GET"]),
         Route(p + "/api/meta", d.api(d.meta), methods=["GET"]),
         Route(p + "/api/overview", d.api(d.overview), methods=["GET"]),
         Route(p + "/api/distribution", d.api(d.distribution), methods=["GET"]),
@@ -276,5 +320,42 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/api/requests/{request_id}", d.api(d.request_detail), methods=["GET"]),
         Route(p + "/api/texts", d.api(d.texts), methods=["GET"]),
         Route(p + "/api/usage", d.api(d.usage), methods=["GET"]),
+        Route(p + "/api/keys", d.api(d.console.keys), methods=["GET"]),
+        Route(p + "/api/keys", d.change(d.console.create), methods=["POST"]),
+        Route(p + "/api/keys/{name}/rotate", d.change(d.console.rotate), methods=["POST"]),
+        Route(p + "/api/keys/{name}/revoke", d.change(d.console.revoke), methods=["POST"]),
+        Route(p + "/api/keys/{name}/budgets", d.change(d.console.set_budgets), methods=["POST"]),
+        Route(p + "/api/audit", d.api(d.console.audit), methods=["GET"]),
+        Route(p + "/me", d.me_page, methods=["GET"]),
+        Route(p + "/api/me", d.me_api, methods=["GET"]),
         Route(p + "/static/{name}", d.static_file, methods=["GET"]),
     ]
+
+
+async def me_of(gateway: Any, dsn: str, principal: Any, request: Request) -> dict:
+    """A key holder's own figures (web/me.py) since ``?days=`` (a week by default)."""
+    from prefixgate.spend.budgets import parse_budget
+    from prefixgate.web import me
+
+    config = gateway.config
+    currency = config.prices.currency if config.prices is not None else "USD"
+    budgets = {("key", principal.name): principal.budgets}
+    owner = principal.owner
+    if owner and owner in config.budgets.owners:
+        lines = config.budgets.owners[owner]
+        budgets[("owner", owner)] = tuple(parse_budget(b, currency) for b in lines)
+    since = me.since_of(request.query_params.get("days"), time.time())
+
+    def read() -> dict:
+        with open_store(dsn) as store:
+            store.migrate()
+            return me.view(
+                store,
+                principal,
+                since=since,
+                budgets=budgets,
+                currency=currency,
+                shared=config.budgets_shared,
+            )
+
+    return await asyncio.to_thread(read)

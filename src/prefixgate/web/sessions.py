@@ -38,6 +38,21 @@ def admin_fingerprint(admin_digest: str) -> str:
     return hashlib.sha256(b"prefixgate dashboard session\0" + admin_digest.encode()).hexdigest()
 
 
+HOLDER = "key:"  # a key holder's session: "key:<name>:<fingerprint of the key's digest>"
+
+
+def holder_mark(name: str, key_digest: str) -> str:
+    """What a key holder's session row keeps: the key's name and a fingerprint of its
+    digest (a rotated or revoked key no longer matches, so its sessions end)."""
+    return f"{HOLDER}{name}:{admin_fingerprint(key_digest)}"
+
+
+def holder_name(mark: str) -> str | None:
+    if not mark.startswith(HOLDER):
+        return None
+    return mark[len(HOLDER) :].rsplit(":", 1)[0]
+
+
 class Sessions:
     def __init__(
         self,
@@ -73,11 +88,12 @@ class Sessions:
                 address, self.clock(), window=ATTEMPT_WINDOW, limit=self.attempts
             )
 
-    def open(self) -> str:
-        """A new session's token, for the cookie; the store keeps its digest."""
+    def open(self, holder: str | None = None) -> str:
+        """A new session's token, for the cookie; the store keeps its digest. ``holder``
+        (:func:`holder_mark`): a key holder's session, scoped to that key."""
         token = secrets.token_urlsafe(TOKEN_BYTES)
         now = self.clock()
-        row = SessionRow(token_digest(token), self.admin, now, now, now + self.lifetime)
+        row = SessionRow(token_digest(token), holder or self.admin, now, now, now + self.lifetime)
         with self._store() as store:
             store.prune_sessions(now, self.idle)
             store.create_session(row)
@@ -86,22 +102,28 @@ class Sessions:
     def valid(self, token: str) -> bool:
         """Whether ``token`` names a live session of the current admin key; a live one's
         idle lifetime starts again, an expired one is deleted."""
+        return self.owner(token) == self.admin
+
+    def owner(self, token: str) -> str | None:
+        """Whose live session ``token`` names: the admin key's fingerprint or a key
+        holder's mark (:func:`holder_mark`); None when none is live. A live one's idle
+        lifetime starts again, an expired one is deleted."""
         if not token or len(token) > MAX_TOKEN_CHARS:
-            return False
+            return None
         digest = token_digest(token)
         now = self.clock()
         with self._store() as store:
             row = store.get_session(digest)
-            if row is None or row.admin != self.admin:
+            if row is None or (row.admin != self.admin and not row.admin.startswith(HOLDER)):
                 # Another key's session is left alone: during a rolling key change, the
                 # replicas still on the other key accept it until they move.
-                return False
+                return None
             if now >= row.expires_at or now - row.last_seen >= self.idle:
                 store.delete_session(digest)
-                return False
+                return None
             if now - row.last_seen >= self.touch_every:
                 store.touch_session(digest, now)
-            return True
+            return row.admin
 
     def close(self, token: str) -> None:
         """End the session of ``token`` (logout), if it is one."""

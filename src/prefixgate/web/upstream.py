@@ -12,7 +12,8 @@ from typing import Any
 
 from prefixgate.doctor import upstream_health
 from prefixgate.doctor.upstream_health import LOAD_KEYS, STORE_KEYS
-from prefixgate.upstream.order import order_of
+from prefixgate.hygiene import keeps_system_in_place
+from prefixgate.upstream.order import order_of, rendering_of
 
 
 def replica_state(router: Any, url: str) -> dict[str, Any]:
@@ -97,6 +98,8 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, 
                 "routing": ch.routing,
                 "render_order": order_of(ch).order,
                 "render_order_source": order_of(ch).source,
+                "rendering": rendering_of(ch).as_dict(),
+                "system_in_place": keeps_system_in_place(ch),
                 "strip_billing_header": ch.strip_billing_header,
                 "health_check_interval": ch.health_check_interval,
                 "metrics_url": ch.metrics_url is not None,

@@ -70,6 +70,8 @@
       h("span", {}, "models ", h("b", { text: ch.models.map((m) => (ch.model_map[m] ? `${m} → ${ch.model_map[m]}` : m)).join(", ") || "any" })),
       h("span", {}, "billing header ", h("b", { text: ch.strip_billing_header ? "stripped" : "kept" })),
       h("span", { title: ch.render_order_source }, "template order ", h("b", { text: ch.render_order.replace("_", " ") }), ` (${ch.render_order_source})`),
+      h("span", { class: "rendering", title: ch.rendering.source }, "later system messages ", h("b", { text: ch.rendering.system.replace("_", " ") }),
+        ch.system_in_place ? " (delivered in place)" : "", " · past reasoning ", h("b", { text: ch.rendering.reasoning.replace(/_/g, " ") })),
       h("span", {}, "health probe ", h("b", { text: ch.health_check_interval ? `every ${ch.health_check_interval} s` : "passive only" })));
     const table = PG.table([
       { label: "replica", cell: (r) => h("span", { class: "mono", text: r.url }) },

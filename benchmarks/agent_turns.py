@@ -1,0 +1,503 @@
+"""An agent turn at the cost of reading it: the gateway's CPU per real-size Claude Code turn.
+
+    python benchmarks/agent_turns.py [--sessions 4] [--turns 64] [--settle 0.7]
+                                     [--only NAME,…] [--no-litellm] [--json]
+
+The bodies come from the project's own traffic generator (``prefixgate.traffic``), in
+Claude Code's shape: ``--sessions`` sessions of ``--turns`` turns each (tools, the billing
+header, a mid-conversation system message, thinking blocks, code pastes and tool results,
+the moving ``cache_control`` marker), growing from ~80 KB past 300 KB, no compaction.
+They go to ``/v1/messages`` as streams, one request at a time, turn k of every session
+before turn k + 1 of any, through the gateway to a fast fake upstream
+(``overhead_upstream.py``: a 4-chunk stream at once).
+
+Placement: the gateway is one process (one worker) pinned to core 0; the upstream and
+this process (the client) share core 1. Each subject starts afresh and is warmed up by a
+session of its own first.
+
+Subjects: ``defaults`` (SQLite store, segment capture, change shapes, ledger, journal),
+then each feature off alone (``no-ledger``, ``no-changes``: ``change_memory_mb: 0``,
+``no-capture``: ``capture_segments: false``, ``no-journal``, ``no-store``), and the LiteLLM
+proxy when ``overhead.py`` has installed it (``~/.cache/prefixgate/litellm-<version>``).
+
+Figures by turn index: the gateway's CPU per turn, user + system of every thread of the
+process tree from ``/proc/<pid>/task/*/schedstat`` (nanoseconds), read before turn k of
+the first session and ``--settle`` seconds after turn k of the last, so that the work
+done after the answer (the capture on the loop's next turn, the record writer's batch,
+the ledger) counts, minus the process's idle CPU over the same time (measured first);
+divided by the sessions. Time to last byte: the client's, from the first byte written to
+the end of the answer. The floor: ``msgspec.json.decode`` + ``msgspec.json.encode`` of the
+same bodies in this process (the least any Python gateway that reads a body and writes
+one can do), and SHA-256 of each body once, both by ``time.process_time``; best of 5.
+The whole run's user and system seconds apart, from ``/proc/<pid>/stat``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead as ov  # noqa: E402
+import overhead_load as load  # noqa: E402
+from overhead_upstream import Running  # noqa: E402
+
+from prefixgate.traffic.claude_code import ClaudeCodeSession  # noqa: E402
+from prefixgate.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec  # noqa: E402
+
+# subject -> what its config changes from the defaults (None: no store at all)
+SUBJECTS: dict[str, dict | None] = {
+    "defaults": {},
+    "no-ledger": {"ledger": False},
+    "no-changes": {"change_memory_mb": 0},
+    "no-capture": {"capture_segments": False},
+    "no-journal": {"journal_path": None},
+    "no-store": None,
+}
+COUNT_SETTLE = 3.0  # seconds under valgrind for the work a turn leaves for later
+WINDOW = 2  # turns either side of an index whose figures are averaged ("turn 10": 8..12)
+
+
+def sessions(n: int, turns: int, seed: int = 0) -> list[list[tuple[bytes, dict]]]:
+    """``n`` Claude Code sessions of ``turns`` turns: per session, (body, headers) a turn."""
+    spec = TrafficSpec(
+        sessions=n,
+        turns=turns,
+        seed=seed,
+        titles=False,
+        compact_chars=0,
+        models=("fake",),
+        mix={AGENT_CLAUDE_CODE: 1.0},
+    )
+    out = []
+    for i in range(n):
+        s = ClaudeCodeSession(spec, seed * 1000 + i)
+        out.append([(r.content(), r.headers) for r in s.requests() if r.kind == "turn"])
+    return out
+
+
+def floor_ms(bodies: list[bytes]) -> tuple[list[float], list[float]]:
+    """Per body: msgspec decode + encode, and SHA-256, in CPU ms (best of 5)."""
+    dec, enc = msgspec.json.decode, msgspec.json.encode
+    parse, digest = [], []
+    for b in bodies:
+        best = best_h = float("inf")
+        for _ in range(5):
+            t0 = time.process_time()
+            enc(dec(b))
+            t1 = time.process_time()
+            hashlib.sha256(b).digest()
+            t2 = time.process_time()
+            best, best_h = min(best, t1 - t0), min(best_h, t2 - t1)
+        parse.append(1000 * best)
+        digest.append(1000 * best_h)
+    return parse, digest
+
+
+def run_ns(pid: int) -> int:
+    """CPU nanoseconds (user + system) of every thread of ``pid``'s process tree."""
+    total = 0
+    for p in ov.tree(pid):
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
+async def idle_rate(pid: int, seconds: float = 2.0) -> float:
+    """The process's CPU ns per wall second while nothing is asked of it."""
+    c0, t0 = run_ns(pid), time.perf_counter()
+    await asyncio.sleep(seconds)
+    return (run_ns(pid) - c0) / (time.perf_counter() - t0)
+
+
+async def send(conn, raw: bytes) -> tuple[float, float]:
+    """One request on a kept-alive connection; again on a new one if the gateway had
+    closed it (its keep-alive timeout, slower under valgrind)."""
+    try:
+        return await conn.request(raw)
+    except (asyncio.IncompleteReadError, ConnectionError) as err:
+        if isinstance(err, asyncio.IncompleteReadError) and err.partial:
+            raise
+        conn.drop()
+        return await conn.request(raw)
+
+
+def _request(url: str, body: bytes, headers: dict, key: str | None) -> bytes:
+    h = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "x-api-key")}
+    h["x-api-key"] = key or headers.get("x-api-key", "")
+    return load.build_request(url + "/v1/messages?beta=true", body, h)[2]
+
+
+async def measure(url: str, pid: int, convo, warm, settle: float, key: str | None) -> dict:
+    host, port = url.rsplit("/", 1)[1].split(":")
+    conn = load._Conn(host, int(port))
+    for body, headers in warm:
+        await send(conn, _request(url, body, headers, key))
+    await asyncio.sleep(settle)
+    rate = await idle_rate(pid)
+    user0, sys0 = ov.cpu_times(pid)
+    cpu, ttlb = [], []
+    for k in range(len(convo[0])):
+        c0, t0 = run_ns(pid), time.perf_counter()
+        lat = []
+        for turns in convo:
+            body, headers = turns[k]
+            lat.append((await send(conn, _request(url, body, headers, key)))[0])
+        await asyncio.sleep(settle)
+        spent = run_ns(pid) - c0 - rate * (time.perf_counter() - t0)
+        cpu.append(spent / 1e6 / len(convo))
+        ttlb.append([1000 * v for v in lat])
+    user1, sys1 = ov.cpu_times(pid)
+    conn.drop()
+    return {
+        "cpu_ms": cpu,
+        "ttlb_ms": ttlb,
+        "idle_ms_per_s": rate / 1e6,
+        "user_s": user1 - user0,
+        "system_s": sys1 - sys0,
+    }
+
+
+def config_for(name: str, port: int, upstream: str, work: Path) -> dict:
+    change = SUBJECTS[name]
+    cfg = ov.gateway_config(port, upstream, None if change is None else work, name)
+    # No load shedding: the cost of a turn is measured, not an overload (on a shared
+    # machine, or under valgrind, the loop runs late for reasons not the gateway's).
+    cfg["server"]["shed_loop_lag"] = None
+    if change:
+        cfg["store"].update(change)
+    return cfg
+
+
+class Subject(ov.Gateway):
+    """A gateway of :data:`SUBJECTS` (its config written here; ``NAME@ref``: the sources
+    in ``src``), or ``litellm``."""
+
+    src: Path | None = None
+
+    def command(self):
+        if self.name == "litellm":
+            return super().command()
+        base = self.name.split("@")[0]
+        cfg = self.work / "config.json"
+        cfg.write_text(json.dumps(config_for(base, self.port, self.upstream, self.work)))
+        env = dict(os.environ)
+        if self.src is not None:
+            env["PYTHONPATH"] = str(self.src)
+        cmd = [sys.executable, "-m", "prefixgate.cli", "serve", "--config", str(cfg)]
+        return [*cmd, "--log-level", "warning"], env, "/healthz"
+
+    def start(self) -> None:
+        for _ in range(3):
+            cmd, env, health = self.command()
+            self.log = open(self.work / "gateway.log", "ab")  # noqa: SIM115
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=ov.pinned(ov.GATEWAY_CPU),
+            )
+            try:
+                ov.wait_http(self.url + health, self.proc)
+                time.sleep(0.5)
+                if self.proc.poll() is None:
+                    return
+            except SystemExit:
+                pass
+            # the port was taken meanwhile (a shared machine): another one
+            self.stop()
+            self.port = ov.free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+        raise SystemExit(f"{self.name} did not start (see {self.work / 'gateway.log'})")
+
+
+def at(values: list[float], k: int) -> float:
+    """The mean of ``values`` over turns ``k - WINDOW .. k + WINDOW`` (those that exist)."""
+    part = values[max(0, k - WINDOW) : k + WINDOW + 1]
+    return sum(part) / len(part)
+
+
+def summarize(name: str, m: dict, floor: list[float]) -> dict:
+    cpu = m["cpu_ms"]
+    above = [c - f for c, f in zip(cpu, floor, strict=True)]
+    flat = [v for row in m["ttlb_ms"] for v in row]
+    n = len(cpu)
+    out = {
+        "subject": name,
+        "cpu_ms_mean": statistics.fmean(cpu),
+        "cpu_ms_median": statistics.median(cpu),
+        "ttlb_ms_p50": statistics.median(flat),
+        "user_s": m["user_s"],
+        "system_s": m["system_s"],
+        "idle_ms_per_s": m["idle_ms_per_s"],
+        "by_turn": {
+            str(k): {
+                "cpu_ms": at(cpu, k),
+                "above_floor_ms": at(above, k),
+                "ttlb_ms_p50": statistics.median(
+                    v for row in m["ttlb_ms"][max(0, k - WINDOW) : k + WINDOW + 1] for v in row
+                ),
+            }
+            for k in marks(n)
+        },
+        "cpu_ms": cpu,
+    }
+    t10, t60 = out["by_turn"].get("10"), out["by_turn"].get(str(min(60, n - 1 - WINDOW)))
+    if t10 and t60 and t10["above_floor_ms"] > 0:
+        out["above_floor_60_over_10"] = t60["above_floor_ms"] / t10["above_floor_ms"]
+    return out
+
+
+def marks(n: int) -> list[int]:
+    return [k for k in (1, 10, 20, 30, 40, 50, 60) if k < n - WINDOW] or [n // 2]
+
+
+async def run(args) -> dict:
+    os.sched_setaffinity(0, {ov.LOAD_CPU})
+    convo = sessions(args.sessions, args.turns)
+    warm = sessions(1, args.warm_turns, seed=1)[0]
+    sizes = [len(b) for s in convo for b, _ in s]
+    parse, digest = floor_ms([b for s in convo for b, _ in s])
+    per_turn = len(convo[0])
+    floor = [
+        statistics.fmean(parse[i * per_turn + k] for i in range(len(convo)))
+        for k in range(per_turn)
+    ]
+    hashed = [
+        statistics.fmean(digest[i * per_turn + k] for i in range(len(convo)))
+        for k in range(per_turn)
+    ]
+    result = {
+        "sessions": len(convo),
+        "turns": per_turn,
+        "body_kb": {
+            "median": statistics.median(sizes) / 1000,
+            "max": max(sizes) / 1000,
+            "first": min(sizes) / 1000,
+            "by_turn": {
+                str(k): statistics.fmean(len(s[k][0]) for s in convo) / 1000
+                for k in marks(per_turn)
+            },
+        },
+        "floor": {
+            "decode_encode_ms_mean": statistics.fmean(floor),
+            "decode_encode_ms_median": statistics.median(floor),
+            "sha256_ms_mean": statistics.fmean(hashed),
+            "by_turn": {str(k): at(floor, k) for k in marks(per_turn)},
+        },
+        "subjects": [],
+    }
+    names = [n for n in SUBJECTS if not args.only or n in args.only]
+    if args.ref:  # the commit before, each subject right after this tree's
+        names = [m for n in names for m in (n, f"{n}@{args.ref}")]
+    litellm = Path.home() / ".cache" / "prefixgate" / f"litellm-{args.litellm_version}"
+    litellm = litellm / "bin" / "litellm"
+    if (
+        not args.count
+        and not args.no_litellm
+        and litellm.exists()
+        and (not args.only or "litellm" in args.only)
+    ):
+        names.append("litellm")
+    ref_src = worktree(args.ref) / "src" if args.ref else None
+    try:
+        with Running(ov.LOAD_CPU) as up, tempfile.TemporaryDirectory(prefix="agent-turns-") as tmp:
+            for name in names:
+                print(f"{name} …", file=sys.stderr, flush=True)
+                gw_args = SimpleNamespace(workers=1, litellm_version=args.litellm_version)
+                work = Path(tmp) / name
+                work.mkdir()
+                gw = Subject(name, work, up.url, gw_args)
+                gw.src = ref_src if "@" in name else None
+                if args.count:
+                    m = await count(gw, convo, warm)
+                    result["subjects"].append({"subject": name, **m})
+                    continue
+                gw.start()
+                try:
+                    key = ov.KEY if name == "litellm" else None
+                    m = await measure(gw.url, gw.proc.pid, convo, warm, args.settle, key)
+                finally:
+                    gw.stop()
+                result["subjects"].append(summarize(name, m, floor))
+                done = {k: v for k, v in result["subjects"][-1].items() if k != "cpu_ms"}
+                print(json.dumps(done), file=sys.stderr, flush=True)  # a long run's progress
+    finally:
+        if ref_src is not None:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_src.parent)],
+                check=False,
+            )
+    return result
+
+
+def worktree(ref: str) -> Path:
+    """``ref`` checked out into a temporary worktree (its sources run as ``NAME@ref``)."""
+    path = Path(tempfile.mkdtemp(prefix="prefixgate-ref-")) / "tree"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), ref], check=True
+    )
+    return path
+
+
+async def count(gw: Subject, convo, warm) -> dict:
+    """Instructions (valgrind's callgrind, user space, every thread) of the gateway per
+    turn, by turn index: counting on from the first measured turn, one dump (which also
+    zeroes the counters) after each turn index's requests and ``COUNT_SETTLE`` seconds for
+    the work they leave for later; minus the instructions of an idle window as long."""
+    cmd, env, health = gw.command()
+    prefix = gw.work / "callgrind.out"
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+           f"--callgrind-out-file={prefix}", *cmd]  # fmt: skip
+    log = open(gw.work / "valgrind.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+
+    def control(*what: str) -> None:
+        subprocess.run(["callgrind_control", *what, str(proc.pid)], capture_output=True, check=True)
+
+    dumps = 0
+
+    async def dump() -> int:
+        nonlocal dumps
+        control("--dump")
+        dumps += 1
+        for _ in range(600):
+            found = list(gw.work.glob(f"callgrind.out.{proc.pid}.{dumps}")) or list(
+                gw.work.glob(f"callgrind.out.{dumps}")
+            )
+            if found and "totals:" in found[0].read_text(errors="replace")[-4000:]:
+                return _collected(found[0])
+            await asyncio.sleep(0.1)
+        raise SystemExit("callgrind wrote no dump")
+
+    try:
+        ov.wait_http(gw.url + health, proc, timeout=600)
+        host, port = gw.url.rsplit("/", 1)[1].split(":")
+        conn = load._Conn(host, int(port))
+        for body, headers in warm:
+            await send(conn, _request(gw.url, body, headers, None))
+        await asyncio.sleep(COUNT_SETTLE)
+        control("-i", "on")
+        await dump()  # zeroed
+        await asyncio.sleep(COUNT_SETTLE)
+        idle = await dump()
+        per_turn = []
+        for k in range(len(convo[0])):
+            for turns in convo:
+                body, headers = turns[k]
+                await send(conn, _request(gw.url, body, headers, None))
+            await asyncio.sleep(COUNT_SETTLE)
+            per_turn.append((await dump() - idle) / len(convo))
+        conn.drop()
+    finally:
+        ov.stop(proc)
+        log.close()
+    return {"instructions": per_turn, "idle_instructions": idle}
+
+
+def _collected(path: Path) -> int:
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    return 0
+
+
+def count_table(r: dict) -> str:
+    ks = list(r["body_kb"]["by_turn"])
+    lines = [
+        f"{r['sessions']} sessions x {r['turns']} turns; M instructions a turn (callgrind), "
+        "by turn index (mean of turns k-2..k+2)",
+        f"{'subject':<22}{'mean':>8}" + "".join(f"{k:>8}" for k in ks),
+    ]
+    for s in r["subjects"]:
+        ins = s["instructions"]
+        cells = "".join(f"{at(ins, int(k)) / 1e6:>8.2f}" for k in ks)
+        lines.append(f"{s['subject']:<22}{statistics.fmean(ins) / 1e6:>8.2f}{cells}")
+    return "\n".join(lines)
+
+
+def table(r: dict) -> str:
+    if r["subjects"] and "instructions" in r["subjects"][0]:
+        return count_table(r)
+    f = r["floor"]
+    b = r["body_kb"]
+    lines = [
+        f"{r['sessions']} sessions x {r['turns']} turns; bodies {b['first']:.0f}-{b['max']:.0f} KB, "
+        f"median {b['median']:.0f} KB",
+        f"floor (msgspec decode + encode, in-process): {f['decode_encode_ms_mean']:.3f} ms a turn "
+        f"(median {f['decode_encode_ms_median']:.3f}); sha256 once: {f['sha256_ms_mean']:.3f} ms",
+        "",
+        f"{'subject':<12}{'CPU ms/turn':>12}{'median':>8}{'x floor':>8}{'TTLB p50':>10}"
+        f"{'60/10 above floor':>19}{'user s':>8}{'sys s':>7}",
+    ]
+    for s in r["subjects"]:
+        ratio = s.get("above_floor_60_over_10")
+        lines.append(
+            f"{s['subject']:<12}{s['cpu_ms_mean']:>12.2f}{s['cpu_ms_median']:>8.2f}"
+            f"{s['cpu_ms_mean'] / f['decode_encode_ms_mean']:>8.1f}{s['ttlb_ms_p50']:>10.2f}"
+            f"{'' if ratio is None else f'{ratio:.2f}':>19}{s['user_s']:>8.2f}{s['system_s']:>7.2f}"
+        )
+    ks = list(r["body_kb"]["by_turn"])
+    lines += ["", "by turn index (mean of turns k-2..k+2): CPU ms / TTLB p50 ms"]
+    lines.append(f"{'turn':<12}" + "".join(f"{k:>14}" for k in ks))
+    lines.append(f"{'body KB':<12}" + "".join(f"{r['body_kb']['by_turn'][k]:>14.0f}" for k in ks))
+    lines.append(f"{'floor':<12}" + "".join(f"{f['by_turn'][k]:>14.3f}" for k in ks))
+    for s in r["subjects"]:
+        cells = "".join(
+            f"{s['by_turn'][k]['cpu_ms']:>7.2f} /{s['by_turn'][k]['ttlb_ms_p50']:>5.1f}" for k in ks
+        )
+        lines.append(f"{s['subject']:<12}{cells}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=64)
+    ap.add_argument("--warm-turns", type=int, default=12, help="turns of the warm-up session")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.7,
+        help="seconds after each turn index for the work done after the answer (the "
+        "writer's batches every 0.2 s, the ledger's every 0.5 s)",
+    )
+    ap.add_argument("--only", type=lambda s: s.split(","), help="subjects, comma-separated")
+    ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--litellm-version", default=ov.LITELLM_VERSION)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ref", help="also each subject at this git ref (a temporary worktree)")
+    ap.add_argument(
+        "--count",
+        action="store_true",
+        help="instructions per turn under valgrind (callgrind) instead of CPU time",
+    )
+    args = ap.parse_args()
+    result = ov._arun(run(args))
+    print(json.dumps(result, indent=2) if args.json else table(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Hit rates before and after, per chat template: the figures of docs/rendering.md.
+
+Each row plays one agent session (``prefixgate.traffic.template_sessions``) through the
+real gateway over an engine serving one of the project's own chat templates, and reads
+back the usage, the miss ledger and the doctor's findings from the gateway's store:
+
+- Claude Code's ``<total_tokens>`` reminder (4 turns): a template that keeps system
+  messages in place, the DeepSeek-like template that gathers them at the head (the
+  gateway's defaults, and ``system_in_place: false``), with and without KV events;
+- a thinking tool loop (3 tool results of ~2.5k tokens) then a new user turn: the
+  Qwen3-like template (reasoning rendered only after the last user query), a template
+  that always renders it, and the Qwen3-like one with ``history_thinking: drop``.
+
+The engine is the simulated vLLM (block 32, unlimited KV cache) unless ``--vllm NAME=URL``
+names a real one serving that template (``NAME`` one of hoisting, in_place,
+reasoning_last_query; ``URL`` its ``/v1`` base; started with
+``--chat-template src/prefixgate/data/templates/NAME.jinja`` and
+``--enable-prompt-tokens-details``; its model mapped from the sessions' name to
+``--served-model``); ``--only TEXT`` runs the rows whose case holds TEXT.
+
+With ``--claude``, the rows of the real Claude Code CLI (pinned, reminder on, four turns)
+on the in-place and hoisting templates, defaults and ``system_in_place: false``.
+
+    python benchmarks/rendering.py [--vllm hoisting=http://127.0.0.1:8000/v1 ...] [--json]
+    python benchmarks/rendering.py --claude [--vllm hoisting=URL --vllm in_place=URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from prefixgate.doctor import diagnose
+from prefixgate.traffic.template_sessions import (
+    reminder_session,
+    thinking_loop_session,
+    through_gateway,
+)
+
+MODEL = "claude-haiku-4-5"
+
+
+def _causes(ledgers) -> str:
+    """The causes of the misses of the measured requests, largest first."""
+    total: dict[str, int] = {}
+    for x in ledgers:
+        for cause, n in x.parts().items():
+            if cause not in ("hit", "partial_block") and n:
+                total[cause] = total.get(cause, 0) + n
+    return ", ".join(f"{c} {n:,}" for c, n in sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def _findings(played) -> str:
+    kinds = [f.kind for f in played.diagnosis.findings if f.kind.startswith(("template", "kv"))]
+    return ", ".join(kinds) or "-"
+
+
+def claude_rows(real: dict[str, str], served: str) -> list[dict]:
+    """The real Claude Code CLI (pinned, ``tests/real/harness.py``) with its reminder on,
+    four turns (``-p``, then ``--continue``), through the gateway over the simulated vLLM
+    serving each template, or the real vLLM of ``real`` serving it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.real import harness
+    from tests.real.agents import Claude, stack
+
+    exe = harness.ensure_claude_code(print)
+    env = {
+        "CLAUDE_CODE_TOTAL_TOKENS_REMINDER": "countdown",
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(harness.AGENT_MAX_MODEL_LEN),
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
+    }
+    rows = []
+    cases = [("in_place", {}), ("hoisting", {}), ("hoisting", {"system_in_place": False})]
+    for template, channel in cases:
+        url = real.get(template)
+        where = (
+            {"vllm_url": url.removesuffix("/v1"), "model": served}
+            if url
+            else {"chat_template": template}
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            with stack(folder, channel=channel, **where) as s:
+                cli = Claude(exe, s, folder, **env)
+                for i, prompt in enumerate(
+                    ("say hi", "and once more", "and a third time", "and a last one")
+                ):
+                    cli.run(prompt, resume=i > 0)
+                s.wait_stored()
+            recs = [
+                r
+                for r in s.records("messages")
+                if r.status == 200 and any(x.name == "tools" for x in r.segments_in or ())
+            ]
+            ledgers = s.ledgers(recs)
+            found = [
+                f.kind for f in diagnose(s.dsn).findings if f.kind.startswith(("template", "kv"))
+            ]
+        later = recs[1:]
+        prompt = sum(r.prompt_tokens for r in later)
+        setting = "system_in_place: false" if channel else "defaults"
+        rows.append(
+            {
+                "case": f"Claude Code {harness.CLAUDE_CODE_VERSION}, reminder on, {template} "
+                f"template, {setting}",
+                "engine": "vLLM" if url else "simulated vLLM",
+                "hit": round(100 * sum(r.cached_tokens or 0 for r in later) / prompt, 1),
+                "prompt": prompt,
+                "ledger": _causes(ledgers[1:]) or "-",
+                "source": ledgers[-1].source if ledgers and ledgers[-1] else "-",
+                "doctor": ", ".join(found) or "-",
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm", action="append", default=[], help="NAME=URL of a real vLLM")
+    ap.add_argument("--served-model", default="tiny", help="the real vLLMs' model name")
+    ap.add_argument("--only", default="", help="run only the rows whose case holds this")
+    ap.add_argument("--claude", action="store_true", help="the real Claude Code CLI's rows instead")
+    ap.add_argument("--json", action="store_true", help="rows as JSON lines")
+    args = ap.parse_args(argv)
+    real = dict(v.split("=", 1) for v in args.vllm)
+    if args.claude:
+        return _print(claude_rows(real, args.served_model), args.json)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+
+        def run(label: str, session, template: str, start: int, end, **kw):
+            url = real.get(template)
+            if (url is not None and kw.get("events")) or args.only not in label:
+                return  # the simulated engine's events only
+            if url is not None:
+                kw["model_map"] = {MODEL: args.served_model}
+            played = through_gateway(
+                session, folder / str(len(rows)), template=template, base_url=url, **kw
+            )
+            new = played.usage[start:end]
+            rows.append(
+                {
+                    "case": label,
+                    "engine": "vLLM" if url else "simulated vLLM",
+                    "hit": round(100 * played.hit_rate(start, end), 1),
+                    "prompt": sum(p for p, _ in new),
+                    "ledger": _causes(played.ledgers[start:end]) or "-",
+                    "source": played.ledgers[-1].source if played.ledgers else "-",
+                    "doctor": _findings(played),
+                }
+            )
+
+        for events in (False, True):
+            ev = " (KV events)" if events else ""
+            run(f"reminder, in-place template{ev}", reminder_session(MODEL), "in_place", 1,
+                None, events=events)  # fmt: skip
+            run(f"reminder, hoisting template, defaults{ev}", reminder_session(MODEL),
+                "hoisting", 1, None, events=events)  # fmt: skip
+            run(f"reminder, hoisting template, system_in_place: false{ev}",
+                reminder_session(MODEL), "hoisting", 1, None, events=events,
+                system_in_place=False)  # fmt: skip
+        for events in (False, True):
+            ev = " (KV events)" if events else ""
+            run(f"new user turn after a thinking loop, Qwen3-like template{ev}",
+                thinking_loop_session(MODEL), "reasoning_last_query", -1, None,
+                events=events)  # fmt: skip
+        run("new user turn after a thinking loop, reasoning always rendered",
+            thinking_loop_session(MODEL), "in_place", -1, None)  # fmt: skip
+        run("new user turn after a thinking loop, Qwen3-like, history_thinking: drop",
+            thinking_loop_session(MODEL), "reasoning_last_query", -1, None,
+            history_thinking="drop")  # fmt: skip
+        kept = through_gateway(thinking_loop_session(MODEL), folder / "k", template="in_place")
+        dropped = through_gateway(
+            thinking_loop_session(MODEL), folder / "d", template="in_place", history_thinking="drop"
+        )  # the sizes on the simulated engine
+    _print(rows, args.json)
+    if args.json:
+        return 0
+    k, d = kept.usage[-1][0], dropped.usage[-1][0]
+    print(
+        f"\nreasoning kept in the history: the new user turn's prompt is {k:,} tokens; "
+        f"dropped: {d:,} ({k - d:,} tokens of past reasoning the model no longer sees)"
+    )
+    return 0
+
+
+def _print(rows: list[dict], as_json: bool) -> int:
+    if as_json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print("| case | engine | hit (turns measured) | their prompt tokens | the ledger says | "
+          "ledger source | doctor |")  # fmt: skip
+    print("| --- | --- | ---: | ---: | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['case']} | {r['engine']} | {r['hit']}% | {r['prompt']:,} | {r['ledger']} | "
+              f"{r['source']} | {r['doctor']} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Instructions of each stage of a Claude Code turn, in-process, counted by callgrind.
+
+    python benchmarks/turn_stages.py [--turn 60] [--stages capture,convert,…] [--src DIR]
+
+One session of ``agent_turns.py`` (the traffic generator's Claude Code shape) is run
+through the request path's stages in one process up to turn ``--turn`` - 1 (so the
+session's memories hold what a gateway's would), then each stage is run ten times on turn
+``--turn``, under ``valgrind --tool=callgrind --toggle-collect=builtin_exec*`` (only the
+``exec`` that runs the stage is counted, imports done before it); an empty stage's count
+is subtracted. ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
+does not have are skipped.
+
+Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
+``convert`` (to Chat, alone), ``convert_lent`` (the same lent by the session's previous
+turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
+out and the change memory's comparison), ``model_blocks`` (the ledger's cache-model
+blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPS = 10
+
+
+def inner(turn: int, stage: str) -> None:
+    """Run under valgrind: the session up to ``turn``, then ``stage`` REPS times."""
+    sys.path.insert(0, str(HERE))
+    import agent_turns as at
+    import msgspec
+
+    from prefixgate import hygiene
+    from prefixgate.config import ChannelConfig, Limits
+    from prefixgate.convert.request import ConvertOptions, convert
+    from prefixgate.ledger.cachemodel import model_blocks
+    from prefixgate.protocol.messages_body import decode_messages_body
+    from prefixgate.record.capture import Capturer
+    from prefixgate.record.model import Record
+
+    (session,) = at.sessions(1, turn + 1)
+    sid = session[0][1]["X-Claude-Code-Session-Id"]
+    ch = ChannelConfig(name="fake", base_url="http://127.0.0.1:9/v1")
+    limits, cap, opts = Limits(), Capturer(), ConvertOptions("fake")
+
+    def prep(k: int):
+        raw = session[k][0]
+        body = decode_messages_body(raw, limits)
+        typed = hygiene.apply_typed(body.typed, ch)
+        out = convert(typed, opts)
+        return raw, body, typed, out, msgspec.json.encode(out)
+
+    for k in range(turn):
+        raw, body, typed, out, data = prep(k)
+        cap(Record(request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid),
+            body, out, ch, None, raw, data)  # fmt: skip
+    raw, body, typed, out, data = prep(turn)
+
+    def capture() -> Record:
+        changes = cap.changes
+        kept, size = copy.copy(changes._sessions), changes.bytes
+        rec = Record(request_id="x", received_at=0.0, endpoint="messages", session_id=sid)
+        cap(rec, body, out, ch, None, raw, data)
+        changes._sessions, changes.bytes = kept, size  # the same state every time
+        return rec
+
+    rec = capture()
+    stages = {
+        "empty": lambda: None,
+        "floor": lambda: msgspec.json.encode(msgspec.json.decode(raw)),
+        "decode": lambda: decode_messages_body(raw, limits),
+        "convert": lambda: convert(typed, opts),
+        "encode": lambda: msgspec.json.encode(out),
+        "capture": capture,
+        "model_blocks": lambda: model_blocks(rec.segments_out),
+    }
+    try:
+        from prefixgate.convert.request import SessionTurns
+    except ImportError:
+        pass
+    else:
+        turns, before = SessionTurns(1 << 30), prep(turn - 1)[2]
+        turns.convert(("c", sid), before, opts, 1)
+
+        def convert_lent() -> None:  # lent by turn - 1, then by the same again
+            turns.convert(("c", sid), typed, opts, 1)
+            turns.convert(("c", sid), before, opts, 1)
+
+        stages["convert_lent"] = convert_lent
+    if stage not in stages:
+        print("missing", flush=True)
+        return
+    f = stages[stage]
+    f(), f()  # warm
+    exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
+
+
+def count(turn: int, stage: str, src: Path | None) -> float | None:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=builtin_exec*",
+               f"--callgrind-out-file={tmp}/out", sys.executable, __file__,
+               "--inner", "--turn", str(turn), "--stages", stage]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if "missing" in done.stdout:
+        return None
+    m = re.search(r"Collected : (\d+)", done.stderr)
+    if m is None:
+        raise SystemExit(f"no count from valgrind:\n{done.stderr[-2000:]}")
+    return int(m.group(1)) / REPS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turn", type=int, default=60)
+    ap.add_argument(
+        "--stages",
+        default="floor,decode,convert,convert_lent,encode,capture,model_blocks",
+    )
+    ap.add_argument("--src", type=Path, help="another tree's src directory")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        inner(args.turn, args.stages)
+        return
+    empty = count(args.turn, "empty", args.src)
+    print(f"turn {args.turn}: M instructions a stage (callgrind)")
+    for stage in args.stages.split(","):
+        got = count(args.turn, stage, args.src)
+        if got is None:
+            print(f"{stage:<14}{'(not in this tree)':>20}")
+            continue
+        per = (got - empty) / (2 if stage == "convert_lent" else 1)
+        print(f"{stage:<14}{per / 1e6:>10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

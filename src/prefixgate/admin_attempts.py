@@ -1,0 +1,121 @@
+"""Guessing the admin key, bounded: every admin credential check (``Authorization`` or
+``x-api-key`` on ``/metrics``, ``/healthz?details``, the dashboard and its JSON API, and
+the login form) counts its failures per client address and in all.
+
+- Past ``per_address`` failures within ``window`` seconds, an address is answered 429
+  (with ``retry-after``) without its key being looked at, until its oldest failure ages out.
+- Past ``in_all`` failures within the window from every address together (many addresses
+  guessing), only addresses where the admin key was right within the last day are still
+  checked: the real admin keeps working while the guessing is refused.
+- Behind a proxy every client has the proxy's address: :func:`client_address` reads the
+  client's own from ``X-Forwarded-For`` when the connection comes from one of
+  ``server.trusted_proxies``, so that one guesser does not lock the admin out.
+
+The counts are in memory, per worker process; their memory is bounded (``max_addresses``
+addresses, the oldest forgotten first).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+from prefixgate.errors import RateLimited
+
+REMEMBER_GOOD = 86400.0  # s an address where the admin key was right stays trusted
+
+
+class AdminAttempts:
+    def __init__(
+        self,
+        per_address: int = 10,
+        in_all: int = 100,
+        window: float = 60.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_addresses: int = 10_000,
+    ) -> None:
+        self.per_address = per_address
+        self.in_all = in_all
+        self.window = window
+        self.clock = clock
+        self.max_addresses = max_addresses
+        self._failed: OrderedDict[str, deque[float]] = OrderedDict()
+        self._all: deque[float] = deque(maxlen=in_all)
+        self._good: OrderedDict[str, float] = OrderedDict()
+
+    def check(self, address: str) -> None:
+        """Raise :class:`RateLimited` when ``address`` may not try a key now."""
+        now = self.clock()
+        failed = self._failed.get(address)
+        if failed is not None:
+            _age(failed, now - self.window)
+            if len(failed) >= self.per_address:
+                raise RateLimited(
+                    "too many wrong admin keys from this address: wait a minute",
+                    retry_after=max(1.0, failed[0] + self.window - now),
+                )
+        _age(self._all, now - self.window)
+        if len(self._all) >= self.in_all and not self._trusted(address, now):
+            raise RateLimited(
+                "too many wrong admin keys from everywhere: wait a minute",
+                retry_after=max(1.0, self._all[0] + self.window - now),
+            )
+
+    def failed(self, address: str) -> None:
+        now = self.clock()
+        failed = self._failed.pop(address, None)
+        if failed is None:
+            failed = deque(maxlen=self.per_address)
+            if len(self._failed) >= self.max_addresses:
+                self._failed.popitem(last=False)
+        self._failed[address] = failed  # the most recent last
+        failed.append(now)
+        self._all.append(now)
+
+    def succeeded(self, address: str) -> None:
+        self._good.pop(address, None)
+        self._good[address] = self.clock()
+        if len(self._good) > self.max_addresses:
+            self._good.popitem(last=False)
+
+    def _trusted(self, address: str, now: float) -> bool:
+        seen = self._good.get(address)
+        return seen is not None and now - seen < REMEMBER_GOOD
+
+
+def _age(times: deque[float], before: float) -> None:
+    while times and times[0] <= before:
+        times.popleft()
+
+
+def client_address(scope: dict, trusted: tuple = ()) -> str:
+    """The client's address: the connection's peer, or, when the peer is a trusted proxy,
+    the nearest address in ``X-Forwarded-For`` that is not one."""
+    client = scope.get("client")
+    peer = client[0] if client else "unknown"
+    if not trusted or not _within(peer, trusted):
+        return peer
+    hops: list[str] = []
+    for name, value in scope.get("headers", ()):
+        if name == b"x-forwarded-for":
+            hops += [h.strip() for h in value.decode("latin-1").split(",")]
+    for hop in reversed(hops):
+        if not _within(hop, trusted):
+            return hop
+    return peer
+
+
+def _within(address: str, networks: tuple) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
+
+
+def networks(specs: list[str]) -> tuple:
+    """``server.trusted_proxies`` (addresses or CIDR blocks) as networks."""
+    return tuple(ipaddress.ip_network(s, strict=False) for s in specs)

@@ -1,0 +1,128 @@
+"""Later system messages delivered so that they render where the client put them.
+
+Claude Code sends ``role: system`` messages in the middle of a conversation (its
+environment, and with the ``<total_tokens>`` reminder on, a new one after every user
+prompt and tool result, earlier ones unchanged). The gateway keeps them in place. But the
+chat templates of the DeepSeek family gather *every* system message into one system
+prompt at the head of the prompt, so each new one changes the head and the engine
+recomputes the whole conversation at every turn (docs/rendering.md).
+
+For an upstream whose template was seen to do that (:mod:`prefixgate.upstream.order`),
+each system message after the conversation's start is delivered as a clearly marked part
+of the client's turn it follows, which the template renders in place::
+
+    <system>
+    …the system message's text…
+    </system>
+
+- after a user message: appended to it (a text block of its own, or after a blank line
+  when its content is a string);
+- after anything else (an assistant turn, or a user turn of tool results only): a user
+  message of its own holding just that.
+
+What the model is told is the same text, at the same place in the conversation, marked
+as the system's. The leading system messages (the system prompt) are untouched, and an
+empty system message, which tells the model nothing, is left out. The transform of a
+message depends only on the messages before it, so a later request, which appends to the
+conversation, renders every earlier turn exactly as before.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from prefixgate.protocol.messages_body import Message, Request, TextBlock
+
+__all__ = ["OPEN", "CLOSE", "system_in_place", "system_in_place_typed"]
+
+OPEN = "<system>\n"
+CLOSE = "\n</system>"
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+def _leading(roles: list[str]) -> int:
+    """How many messages open the conversation as system messages."""
+    n = 0
+    while n < len(roles) and roles[n] == "system":
+        n += 1
+    return n
+
+
+# -- the typed request (the gateway's path) ----------------------------------------------
+def _typed_text(m: Message) -> str:
+    if type(m.content) is str:
+        return m.content
+    return "\n".join(_decode(b.text) for b in m.content if type(b) is TextBlock)
+
+
+def system_in_place_typed(req: Request) -> tuple[Request, bool]:
+    """``req`` with its later system messages moved into the client's turns."""
+    messages = req.messages
+    lead = _leading([m.role for m in messages])
+    if not any(m.role == "system" for m in messages[lead:]):
+        return req, False
+    out: list[Message] = list(messages[:lead])
+    for m in messages[lead:]:
+        if m.role != "system":
+            out.append(m)
+            continue
+        text = _typed_text(m)
+        if not text:
+            continue
+        marked = OPEN + text + CLOSE
+        prev = out[-1] if len(out) > lead else None
+        if prev is not None and prev.role == "user":
+            if type(prev.content) is str:
+                content: str | list = prev.content + "\n\n" + marked
+            else:
+                content = [*prev.content, TextBlock(msgspec.Raw(_encode(marked)))]
+            out[-1] = Message("user", content)
+        else:
+            out.append(Message("user", marked))
+    return msgspec.structs.replace(req, messages=out), True
+
+
+# -- a plain request (count_tokens) -----------------------------------------------------
+def _plain_text(m: dict) -> str:
+    content = m.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(b.get("text", ""))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return ""
+
+
+def system_in_place(body: dict) -> tuple[dict, bool]:
+    """:func:`system_in_place_typed` for a plain Messages request."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return body, False
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    lead = _leading(roles)
+    if "system" not in roles[lead:]:
+        return body, False
+    out: list = list(messages[:lead])
+    for m, role in zip(messages[lead:], roles[lead:], strict=True):
+        if role != "system":
+            out.append(m)
+            continue
+        text = _plain_text(m)
+        if not text:
+            continue
+        marked = OPEN + text + CLOSE
+        prev = out[-1] if len(out) > lead else None
+        if isinstance(prev, dict) and prev.get("role") == "user":
+            content = prev.get("content")
+            if isinstance(content, list):
+                new = [*content, {"type": "text", "text": marked}]
+            else:
+                new = (content if isinstance(content, str) else "") + "\n\n" + marked
+            out[-1] = {**prev, "content": new}
+        else:
+            out.append({"role": "user", "content": marked})
+    return {**body, "messages": out}, True

@@ -1,0 +1,66 @@
+"""The Messages → Chat conversion lent a session's previous turn (``SessionTurns``): the
+same output as converting alone, what is lent is what was equal, and the memory is
+bounded."""
+
+from __future__ import annotations
+
+import json
+
+from prefixgate.config import Limits
+from prefixgate.convert.request import ConvertOptions, SessionTurns, convert, plain
+from prefixgate.protocol.messages_body import decode_messages_body
+
+
+def _typed(body: dict):
+    raw = json.dumps(body).encode()
+    return decode_messages_body(raw, Limits()).typed, len(raw)
+
+
+def _turn(n: int, tag: str = "") -> dict:
+    messages = []
+    for i in range(n):
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"q{i}{tag}"}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"a{i}"},
+                    {"type": "tool_use", "id": f"t{i}", "name": "Read", "input": {"i": i}},
+                ],
+            }
+        )
+    messages.append(
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t0", "content": "r"}]}
+    )
+    return {"model": "m", "max_tokens": 10, "messages": messages}
+
+
+def test_a_turn_converts_as_alone_and_borrows_only_what_is_equal():
+    turns = SessionTurns(1 << 20)
+    opts = ConvertOptions("u")
+    first = turns.convert(("ch", "s"), *_typed(_turn(3))[:1], opts, 100)
+    typed, size = _typed(_turn(4))
+    second = turns.convert(("ch", "s"), typed, opts, size)
+    assert plain(second) == plain(convert(typed, opts))
+    lent = [m for m in second["messages"] if any(m is f for f in first["messages"])]
+    assert len(lent) == 6  # the three exchanges re-sent; the new ones and the edit not
+    edited, size = _typed(_turn(4, tag=" (edited)"))
+    third = turns.convert(("ch", "s"), edited, opts, size)
+    assert plain(third) == plain(convert(edited, opts))
+    assert not any(
+        m is s for m in third["messages"] if m["role"] == "user" for s in second["messages"]
+    )
+    other = ConvertOptions("u", history_thinking="drop")
+    assert plain(turns.convert(("ch", "s"), edited, other, size)) == plain(convert(edited, other))
+
+
+def test_the_memory_keeps_within_its_budget():
+    typed, size = _typed(_turn(2))
+    turns = SessionTurns(2 * (size + SessionTurns.ENTRY))
+    for s in range(5):
+        turns.convert(("ch", str(s)), typed, ConvertOptions("u"), size)
+        assert turns.bytes <= turns.budget
+    assert len(turns) == 2
+    none = SessionTurns(0)
+    none.convert(("ch", "s"), typed, ConvertOptions("u"), size)
+    assert len(none) == 0 and none.bytes == 0
