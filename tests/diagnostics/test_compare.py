@@ -80,3 +80,40 @@ def test_a_shorter_request_dropped_the_tail():
     at = diverge(prev, SYSTEM + TOOLS + TURN)
     assert (at.part, at.segment, at.missed_tokens) == ("messages", None, 0)
     assert at.prefix_tokens == tokens(SYSTEM + TOOLS + TURN) == 200
+
+
+def test_a_template_that_hoists_puts_later_system_messages_in_the_system_prompt():
+    talk = [
+        *TURN,
+        seg("message", "messages[1]:assistant", "m1"),
+        seg("message", "messages[2]:system", "r1", 5),
+        seg("message", "messages[3]:user", "m3"),
+    ]
+    received = SYSTEM + TOOLS + talk
+    assert engine_order(received, tools_first=False) is received  # in place: nothing to do
+    names = [s.name for s in engine_order(received, tools_first=False, hoists_system=True)]
+    assert names == [
+        "system[0]",
+        "system[1]",
+        "messages[2]:system@head",
+        "tools",
+        "read",
+        "grep",
+        "messages[0]:user",
+        "messages[1]:assistant",
+        "messages[3]:user",
+    ]
+    # the next turn's new system message is a change of the system prompt, before the talk
+    later = received + [
+        seg("message", "messages[4]:assistant", "m4"),
+        seg("message", "messages[5]:system", "r2", 5),
+    ]
+    at = diverge(
+        engine_order(received, tools_first=True, hoists_system=True),
+        engine_order(later, tools_first=True, hoists_system=True),
+    )
+    assert (at.part, at.segment) == ("system", "messages[5]:system@head")
+    assert at.prefix_tokens == 50 + 100 + 20 + 5  # tools, the system prompt, the first one
+    assert at.missed_tokens == 30 + 10 + 10  # the whole conversation after it
+    # kept in place, the same turn only appended
+    assert diverge(received, later) is None

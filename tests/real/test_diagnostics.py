@@ -3,7 +3,8 @@ gateway and the official Anthropic SDK: a conversation's second turn only append
 other conversations took the small KV cache (48 blocks of 32 tokens) in between. The
 standard object says no divergence (nothing in the request changed), the extension's
 engine figures at the end of the stream show what vLLM recomputed, and the ledger read by
-the answer's id books it as evicted: the same ledger as the store's.
+the answer's id books it as evicted: the same ledger as the store's, and the same as the
+one the stream's ``message_delta`` carried (computed when vLLM's usage arrived).
 
 Between requests the test waits until the index holds every full block of the prompt the
 engine was just sent (its token ids from vLLM's ``/tokenize`` of the converted request),
@@ -101,3 +102,8 @@ def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None
     assert engine["missed_tokens"] == engine["prompt_tokens"] - ledger["parts"]["hit"]
     with open_store(dsn) as store:
         assert store.get_ledger(second.id.removeprefix("msg_")).parts() == ledger["parts"]
+        stored = store.get_ledger(second.id.removeprefix("msg_")).as_dict()
+    # the same ledger came at the stream's end, computed when vLLM's usage arrived
+    at_end = getattr(delta, EXTENSION)["ledger"]
+    say(f"ledger at the stream's end: {at_end['parts']}")
+    assert at_end == stored and at_end["parts"] == ledger["parts"]

@@ -19,12 +19,22 @@ from prefixgate.record.model import Segment
 PART = {"tools": "tools", "tool": "tools", "system": "system", "message": "messages"}
 
 
-def engine_order(segments: list[Segment], *, tools_first: bool) -> list[Segment]:
+AT_HEAD = "@head"  # a later system message the template renders at the head
+
+
+def engine_order(
+    segments: list[Segment], *, tools_first: bool, hoists_system: bool = False
+) -> list[Segment]:
     """A request's segments as received (named as the client named them) in the order
     the engine's chat template renders them: the tools (the ``tools`` list, then each
     ``tool``) before or after the leading system prompt (the channel's learned
-    ``render_order``), then the conversation. The list itself when it is in that order
-    already (only its head, before the first message, is read to know)."""
+    ``render_order``), then the conversation. With ``hoists_system`` (a template that
+    gathers every ``role: system`` message into the system prompt, and a channel that
+    delivers them as they came), each later system message is part of the system prompt,
+    after its leading segments, named ``…:system@head``. The list itself when it is in
+    that order already (only its head, before the first message, is read to know)."""
+    if hoists_system:
+        segments = _hoisted(segments)
     first_tools = first_system = None
     head = 0
     for s in segments:
@@ -45,6 +55,28 @@ def engine_order(segments: list[Segment], *, tools_first: bool) -> list[Segment]
     system = [s for s in segments[:head] if s.kind == "system"]
     front = tools + system if tools_first else system + tools
     return front + segments[head:]
+
+
+def _hoisted(segments: list[Segment]) -> list[Segment]:
+    """Later system messages moved to the end of the leading system segments."""
+    later = [
+        i for i, s in enumerate(segments) if s.kind == "message" and s.name.endswith(":system")
+    ]
+    if not later:
+        return segments
+    moved = [
+        Segment("system", s.name + AT_HEAD, s.hash, s.chars, s.tokens)
+        for s in (segments[i] for i in later)
+    ]
+    gone = set(later)
+    keep = [s for i, s in enumerate(segments) if i not in gone]
+    at = 0
+    for i, s in enumerate(keep):
+        if s.kind == "message":
+            break
+        if s.kind == "system":
+            at = i + 1
+    return keep[:at] + moved + keep[at:]
 
 
 class Divergence(NamedTuple):

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from prefixgate.diagnostics.compare import Divergence, diverge, engine_order, tokens
+from prefixgate.diagnostics.compare import AT_HEAD, Divergence, diverge, engine_order, tokens
 from prefixgate.record.model import Record
 
 EXTENSION = "prefixgate_diagnostics"  # the key of the extension on every answer
@@ -74,16 +74,19 @@ def judge(
     *,
     api: str,
     tools_first: bool,
+    hoists_system: bool = False,
     found_in: str | None = None,
 ) -> Verdict:
     """Compare ``cur`` with the earlier request ``prev`` (None: not found) for ``api``
-    (``anthropic`` | ``responses`` | ``chat``)."""
+    (``anthropic`` | ``responses`` | ``chat``), both in the engine's order
+    (:func:`~prefixgate.diagnostics.compare.engine_order`: ``tools_first``,
+    ``hoists_system``)."""
     if prev is None or scope(prev) != scope(cur):
         return Verdict(NOT_FOUND)  # another owner's id says nothing, not even that it exists
     if not prev.segments_in or not cur.segments_in:
         return Verdict(UNAVAILABLE, found_in=found_in)
-    before = engine_order(prev.segments_in, tools_first=tools_first)
-    now = engine_order(cur.segments_in, tools_first=tools_first)
+    before = engine_order(prev.segments_in, tools_first=tools_first, hoists_system=hoists_system)
+    now = engine_order(cur.segments_in, tools_first=tools_first, hoists_system=hoists_system)
     real = prev.prompt_tokens
     estimate = None
 
@@ -181,18 +184,26 @@ def extension(v: Verdict, rec: Record, compared_with: str | None) -> dict:
     change, where the earlier request was found, and the fix."""
     out: dict = {"compared_with": compared_with, "answer": v.answer, "found_in": v.found_in}
     if v.at is not None:
+        segment = v.at.segment
+        moved = segment is not None and segment.endswith(AT_HEAD)
+        if moved:
+            segment = segment.removesuffix(AT_HEAD)
         out["changed"] = {
             "part": v.at.part,
-            "segment": v.at.segment,
+            "segment": segment,
             "upstream_segment": v.upstream,
             "prefix_tokens": v.reusable,
             "missed_tokens": v.missed,
         }
+        if moved:
+            # a role: system message later in the conversation, which the upstream's
+            # template renders in the system prompt at the head
+            out["changed"]["moved_by_template"] = "head"
         if v.upstream is None and rec.segments_out:
             # the client's request changed, the prompt sent upstream did not (hygiene)
             out["changed"]["reached_engine"] = False
         change = rec.change
-        if change is not None and change.segment == v.at.segment:
+        if change is not None and change.segment == segment:
             out["changed"]["class"] = change.cls
             if change.shape is not None:
                 out["changed"]["shape"] = _shape(change.shape)
@@ -208,7 +219,17 @@ def _shape(shape) -> dict:
     return msgspec.to_builtins(shape)
 
 
+_MOVED_FIX = (
+    "the upstream's chat template moves every role: system message to the head of the"
+    " prompt, so each new one changes the cached prefix: turn on system_in_place for this"
+    " channel (the gateway then delivers them where the client put them), or have the"
+    " client send them inside its user turns"
+)
+
+
 def _fix(v: Verdict, rec: Record) -> str | None:
+    if v.at is not None and v.at.segment is not None and v.at.segment.endswith(AT_HEAD):
+        return _MOVED_FIX
     change = rec.change
     if (
         v.at is not None
@@ -222,8 +243,8 @@ def _fix(v: Verdict, rec: Record) -> str | None:
 
 def engine_truth(prompt: int | None, cached: int | None) -> dict:
     """What the engine said at the end of the answer: its prompt and cached tokens (the
-    miss ledger, which splits the rest by cause from the KV events, comes after the
-    answer: ``GET /v1/diagnostics/{id}``)."""
+    miss ledger, which splits the rest by cause, goes beside it: ``pipeline/diagnose.py``
+    ``extension_tail``)."""
     out: dict = {"prompt_tokens": prompt, "cached_tokens": cached}
     if prompt:
         out["missed_tokens"] = prompt - (cached or 0)

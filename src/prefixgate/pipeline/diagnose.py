@@ -18,9 +18,10 @@ import asyncio
 from prefixgate.diagnostics import verdict as vd
 from prefixgate.diagnostics.lookup import LookupFailed
 from prefixgate.diagnostics.request import request_id_of
+from prefixgate.hygiene import keeps_system_in_place
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.record.model import Diagnosis
-from prefixgate.upstream.order import render_order
+from prefixgate.upstream.order import rendering_of
 from prefixgate.usage import Usage
 
 _API = {"messages": "anthropic", "responses": "responses", "chat": "chat"}
@@ -63,12 +64,16 @@ async def diagnose(x: Exchange) -> None:
     elif failed:
         verdict = vd.Verdict(vd.UNAVAILABLE)
     else:
+        rendering = rendering_of(ch)
         verdict = vd.judge(
             prev,
             rec,
             x.params,
             api=_API[rec.endpoint],
-            tools_first=render_order(ch) == "tools_first",
+            tools_first=rendering.tools == "tools_first",
+            # the template moves later system messages to the head, unless the channel
+            # delivers them inside the turns (hygiene/system_in_place.py)
+            hoists_system=rendering.hoists_system and not keeps_system_in_place(ch),
             found_in=where,
         )
     x.verdict = verdict
@@ -91,9 +96,15 @@ def extension_head(x: Exchange) -> dict:
 
 
 def extension_tail(x: Exchange, usage: Usage) -> dict:
-    """The extension at the end of the answer: the structural part and the engine's
-    figures."""
-    return {
+    """The extension at the end of the answer: the structural part, the engine's figures
+    and the miss ledger (computed by :meth:`Exchange.settle` before the end; left out
+    when there is none, or it was not ready in time)."""
+    out = {
         **extension_head(x),
         "engine": vd.engine_truth(usage.prompt_tokens, usage.cached_tokens),
     }
+    fut = x.ledger
+    ledger = fut.result() if fut is not None and fut.done() else None
+    if ledger is not None:
+        out["ledger"] = ledger.as_dict()
+    return out

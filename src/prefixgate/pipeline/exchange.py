@@ -26,6 +26,8 @@ from prefixgate.identify import client_of
 from prefixgate.record import Record
 from prefixgate.record.reason import failed
 
+SETTLE_WAIT = 3.0  # seconds an answer that asked waits for its miss ledger at its end
+
 if TYPE_CHECKING:
     from starlette.requests import Request
 
@@ -87,6 +89,7 @@ class Exchange:
         "params",
         "prev",
         "verdict",
+        "ledger",
     )
 
     def __init__(self, gateway: Gateway, request: Request, endpoint: Endpoint) -> None:
@@ -130,6 +133,9 @@ class Exchange:
         self.params: dict[str, str] = {}
         self.prev: tuple | None = None
         self.verdict: Verdict | None = None
+        # its miss ledger, computed before the answer's end when the client asked
+        # (:meth:`settle`): resolved with the Ledger, or None when there is none
+        self.ledger: asyncio.Future | None = None
 
     @property
     def channel(self) -> ChannelConfig:
@@ -196,10 +202,42 @@ class Exchange:
             blocks = self.target.blocks if self.target is not None else None
             if rec.diagnosis is not None:  # its ledger is kept for GET /v1/diagnostics/{id}
                 span = gw.fingerprints.ledger_then(rec, span)
-            gw.ledger.feed(rec, self.out, span, blocks=blocks)
+            if self.ledger is not None:  # fed already (settle): those waiting hear of it
+                if span is not None:
+                    self.ledger.add_done_callback(_then(span, gw))
+            else:
+                gw.ledger.feed(rec, self.out, span, blocks=blocks)
         except Exception:  # the record must never break the request path
             gw.log.exception("recorder refused a record")
         gw.done_with(live)
+
+    async def settle(self, usage: Usage, wait: float | None = None) -> None:
+        """For a request that asked why its cache missed: its miss ledger computed now,
+        once the engine's usage is known and before the answer's last bytes go out, so
+        that the answer's end can carry it. The request goes to the ledger worker's queue
+        as its finish would send it (one computation, in the order of the requests: the
+        one the answer shows is the one stored); the answer waits for it at most ``wait``
+        seconds (:data:`SETTLE_WAIT`; then the answer goes without it and the ledger is
+        still computed and kept)."""
+        if self.verdict is None or self.ledger is not None or usage.prompt_tokens is None:
+            return
+        rec, gw = self.record, self.gateway
+        rec.prompt_tokens, rec.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(ledger) -> None:
+            if not fut.done():
+                fut.set_result(ledger)
+
+        blocks = self.target.blocks if self.target is not None else None
+        try:
+            gw.ledger.feed(rec, self.out, done, blocks=blocks)
+        except Exception:  # the ledger must never break the request path
+            gw.log.exception("ledger worker refused a request")
+            return
+        self.ledger = fut
+        if not fut.done():
+            await asyncio.wait((fut,), timeout=SETTLE_WAIT if wait is None else wait)
 
     def release_channel(self) -> None:
         """Give back the channel's admission slot (the request is done with the target)."""
@@ -213,6 +251,18 @@ class Exchange:
         if self.upstream is not None:
             await self.upstream.aclose()
         self.finish(usage)
+
+
+def _then(then: Callable, gw: Gateway) -> Callable[[asyncio.Future], None]:
+    """A ledger future's callback that hands its ledger to ``then``."""
+
+    def call(fut: asyncio.Future) -> None:
+        try:
+            then(fut.result())
+        except Exception:  # whoever waits must never break the request path
+            gw.log.exception("a ledger's callback failed")
+
+    return call
 
 
 def error_response(

@@ -52,6 +52,7 @@ async def relay_messages(x: Exchange) -> Response:
         return anthropic_passthrough(x)
     if x.record.stream:
         return messages_stream(x)
+    await settle_once(x)
     return messages_once(x)
 
 
@@ -59,7 +60,15 @@ async def relay_chat(x: Exchange) -> Response:
     """OpenAI out: the chat answer passed through, the public model name restored."""
     if x.record.stream:
         return chat_stream(x)
+    await settle_once(x)
     return chat_once(x)
+
+
+async def settle_once(x: Exchange) -> None:
+    """A whole answer to a request that asked: its miss ledger computed before it is
+    made (from the engine's usage in the chat completion), for the extension."""
+    if x.verdict is not None and isinstance(x.first, dict):
+        await x.settle(Usage.from_openai(x.first.get("usage")))
 
 
 def _json(data: bytes) -> dict:
@@ -428,7 +437,8 @@ class Stream:
             ext = scope.get("extensions")
             client = ext.get("prefixgate.splice") if ext else None
             spliceable = getattr(x.upstream, "spliceable", None)
-            if client is not None and spliceable is not None:
+            if client is not None and spliceable is not None and x.verdict is None:
+                # (a request that asked is pumped: its end waits for its miss ledger)
                 client.start(self.status_code, self.raw_headers)
                 await Splice(relay, client, spliceable(), x.channel.timeouts.idle).run(x.first)
             else:
@@ -446,12 +456,16 @@ class Stream:
                 while True:
                     out = relay.feed(chunk)
                     if relay.done:
+                        if x.verdict is not None:
+                            await x.settle(relay.usage)
                         last, rest = out + relay.end(), True
                         break
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     chunk = await upstream.next(idle)
                     if chunk is None:
+                        if x.verdict is not None:
+                            await x.settle(relay.usage)
                         last = relay.end()
                         break
             except GatewayError as e:

@@ -30,7 +30,14 @@ from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.identify import session_of_responses
 from prefixgate.pipeline.diagnose import extension_head, extension_tail, look_up
 from prefixgate.pipeline.exchange import Exchange
-from prefixgate.pipeline.relays import Answer, Converted, Stream, _reported, passthrough
+from prefixgate.pipeline.relays import (
+    Answer,
+    Converted,
+    Stream,
+    _reported,
+    passthrough,
+    settle_once,
+)
 from prefixgate.pipeline.steps import _decoded
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.responses import decode_responses_body
@@ -94,6 +101,7 @@ async def relay_responses(x: Exchange) -> Response:
         return passthrough(x, _responses_usage, _failed_event)
     if x.record.stream:
         return responses_stream(x)
+    await settle_once(x)
     return responses_once(x)
 
 
