@@ -14,12 +14,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from prefixgate.record.model import Segment
+from prefixgate.record.rendered import hoisted
 
 # What a segment is, as the vendors' reasons name it.
 PART = {"tools": "tools", "tool": "tools", "system": "system", "message": "messages"}
-
-
-AT_HEAD = "@head"  # a later system message the template renders at the head
 
 
 def engine_order(
@@ -34,7 +32,7 @@ def engine_order(
     after its leading segments, named ``…:system@head``. The list itself when it is in
     that order already (only its head, before the first message, is read to know)."""
     if hoists_system:
-        segments = _hoisted(segments)
+        segments = hoisted(segments)
     first_tools = first_system = None
     head = 0
     for s in segments:
@@ -55,28 +53,6 @@ def engine_order(
     system = [s for s in segments[:head] if s.kind == "system"]
     front = tools + system if tools_first else system + tools
     return front + segments[head:]
-
-
-def _hoisted(segments: list[Segment]) -> list[Segment]:
-    """Later system messages moved to the end of the leading system segments."""
-    later = [
-        i for i, s in enumerate(segments) if s.kind == "message" and s.name.endswith(":system")
-    ]
-    if not later:
-        return segments
-    moved = [
-        Segment("system", s.name + AT_HEAD, s.hash, s.chars, s.tokens)
-        for s in (segments[i] for i in later)
-    ]
-    gone = set(later)
-    keep = [s for i, s in enumerate(segments) if i not in gone]
-    at = 0
-    for i, s in enumerate(keep):
-        if s.kind == "message":
-            break
-        if s.kind == "system":
-            at = i + 1
-    return keep[:at] + moved + keep[at:]
 
 
 class Divergence(NamedTuple):

@@ -17,8 +17,9 @@ from typing import NamedTuple
 
 import msgspec
 
-from prefixgate.diagnostics.compare import AT_HEAD, Divergence, diverge, engine_order, tokens
+from prefixgate.diagnostics.compare import Divergence, diverge, engine_order, tokens
 from prefixgate.record.model import Record
+from prefixgate.record.rendered import AT_HEAD
 
 EXTENSION = "prefixgate_diagnostics"  # the key of the extension on every answer
 

@@ -31,7 +31,7 @@ from prefixgate.record.model import Segment
 from prefixgate.record.segments import _segment, _sink, _strip, canonical_json
 from prefixgate.upstream.rendering import Rendering
 
-__all__ = ["AT_HEAD", "NO_REASONING", "rendered_segments"]
+__all__ = ["AT_HEAD", "NO_REASONING", "hoisted", "rendered_segments"]
 
 AT_HEAD = "@head"  # a later system message the template renders at the head
 NO_REASONING = "/no-reasoning"  # an assistant message the template renders without reasoning
@@ -70,11 +70,13 @@ def rendered_segments(
     if rendering.drops_past_reasoning and isinstance(messages, list):
         out = _without_past_reasoning(out, messages, texts, known)
     if rendering.hoists_system:
-        out = _hoisted(out)
+        out = hoisted(out)
     return out
 
 
-def _hoisted(segments: list[Segment]) -> list[Segment]:
+def hoisted(segments: list[Segment]) -> list[Segment]:
+    """Later system messages moved into the system prompt, as a hoisting template renders
+    them (named ``…@head``)."""
     later = [
         i for i, s in enumerate(segments) if s.kind == "message" and s.name.endswith(":system")
     ]
