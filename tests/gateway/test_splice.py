@@ -108,8 +108,10 @@ def test_a_client_that_stops_reading_stops_the_upstream(gateway, upstream):
     reading the upstream once the buffers on the way are full (a few MiB of a 64 MiB
     answer), and relays the rest, whole, once the client reads again. The time the
     upstream is not read for the client's sake is not the upstream's idling: a short idle
-    timeout does not cut the stream."""
-    gw = gateway({"timeouts": {"idle": 0.3}})
+    timeout does not cut the stream: the client is still for twice that timeout, and the
+    timeout is long enough that a busy machine's upstream (a thread here) is never that
+    slow between two chunks once the client reads again."""
+    gw = gateway({"timeouts": {"idle": 1.0}})
     stream = Counted(1024, 64 * 1024)
     upstream.script = lambda b: Reply(raw_stream=stream)
     host, port = gw.url.removeprefix("http://").split(":")
@@ -120,7 +122,7 @@ def test_a_client_that_stops_reading_stops_the_upstream(gateway, upstream):
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(body), body)
         )
-        held = _settle(lambda: stream.taken)
+        held = _settle(lambda: stream.taken, still=2.0)
         assert held < 256, f"the upstream wrote {held} of 1024 chunks to a client not reading"
         got = bytearray()
         while chunk := s.recv(1 << 20):
