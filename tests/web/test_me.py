@@ -11,9 +11,8 @@ import httpx
 import openai
 
 from tests.web.conftest import ADMIN_KEY
-from tests.web.test_browser import Page
 from tests.web.test_browser import browser as browser  # the Chromium fixture
-from tests.web.test_console import ADMIN
+from tests.web.test_console import ADMIN, signed_in
 from tests.web.test_console import console as console  # the gateway with store keys
 
 
@@ -114,12 +113,8 @@ def test_a_holder_signs_in_and_sees_only_their_own(browser, console):
     bobs = _use(url, bob, "bob-s1", 1)
     _recorded(url, alice, 2)
     _recorded(url, bob, 1)
-    p = Page(browser, url)
+    p = signed_in(browser, url, "/dashboard/login", alice, "#me[data-key=alice]")
     pg = p.page
-    pg.goto(url + "/dashboard/login")
-    pg.fill("input[name=key]", alice)
-    pg.click("button[type=submit]")
-    pg.wait_for_selector("#me[data-key=alice]")
     assert pg.url == url + "/dashboard/me"
     sessions = pg.locator("table.my-sessions").inner_text()
     assert "alice-s1" in sessions and "bob" not in pg.content()

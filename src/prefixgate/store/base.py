@@ -152,6 +152,15 @@ class Store(abc.ABC):
         there is no active key of that name."""
         raise NotImplementedError(f"{type(self).__name__} has no rotate_key")
 
+    def set_owner_budgets(self, owner: str, budgets: Iterable[str]) -> None:
+        """Give ``owner`` these budgets (none: the owner has no budget of the store's, the
+        config's apply again)."""
+        raise NotImplementedError(f"{type(self).__name__} has no owner budgets")
+
+    def list_owner_budgets(self) -> dict[str, tuple[str, ...]]:
+        """Every owner given budgets in the store: owner -> budget lines."""
+        raise NotImplementedError(f"{type(self).__name__} has no owner budgets")
+
     def add_audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         """Append one entry to the audit log (never a secret in it)."""
         raise NotImplementedError(f"{type(self).__name__} has no audit log")

@@ -23,6 +23,15 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation,
     budgets (a JSON list of lines such as ``"50 USD/month"``).
 
+``owner_budgets``
+    Budgets an owner (a team or person owning several keys) was given in the console: the
+    owner, its budget lines (JSON, as for a key) and when they were set. They take the
+    place of the config's ``budgets.owners`` for that owner.
+
+``admin_failures``, ``admin_good``
+    Wrong admin keys per client address and when each address last gave the right one
+    (:mod:`prefixgate.admin_attempts`): in the store, so the bound holds across workers.
+
 ``dashboard_sessions``, ``dashboard_logins``
     The dashboard's admin sessions: the SHA-256 digest of each session's random token (never
     the token), a fingerprint of the admin key it was opened with, and its times; and recent
@@ -267,6 +276,18 @@ def _migration_10(dialect: str) -> list[str]:
     ]
 
 
+def _migration_11(dialect: str) -> list[str]:
+    # Owners' budgets set in the console (web/console.py), and the admin credential checks'
+    # failures and good addresses (admin_attempts.py), shared by every worker and replica.
+    real = TYPES[dialect]["real_notnull"]
+    return [
+        f"CREATE TABLE owner_budgets (owner TEXT PRIMARY KEY, budgets TEXT NOT NULL, at {real})",
+        f"CREATE TABLE admin_failures (address TEXT NOT NULL, at {real})",
+        "CREATE INDEX admin_failures_at ON admin_failures (at)",
+        f"CREATE TABLE admin_good (address TEXT PRIMARY KEY, at {real})",
+    ]
+
+
 # Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
 # first were; later ones add to them.
 MIGRATIONS = [
@@ -280,6 +301,7 @@ MIGRATIONS = [
     _migration_8,
     _migration_9,
     _migration_10,
+    _migration_11,
 ]
 LATEST_VERSION = len(MIGRATIONS)
 LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table

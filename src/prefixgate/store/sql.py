@@ -283,6 +283,22 @@ class SqlStore(SessionQueries, Store):
             )
             return cur.rowcount > 0
 
+    def set_owner_budgets(self, owner: str, budgets: Iterable[str]) -> None:
+        lines = list(budgets)
+        p = self.ph
+        with self._transaction(exclusive=True) as cur:
+            cur.execute(f"DELETE FROM owner_budgets WHERE owner = {p}", (owner,))
+            if lines:
+                cur.execute(
+                    f"INSERT INTO owner_budgets (owner, budgets, at) VALUES ({p}, {p}, {p})",
+                    (owner, json.dumps(lines), time.time()),
+                )
+
+    def list_owner_budgets(self) -> dict[str, tuple[str, ...]]:
+        with self._transaction() as cur:
+            cur.execute("SELECT owner, budgets FROM owner_budgets ORDER BY owner")
+            return {owner: tuple(json.loads(lines)) for owner, lines in cur.fetchall()}
+
     # -- the console's audit log -----------------------------------------------------------
     def add_audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         p = self.ph

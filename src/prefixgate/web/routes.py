@@ -325,6 +325,11 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/api/keys/{name}/rotate", d.change(d.console.rotate), methods=["POST"]),
         Route(p + "/api/keys/{name}/revoke", d.change(d.console.revoke), methods=["POST"]),
         Route(p + "/api/keys/{name}/budgets", d.change(d.console.set_budgets), methods=["POST"]),
+        Route(
+            p + "/api/owners/{owner}/budgets",
+            d.change(d.console.set_owner_budgets),
+            methods=["POST"],
+        ),
         Route(p + "/api/audit", d.api(d.console.audit), methods=["GET"]),
         Route(p + "/me", d.me_page, methods=["GET"]),
         Route(p + "/api/me", d.me_api, methods=["GET"]),
@@ -341,7 +346,9 @@ async def me_of(gateway: Any, dsn: str, principal: Any, request: Request) -> dic
     currency = config.prices.currency if config.prices is not None else "USD"
     budgets = {("key", principal.name): principal.budgets}
     owner = principal.owner
-    if owner and owner in config.budgets.owners:
+    if owner and principal.owner_budgets is not None:  # the console's
+        budgets[("owner", owner)] = principal.owner_budgets
+    elif owner and owner in config.budgets.owners:
         lines = config.budgets.owners[owner]
         budgets[("owner", owner)] = tuple(parse_budget(b, currency) for b in lines)
     since = me.since_of(request.query_params.get("days"), time.time())
