@@ -170,8 +170,9 @@ def test_the_console_in_chromium(browser, console):
 
 
 def test_a_rotation_takes_effect_at_once_on_every_worker(tmp_path, upstream):
-    """``serve --workers 2``: a key created, rotated and revoked through one worker is
-    known, refused and refused on both at once (40 requests on new connections each time:
+    """``serve --workers 2``: a key created, rotated and revoked (and its owner given a
+    budget and none) through one worker is known, refused and refused (refused, served) on
+    both at once (40 requests on new connections each time:
     the kernel spreads them over both workers), not at the next periodic refresh."""
     from tests.serve.served import Served
 
@@ -184,23 +185,36 @@ def test_a_rotation_takes_effect_at_once_on_every_worker(tmp_path, upstream):
         "admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
     }
 
-    def statuses(url: str, key: str) -> set[int]:
-        out = set()
+    def each(url: str, key: str) -> list[int]:
+        out = []
         for _ in range(40):
             r = httpx.post(
                 url + "/v1/chat/completions",
                 headers={"authorization": f"Bearer {key}", "connection": "close"},
                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
             )
-            out.add(r.status_code)
+            out.append(r.status_code)
         return out
+
+    def statuses(url: str, key: str) -> set[int]:
+        return set(each(url, key))
 
     with Served(tmp_path, cfg, "--workers", "2") as gw:
         api = gw.url + "/dashboard/api/keys"
-        key = httpx.post(api, headers=ADMIN, json={"name": "carol"}).json()["key"]
+        body = {"name": "carol", "owner": "team-w"}
+        key = httpx.post(api, headers=ADMIN, json=body).json()["key"]
         assert statuses(gw.url, key) == {200}
         new = httpx.post(api + "/carol/rotate", headers=ADMIN).json()["key"]
         assert statuses(gw.url, key) == {401}
+        assert statuses(gw.url, new) == {200}
+        # An owner's budget smaller than one request, then none: applied on both at once.
+        # (Without `budgets.shared`, each worker counts on its own: each lets one request
+        # through while the budget still has room, then refuses.)
+        owner = gw.url + "/dashboard/api/owners/team-w/budgets"
+        assert httpx.post(owner, headers=ADMIN, json={"budgets": ["1 tokens/day"]}).is_success
+        got = each(gw.url, new)
+        assert got.count(200) <= 2 and got.count(429) == len(got) - got.count(200)
+        assert httpx.post(owner, headers=ADMIN, json={"budgets": []}).is_success
         assert statuses(gw.url, new) == {200}
         assert httpx.post(api + "/carol/revoke", headers=ADMIN).status_code == 200
         assert statuses(gw.url, new) == {401}
