@@ -67,6 +67,12 @@ def create_app(
             gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    holders = None
+    if config.store is not None:  # the doctor's findings for key holders, kept a while
+        from prefixgate.web.me import HolderFindings
+
+        holders = HolderFindings(config.store.dsn)
+
     async def me(request: Request) -> Response:
         """The caller's own usage, budgets, sessions and prefix breaks (web/me.py), for
         the key they present; never another key's."""
@@ -76,7 +82,8 @@ def create_app(
                 raise NotFound("nothing is recorded here: the gateway has no store")
             from prefixgate.web.routes import me_of
 
-            return JSONResponse(await me_of(gateway, config.store.dsn, principal, request))
+            out = await me_of(gateway, config.store.dsn, principal, request, holders)
+            return JSONResponse(out)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
 
@@ -172,7 +179,7 @@ def create_app(
     if config.store is not None:
         from prefixgate.web import dashboard_routes
 
-        routes += dashboard_routes(gateway, config.store.dsn)
+        routes += dashboard_routes(gateway, config.store.dsn, holders)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     app.state.events = events  # EngineEvents, or None when no channel has kv_events
