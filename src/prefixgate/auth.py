@@ -14,7 +14,7 @@ import logging
 import re
 from dataclasses import dataclass, replace
 
-from prefixgate.admin_attempts import AdminAttempts, client_address, networks
+from prefixgate.admin_attempts import admin_attempts, client_address, networks
 from prefixgate.config import Config
 from prefixgate.errors import AuthenticationFailed, PermissionDenied
 from prefixgate.ratelimit import Limits
@@ -83,11 +83,8 @@ class Authenticator:
         self._owner_lines: dict[str, tuple[str, ...]] = {}  # the store's owner budgets
         self._owners: dict[str, tuple[Budget, ...]] = {}  # those parsed
         self._admin = config.admin_digest()
-        server = config.server
-        self.attempts = AdminAttempts(
-            server.admin_failures_per_minute, server.admin_failures_in_all_per_minute
-        )
-        self.trusted_proxies = networks(server.trusted_proxies)
+        self.attempts = admin_attempts(config)
+        self.trusted_proxies = networks(config.server.trusted_proxies)
 
     def set_store_keys(self, rows, owners: dict[str, tuple[str, ...]] | None = None) -> None:
         """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)
@@ -186,9 +183,10 @@ class Authenticator:
         if not principal.allows(model):
             raise PermissionDenied(f"this API key may not use model {model!r}")
 
-    def check_admin(self, headers, scope: dict | None = None) -> None:
+    async def check_admin(self, headers, scope: dict | None = None) -> None:
         """The admin key in ``headers``; with the request's ASGI ``scope``, each key tried
-        is counted for its client address (429 past the bounds of :mod:`.admin_attempts`)."""
+        is counted for its client address (429 past the bounds of :mod:`.admin_attempts`,
+        kept in the store when there is one: every worker counts alike)."""
         key = presented_key(headers)
         if self._admin is None:
             if self._open:
@@ -196,15 +194,20 @@ class Authenticator:
             raise PermissionDenied("admin routes are disabled: no admin key is configured")
         if not key:
             raise AuthenticationFailed("admin key required")
-        address = client_address(scope, self.trusted_proxies) if scope is not None else None
-        if address is not None:
-            self.attempts.check(address)
-        if not hmac.compare_digest(hashlib.sha256(key.encode()).hexdigest(), self._admin):
-            if address is not None:
-                self.attempts.failed(address)
+        if scope is None:
+            if not self.is_admin_key(key):
+                raise AuthenticationFailed("admin key required")
+            return
+        address = client_address(scope, self.trusted_proxies)
+        attempt = await self.attempts.begin(address)
+        if not self.is_admin_key(key):
+            await self.attempts.wrong(address, attempt)
             raise AuthenticationFailed("admin key required")
-        if address is not None:
-            self.attempts.succeeded(address)
+        await self.attempts.right(address, attempt)
+
+    def is_admin_key(self, key: str) -> bool:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._admin is not None and hmac.compare_digest(digest, self._admin)
 
 
 def store_keys(store) -> tuple[list, dict[str, tuple[str, ...]]]:

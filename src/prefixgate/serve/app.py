@@ -50,7 +50,7 @@ def create_app(
         if "details" not in request.query_params:
             return JSONResponse({"status": "ok"})
         try:
-            gateway.auth.check_admin(request.headers, request.scope)
+            await gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
@@ -60,7 +60,7 @@ def create_app(
 
     async def metrics(request: Request) -> Response:
         try:
-            gateway.auth.check_admin(request.headers, request.scope)
+            await gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         return Response(

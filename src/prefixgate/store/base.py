@@ -194,6 +194,18 @@ class Store(abc.ABC):
         already made ``limit`` attempts in the last ``window`` seconds."""
         raise NotImplementedError(f"{type(self).__name__} has no sessions")
 
+    def admin_attempt(
+        self, attempt: str, address: str, now: float, *, window: float, per_address: int,
+        in_all: int, trusted_since: float,
+    ) -> float | None:  # fmt: skip
+        """Count an admin credential check as a failure until it proves right; or, past
+        the bounds, count nothing and return the seconds to wait (admin_attempts.py)."""
+        raise NotImplementedError(f"{type(self).__name__} has no admin attempts")
+
+    def admin_success(self, attempt: str, address: str, now: float, *, forget: float) -> None:
+        """The check counted as ``attempt`` found the right key (admin_attempts.py)."""
+        raise NotImplementedError(f"{type(self).__name__} has no admin attempts")
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections. The store may not be used afterwards."""

@@ -282,8 +282,8 @@ def _migration_11(dialect: str) -> list[str]:
     real = TYPES[dialect]["real_notnull"]
     return [
         f"CREATE TABLE owner_budgets (owner TEXT PRIMARY KEY, budgets TEXT NOT NULL, at {real})",
-        f"CREATE TABLE admin_failures (address TEXT NOT NULL, at {real})",
-        "CREATE INDEX admin_failures_at ON admin_failures (at)",
+        f"CREATE TABLE admin_failures (id TEXT PRIMARY KEY, address TEXT NOT NULL, at {real})",
+        "CREATE INDEX admin_failures_address ON admin_failures (address, at)",
         f"CREATE TABLE admin_good (address TEXT PRIMARY KEY, at {real})",
     ]
 
