@@ -96,6 +96,9 @@ class AdminAttempts:
         seen = self._good.get(address)
         return seen is not None and now - seen < REMEMBER_GOOD
 
+    def close(self) -> None:
+        pass  # nothing held
+
     # The interface the admin check uses (:class:`StoredAttempts` has the same).
     async def begin(self, address: str) -> str | None:
         """Before the key is compared: raise :class:`RateLimited` past the bounds."""
@@ -127,16 +130,26 @@ class StoredAttempts:
         self.clock = clock
         self.fallback = AdminAttempts(per_address, in_all, window)
         self.failures = LogThrottle(log, interval=60.0)
-        self._migrated = False
+        self._store = None  # opened at the first check, kept (thread-safe, reconnects)
 
     def _run(self, fn):
-        from prefixgate.store import open_store
+        if self._store is None:
+            from prefixgate.store import open_store
 
-        with open_store(self.dsn) as store:
-            if not self._migrated:
+            store = open_store(self.dsn)
+            try:
                 store.migrate()
-                self._migrated = True
-            return fn(store)
+            except BaseException:
+                store.close()
+                raise
+            self._store = store
+        return fn(self._store)
+
+    def close(self) -> None:
+        """Release the store's connection (the app's lifespan ends)."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     async def begin(self, address: str) -> str | None:
         attempt = secrets.token_hex(16)

@@ -114,10 +114,6 @@ class Authenticator:
         found = self._owners.get(principal.owner) if principal.owner else None
         return principal if found is None else replace(principal, owner_budgets=found)
 
-    def owner_budgets(self, owner: str) -> tuple[Budget, ...] | None:
-        """The budgets the store gives ``owner``, or None (the config's apply)."""
-        return self._owners.get(owner)
-
     def adopt(self, previous: Authenticator) -> None:
         """After a reload: the store's keys and owners' budgets as ``previous`` last loaded
         them (parsed again with this config's currency), until the next refresh; and the

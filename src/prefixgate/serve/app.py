@@ -153,6 +153,7 @@ def create_app(
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
             await asyncio.to_thread(gateway.fingerprints.close)  # its store connection
+            await asyncio.to_thread(gateway.auth.attempts.close)  # the admin checks' store
             gateway.metrics.loop.stop()
             if gateway.admission.shed is not None:
                 gateway.admission.shed.stop()
