@@ -136,7 +136,11 @@ def responses_once(x: Exchange) -> Response:
 
 def responses_stream(x: Exchange) -> Stream:
     rec = x.record
-    conv = ResponsesStream({**response_base(x.body), **_named(x)}, tool_map(x.body.typed))
+    conv = ResponsesStream(
+        {**response_base(x.body), **_named(x)},
+        tool_map(x.body.typed),
+        compacting=x.body.compacting,
+    )
     if x.verdict is not None:
         conv.base[EXTENSION] = extension_head(x)
         conv.tail = lambda u: {EXTENSION: extension_tail(x, u)}
