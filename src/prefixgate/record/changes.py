@@ -31,6 +31,7 @@ import msgspec
 
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
+from prefixgate.record.compaction import COMPACTED, compacted
 from prefixgate.record.model import Change, Record, Segment
 from prefixgate.record.segments import _strip, pieces_of
 
@@ -220,6 +221,8 @@ def compare(prev: _Cut, cur: _Cut, scope: str, *, whole: _Cut | None = None) -> 
         return None
     sb = cur.out[i][0]
     segment, kind, shape, known = _culprit(prev.into, cur.into, sb)
+    if kind == "message" and compacted((s for s, _ in prev.into), (s for s, _ in cur.into)):
+        shape = sh.Shape(cls=COMPACTED, detail="the history restarted from a summary")
     full = whole if whole is not None else cur
     return Change(
         scope=scope,
