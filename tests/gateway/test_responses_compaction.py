@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from openai.types.responses import Response, ResponseCompactionItem
+from openai.types.responses import CompactedResponse, Response, ResponseCompactionItem
 
 from prefixgate.convert.compaction import SUMMARY_HEAD, SUMMARY_REQUEST, unseal
 from tests.gateway.test_responses_sim import DEVELOPER, TOOLS, _msg, _stream, stack
@@ -104,3 +104,26 @@ def test_a_trigger_anywhere_but_last_is_refused():
             client.responses.create(model="sim-model", input=[TRIGGER, *_history()], store=False)
         assert not s.upstream.chats()
     assert err.value.body["param"] == "input[0].type"
+
+
+def test_the_compact_endpoint_answers_in_the_vendors_shape():
+    """``client.responses.compact``: the user messages as they came, then one compaction
+    item; the engine was asked for the summary; the item is accepted in the next turn."""
+    with stack() as s, s.client() as client:
+        history = _history()
+        compacted = client.responses.compact(model="sim-model", input=history)
+        assert isinstance(compacted, CompactedResponse)
+        assert compacted.object == "response.compaction" and compacted.usage.input_tokens > 0
+        # the SDK types output messages as the model's (output_text): a user message's
+        # input_text parts are kept as they came, which its serializer warns about
+        output = [i.model_dump(exclude_none=True, warnings=False) for i in compacted.output]
+        _, final = _stream(client, [*output, _msg("user", "go on")])
+        chats = s.upstream.chats()
+        recs = s.records
+    assert [i["type"] for i in output] == ["message", "compaction"]
+    assert output[0]["role"] == "user" and output[0]["content"] == history[1]["content"]
+    assert chats[0]["body"]["messages"][-1] == {"role": "user", "content": SUMMARY_REQUEST}
+    assert "stream" not in chats[0]["body"]
+    assert chats[1]["body"]["messages"][-2]["content"].startswith(SUMMARY_HEAD)
+    assert final.status == "completed"
+    assert [(r.endpoint, r.status) for r in recs] == [("responses", 200)] * 2
