@@ -127,3 +127,22 @@ def test_the_compact_endpoint_answers_in_the_vendors_shape():
     assert chats[1]["body"]["messages"][-2]["content"].startswith(SUMMARY_HEAD)
     assert final.status == "completed"
     assert [(r.endpoint, r.status) for r in recs] == [("responses", 200)] * 2
+
+
+def test_a_summary_turn_of_the_clients_own_is_a_compacted_context_too():
+    """Codex's own compaction (any provider but OpenAI's or Azure's): the user messages
+    kept, the answers replaced by a summary in a user message; no compaction item."""
+    with stack() as s, s.client() as client:
+        ask = {"prompt_cache_options": {"comparison_response_id": None}}
+        notes = [_msg("user", f"notes {n}: " + "gamma " * 200) for n in (2, 3)]
+        before = [*_history(), notes[0], _msg("assistant", "OK"), notes[1]]
+        _, first = _stream(client, before, prompt_cache_key="c3", extra_body=ask)
+        summary = _msg("user", "Summary: read three times.")
+        after = [*_history()[:2], *notes, summary, _msg("user", "go")]
+        _, final = _stream(
+            client,
+            after,
+            prompt_cache_key="c3",
+            extra_body={"prompt_cache_options": {"comparison_response_id": first.id}},
+        )
+    assert final.prompt_cache_diagnostics.reason == "context_compacted"
