@@ -42,7 +42,7 @@ def test_a_trigger_is_answered_with_one_compaction_item_of_the_engines_summary(s
             assert isinstance(final, Response) and final.status == "completed"
             done = [i.model_dump(exclude_none=True) for i in final.output]
         item = _compaction(done)
-        (chat,) = s.upstream.chats()
+    (chat,) = s.upstream.chats()  # complete once the servers stopped
     sent = chat["body"]
     # the engine was asked for a summary: the conversation as it was, tools and all (its
     # prefix cached), then the request, in text only
@@ -69,7 +69,7 @@ def test_the_next_turn_sends_the_summary_upstream_and_is_a_compacted_context():
             prompt_cache_key="c2",
             extra_body={"prompt_cache_options": {"comparison_response_id": first.id}},
         )
-        chats = s.upstream.chats()
+    chats = s.upstream.chats()
     messages = chats[-1]["body"]["messages"]
     assert messages[-2] == {
         "role": "user",
@@ -118,8 +118,8 @@ def test_the_compact_endpoint_answers_in_the_vendors_shape():
         # input_text parts are kept as they came, which its serializer warns about
         output = [i.model_dump(exclude_none=True, warnings=False) for i in compacted.output]
         _, final = _stream(client, [*output, _msg("user", "go on")])
-        chats = s.upstream.chats()
         recs = s.records
+    chats = s.upstream.chats()
     assert [i["type"] for i in output] == ["message", "compaction"]
     assert output[0]["role"] == "user" and output[0]["content"] == history[1]["content"]
     assert chats[0]["body"]["messages"][-1] == {"role": "user", "content": SUMMARY_REQUEST}

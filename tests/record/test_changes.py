@@ -234,3 +234,15 @@ def test_a_history_that_keeps_the_user_turns_and_drops_the_models_is_a_compactio
     first = capture(cap2, ch, _messages_request([*before, ("user", "next")]), {})
     again = capture(cap2, ch, _messages_request([*edited, ("user", "next")]), {})
     assert first.change is None and again.change.cls == "content_edit"
+
+
+def test_a_compaction_that_sends_nothing_again_is_still_said():
+    """Claude Code's way: the history replaced by a summary, nothing after the break sent
+    before: no tokens lost, and the record still says the context was compacted."""
+    cap, ch = Capturer(), channel()
+    u1 = ("user", "task 1 " * 300)
+    before = [u1, ("assistant", "done 1"), ("user", "task 2 " * 300)]
+    after = [("user", "Summary: task 1 done."), ("user", "task 2, again")]
+    first, again = (capture(cap, ch, _messages_request(m), {}) for m in (before, after))
+    assert first.change is None
+    assert again.change.cls == "context_compacted" and again.change.lost_tokens == 0
