@@ -145,6 +145,9 @@ class Gateway:
     async def responses(self, request: Request) -> Response:
         return await pipeline.run(pipeline.Exchange(self, request, pipeline.RESPONSES))
 
+    async def compact(self, request: Request) -> Response:
+        return await pipeline.run(pipeline.Exchange(self, request, pipeline.COMPACT))
+
     async def diagnosis(self, request: Request) -> Response:
         """``GET /v1/diagnostics/{id}``: an earlier answer's diagnosis and miss ledger."""
         from prefixgate.diagnostics.route import diagnosis

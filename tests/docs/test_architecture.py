@@ -22,6 +22,7 @@ def test_the_documented_pipeline_is_the_codes():
         "/v1/messages": pipeline.describe(pipeline.MESSAGES.steps),
         "/v1/chat/completions": pipeline.describe(pipeline.CHAT.steps),
         "/v1/responses": pipeline.describe(pipeline.RESPONSES.steps),
+        "/v1/responses/compact": pipeline.describe(pipeline.COMPACT.steps),
         "/v1/messages/count_tokens": pipeline.describe(pipeline.COUNT_TOKENS.steps),
     }
 

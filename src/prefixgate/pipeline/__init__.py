@@ -20,7 +20,9 @@ from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, run
 from prefixgate.pipeline.relays import relay_chat, relay_messages
 from prefixgate.pipeline.responses import (
     convert_responses,
+    decode_compact,
     decode_responses,
+    relay_compact,
     relay_responses,
     upstream_chat_of_responses,
 )
@@ -78,6 +80,19 @@ RESPONSES_STEPS = (
     plan,
     Failover(convert_responses, capture, send, diagnose),
     relay_responses,
+)
+
+# A compaction (``POST /v1/responses/compact``): the conversation summarised by the engine.
+COMPACT_STEPS = (
+    authenticate,
+    read,
+    decode_compact,
+    admit,
+    queue,
+    budget,
+    plan,
+    Failover(convert_responses, capture, send),
+    relay_compact,
 )
 
 COUNT_TOKENS_STEPS = (
@@ -144,6 +159,15 @@ RESPONSES = Endpoint(
     steps=RESPONSES_STEPS,
 )
 
+COMPACT = Endpoint(
+    name="responses",  # recorded, captured and compared as a Responses request
+    error_bytes=openai_proto.error_bytes,
+    request_id_header="x-request-id",
+    kinds=("openai",),
+    prompt=_responses_prompt,
+    steps=COMPACT_STEPS,
+)
+
 
 def describe(steps: tuple) -> str:
     """The steps as one line: ``authenticate → read → … → relay_messages → finish``; a
@@ -161,6 +185,7 @@ def describe(steps: tuple) -> str:
 
 __all__ = [
     "CHAT",
+    "COMPACT",
     "COUNT_TOKENS",
     "MESSAGES",
     "RESPONSES",

@@ -169,6 +169,8 @@ def create_app(
         Route("/chat/completions", gateway.chat, methods=["POST"]),
         Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/responses", gateway.responses, methods=["POST"]),
+        Route("/v1/responses/compact", gateway.compact, methods=["POST"]),
+        Route("/responses/compact", gateway.compact, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/me", me, methods=["GET"]),
         Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
@@ -192,6 +194,8 @@ def create_app(
         "/chat/completions": gateway.chat,
         "/v1/responses": gateway.responses,
         "/responses": gateway.responses,
+        "/v1/responses/compact": gateway.compact,
+        "/responses/compact": gateway.compact,
     }
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
     if config.open_access:  # no key to ask for: refuse what only a web page would send
