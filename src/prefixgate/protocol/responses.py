@@ -294,7 +294,7 @@ def _check_item(item: Item, where: str, state: _Walk) -> None:
     elif kind == "function_call_output" or kind == "custom_tool_call_output":
         _need(item.call_id, str, f"{where}.call_id", "a string")
         call = kind.removesuffix("_output")
-        if state.calls.get(item.call_id) != call:  # type: ignore[arg-type]
+        if state.calls.get(item.call_id) != call:
             raise InvalidRequest(
                 f"{where}.call_id: no earlier {call} item has call_id {item.call_id!r}",
                 param=f"{where}.call_id",

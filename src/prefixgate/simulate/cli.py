@@ -169,16 +169,16 @@ def simulate_command(
                 result = run_simulation(
                     trace_or_dsn,
                     block_size=block_size,
-                    gpu_capacity_tokens=gpu_capacity,  # type: ignore[arg-type]
-                    host_capacity_tokens=host_capacity,  # type: ignore[arg-type]
+                    gpu_capacity_tokens=gpu_capacity,
+                    host_capacity_tokens=host_capacity,
                     groups=groups,
-                    policy=policy,  # type: ignore[arg-type]
-                    offload=offload,  # type: ignore[arg-type]
+                    policy=policy,
+                    offload=offload,
                     timed=timed,
                     prefill_rate=prefill_rate,
                     decode_rate=decode_rate,
                     bytes_per_block=bytes_per_block,
-                    sweep=sweep,  # type: ignore[arg-type]
+                    sweep=sweep,
                     progress=progress,
                     keep_rows=per_request,
                 )
