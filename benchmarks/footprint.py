@@ -8,9 +8,10 @@ dependencies are in ``.[lab]``), into a fresh virtual environment, then reports:
 - the size on disk of everything installed (the environment's ``site-packages``), of the
   ``prefixgate`` package alone, and the number of distributions installed;
 - the import time of what a serving process imports (``prefixgate.cli`` and the ASGI app,
-  ``prefixgate.serve.app``): the median of ``--runs`` fresh interpreters, each measured by
-  ``python -X importtime`` (its cumulative figure for the modules named, so the
-  interpreter's own start-up is not counted).
+  ``prefixgate.serve.app``): the least of ``--runs`` fresh interpreters (the least is the
+  one a busy machine disturbed least), each measured by ``python -X importtime`` (its
+  cumulative figure for the modules named, so the interpreter's own start-up is not
+  counted).
 
 ``--ref`` measures the package as it was at a git ref (checked out into a temporary
 worktree) beside the working tree. The wheels come from pip's configured index; nothing
@@ -23,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +38,7 @@ def _size(path: Path) -> int:
 
 
 def _import_us(python: Path, runs: int) -> float:
-    """The median cumulative import time of IMPORTS, in microseconds."""
+    """The least cumulative import time of IMPORTS over ``runs``, in microseconds."""
     code = "; ".join(f"import {name}" for name in IMPORTS)
     times = []
     for _ in range(runs):
@@ -56,18 +56,25 @@ def _import_us(python: Path, runs: int) -> float:
             if len(parts) == 3 and parts[2].strip() in IMPORTS:
                 total += int(parts[1])
         times.append(total)
-    return statistics.median(times)
+    return min(times)
 
 
 def measure(source: Path, runs: int) -> dict[str, float]:
     """Install ``source`` (a checkout) without extras into a fresh venv and measure it."""
     work = Path(tempfile.mkdtemp(prefix="prefixgate-footprint-"))
     try:
+        # A copy to build from: pip builds in the tree it is given, and leaves build/ there.
+        copy = work / "source"
+        shutil.copytree(
+            source,
+            copy,
+            ignore=shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "tests"),
+        )
         subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True)
         python = work / "venv" / "bin" / "python"
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
         subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", str(source)],
+            [str(python), "-m", "pip", "install", "--quiet", str(copy)],
             check=True,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -121,15 +128,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(
-        f"{'':<14}{'site-packages MB':>18}{'prefixgate MB':>15}{'distributions':>15}"
-        f"{'import ms':>11}"
-    )
-    for name, r in results.items():
-        print(
-            f"{name[:14]:<14}{r['site_packages_mb']:>18.1f}{r['prefixgate_mb']:>15.2f}"
-            f"{r['distributions']:>15.0f}{r['import_ms']:>11.1f}"
-        )
+    fields = {
+        "site_packages_mb": "installed, MB",
+        "prefixgate_mb": "the package, MB",
+        "distributions": "distributions",
+        "import_ms": "import, ms",
+    }
+    names = list(results)
+    print(f"{'':<18}" + "".join(f"{n[:16]:>18}" for n in names))
+    for key, label in fields.items():
+        print(f"{label:<18}" + "".join(f"{results[n][key]:>18.2f}" for n in names))
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ import pytest
 
 from prefixgate.cache.render import template_file
 from prefixgate.config import parse_config
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.upstream import Upstream
 from prefixgate.upstream.order import learn, rendering_of
 from prefixgate.upstream.rendering import Rendering, from_renderings
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 
 EXPECTED = {
     "hoisting": ("system_first", "hoisted", "dropped"),

@@ -154,13 +154,18 @@ def create_app(
             if gateway.telemetry is not None:
                 await asyncio.to_thread(gateway.telemetry.shutdown)
 
-    routes = [
+    # The inference entry points: also the hot-route table below, which reaches them
+    # without Starlette's router.
+    inference = [
         Route("/v1/messages", gateway.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
         Route("/chat/completions", gateway.chat, methods=["POST"]),
         Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/responses", gateway.responses, methods=["POST"]),
+    ]
+    routes = [
+        *inference,
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/me", me, methods=["GET"]),
         Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
@@ -177,14 +182,7 @@ def create_app(
     app.state.gateway = gateway
     app.state.events = events  # EngineEvents, or None when no channel has kv_events
     app.state.ledger = ledger  # LedgerWorker, or None without a store or events
-    hot = {
-        "/v1/messages": gateway.messages,
-        "/v1/messages/count_tokens": gateway.count_tokens,
-        "/v1/chat/completions": gateway.chat,
-        "/chat/completions": gateway.chat,
-        "/v1/responses": gateway.responses,
-        "/responses": gateway.responses,
-    }
+    hot = {route.path: route.endpoint for route in inference}
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
     if config.open_access:  # no key to ask for: refuse what only a web page would send
         outer = BrowserGuard(outer, config.server.host, _shape_of)
