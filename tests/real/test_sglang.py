@@ -26,12 +26,12 @@ import pytest
 
 from prefixgate.config import parse_config
 from prefixgate.doctor import cache_report, diagnose, render_text
+from prefixgate.engine.order import learn
 from prefixgate.routing.health import HealthChecker
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from prefixgate.upstream import Upstream
-from prefixgate.upstream.order import learn
 from tests.conftest import settled
 from tests.real import harness_sglang
 from tests.real.test_vllm import CacheModel, system_prompt

@@ -27,10 +27,10 @@ from prefixgate.cache import HFTokenizer, JinjaChatTemplate, PrefixCache
 from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.doctor import diagnose, render_text
+from prefixgate.engine.order import learn
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.upstream import Upstream
-from prefixgate.upstream.order import learn
 from tests.real import harness
 
 BLOCK = harness.BLOCK_SIZE

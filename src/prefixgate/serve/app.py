@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from prefixgate.auth import refresh_keys
 from prefixgate.config import Config
+from prefixgate.engine import order as render_orders
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
@@ -24,7 +25,6 @@ from prefixgate.protocol import openai as openai_proto
 from prefixgate.reload import config_state
 from prefixgate.serve.browsers import BrowserGuard
 from prefixgate.serve.edge import send_refusal
-from prefixgate.upstream import order as render_orders
 
 log = logging.getLogger("prefixgate")
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
-from prefixgate.upstream.rendering import ASSUMED, Rendering, first_difference, from_renderings
-from prefixgate.upstream.rendering import probes as _probes
+from prefixgate.engine.errors import tokenize_url
+from prefixgate.engine.rendering import ASSUMED, Rendering, first_difference, from_renderings
+from prefixgate.engine.rendering import probes as _probes
 
 log = logging.getLogger("prefixgate")
 
@@ -105,11 +106,6 @@ def order_from_tokens(base: list, system_changed: list, tools_changed: list) -> 
     if s is None or t is None or s == t:
         return None
     return "system_first" if s < t else "tools_first"
-
-
-def tokenize_url(base_url: str) -> str:
-    """vLLM serves ``/tokenize`` at the server's root, beside ``/v1``."""
-    return base_url.removesuffix("/v1") + "/tokenize"
 
 
 async def learn(channel, transport) -> Rendering | None:

@@ -12,12 +12,12 @@ import pytest
 
 from prefixgate.cache.render import template_file
 from prefixgate.config import parse_config
+from prefixgate.engine.order import learn, rendering_of
+from prefixgate.engine.rendering import Rendering, from_renderings
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.upstream import Upstream
-from prefixgate.upstream.order import learn, rendering_of
-from prefixgate.upstream.rendering import Rendering, from_renderings
 
 EXPECTED = {
     "hoisting": ("system_first", "hoisted", "dropped"),
@@ -105,7 +105,7 @@ def test_an_upstream_that_does_not_tell_is_said_to_be_assumed():
 def test_relearned_when_the_upstream_serves_another_model():
     """What was learned of an upstream that now lists other models (restarted with another
     model, maybe another template) is learned again at the next check."""
-    from prefixgate.upstream import order
+    from prefixgate.engine import order
 
     sim = SimSettings(models=("deepseek-like",), chat_template="hoisting")
     with ServerThread(create_upstream_app(sim)) as up:

@@ -28,7 +28,7 @@ Each fact is read from a pair of probes that differ in one place: where their re
 ``same.*`` and ``results.*`` probes (no generation prompt) ask instead whether a shorter
 conversation's rendering is the head of a longer one's.
 :func:`probes` are the bodies, :func:`from_renderings` reads them (pure; token lists or
-strings alike). :mod:`prefixgate.upstream.order` asks the engine or the configured
+strings alike). :mod:`prefixgate.engine.order` asks the engine or the configured
 template and keeps the answer per channel.
 """
 

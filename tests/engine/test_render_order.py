@@ -8,12 +8,12 @@ import httpx
 import pytest
 
 from prefixgate.config import parse_config
+from prefixgate.engine.order import learn, order_from_tokens, order_of
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from prefixgate.upstream import Upstream
-from prefixgate.upstream.order import learn, order_from_tokens, order_of
 
 MODEL = "claude-opus-4-8"
 TOOLS = [{"name": "Read", "description": "Reads a file.", "input_schema": {"type": "object"}}]
