@@ -29,9 +29,13 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prefixgate.errors import RateLimited
 from prefixgate.logthrottle import LogThrottle
+
+if TYPE_CHECKING:
+    from prefixgate.store.base import Store
 
 log = logging.getLogger("prefixgate")
 
@@ -130,7 +134,9 @@ class StoredAttempts:
         self.clock = clock
         self.fallback = AdminAttempts(per_address, in_all, window)
         self.failures = LogThrottle(log, interval=60.0)
-        self._store = None  # opened at the first check, kept (thread-safe, reconnects)
+        self._store: Store | None = (
+            None  # opened at the first check, kept (thread-safe, reconnects)
+        )
 
     def _run(self, fn):
         if self._store is None:

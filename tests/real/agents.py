@@ -25,12 +25,12 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from prefixgate.config import parse_config
-from prefixgate.events.publisher import PublisherSettings
+from prefixgate.lab.events.publisher import PublisherSettings
+from prefixgate.lab.traffic.template_sessions import until_rendering_learned
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.traffic.template_sessions import until_rendering_learned
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.conftest import settled
 from tests.fakes import RecordingUpstream
 from tests.real import harness

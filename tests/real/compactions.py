@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefixgate.traffic.template_sessions import wait_stored
+from prefixgate.lab.traffic.template_sessions import wait_stored
 from tests.conftest import settled
 from tests.real.agents import Claude, Codex, stack
 

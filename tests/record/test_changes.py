@@ -10,12 +10,12 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, convert
 from prefixgate.identify import session_of_messages
+from prefixgate.lab.traffic import breakers as bk
 from prefixgate.protocol.messages_body import decode_messages_body
 from prefixgate.protocol.openai import decode_chat_body
 from prefixgate.record.capture import Capturer
 from prefixgate.record.changes import ChangeTracker
 from prefixgate.record.model import Record
-from prefixgate.traffic import breakers as bk
 
 
 def channel(order="tools_first", kind="openai"):

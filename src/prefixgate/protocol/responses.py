@@ -301,7 +301,7 @@ def _check_item(item: Item, where: str, state: _Walk) -> None:
     elif kind == "function_call_output" or kind == "custom_tool_call_output":
         _need(item.call_id, str, f"{where}.call_id", "a string")
         call = kind.removesuffix("_output")
-        if state.calls.get(item.call_id) != call:  # type: ignore[arg-type]
+        if state.calls.get(item.call_id) != call:
             raise InvalidRequest(
                 f"{where}.call_id: no earlier {call} item has call_id {item.call_id!r}",
                 param=f"{where}.call_id",
@@ -316,7 +316,7 @@ def _check_item(item: Item, where: str, state: _Walk) -> None:
             _check_parts(item.content, f"{where}.content", frozenset(("reasoning_text",)), state)
     elif kind == "compaction":
         _need(item.encrypted_content, str, f"{where}.encrypted_content", "a string")
-        if unseal(item.encrypted_content) is None:  # type: ignore[arg-type]
+        if unseal(item.encrypted_content) is None:
             raise InvalidRequest(
                 f"{where}.encrypted_content: not a compaction this gateway made (it cannot"
                 " read another server's); send the conversation itself, or compact it here",

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from prefixgate.auth import refresh_keys
 from prefixgate.config import Config
+from prefixgate.engine import order as render_orders
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
@@ -24,7 +25,6 @@ from prefixgate.protocol import openai as openai_proto
 from prefixgate.reload import config_state
 from prefixgate.serve.browsers import BrowserGuard
 from prefixgate.serve.edge import send_refusal
-from prefixgate.upstream import order as render_orders
 
 log = logging.getLogger("prefixgate")
 
@@ -162,7 +162,9 @@ def create_app(
             if gateway.telemetry is not None:
                 await asyncio.to_thread(gateway.telemetry.shutdown)
 
-    routes = [
+    # The inference entry points: also the hot-route table below, which reaches them
+    # without Starlette's router.
+    inference = [
         Route("/v1/messages", gateway.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
@@ -171,6 +173,9 @@ def create_app(
         Route("/responses", gateway.responses, methods=["POST"]),
         Route("/v1/responses/compact", gateway.compact, methods=["POST"]),
         Route("/responses/compact", gateway.compact, methods=["POST"]),
+    ]
+    routes = [
+        *inference,
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/me", me, methods=["GET"]),
         Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
@@ -187,16 +192,7 @@ def create_app(
     app.state.gateway = gateway
     app.state.events = events  # EngineEvents, or None when no channel has kv_events
     app.state.ledger = ledger  # LedgerWorker, or None without a store or events
-    hot = {
-        "/v1/messages": gateway.messages,
-        "/v1/messages/count_tokens": gateway.count_tokens,
-        "/v1/chat/completions": gateway.chat,
-        "/chat/completions": gateway.chat,
-        "/v1/responses": gateway.responses,
-        "/responses": gateway.responses,
-        "/v1/responses/compact": gateway.compact,
-        "/responses/compact": gateway.compact,
-    }
+    hot = {route.path: route.endpoint for route in inference}
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
     if config.open_access:  # no key to ask for: refuse what only a web page would send
         outer = BrowserGuard(outer, config.server.host, _shape_of)

@@ -57,7 +57,7 @@ Migrations are append-only: never edit a released one, add the next.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -365,7 +365,10 @@ def record_row(record: Record) -> tuple[Any, ...]:
     return tuple(row)
 
 
-def _decoded(decoder: msgspec.json.Decoder, value: str | bytes | None):
+_T = TypeVar("_T")
+
+
+def _decoded(decoder: msgspec.json.Decoder[_T], value: str | bytes | None) -> _T | None:
     """A JSON column as read (text on both backends: Postgres casts it)."""
     if value is None:
         return None

@@ -45,7 +45,7 @@ class SessionQueries:
     def delete_session(self, digest: str) -> bool:
         with self._transaction() as cur:
             cur.execute(f"DELETE FROM dashboard_sessions WHERE digest = {self.ph}", (digest,))
-            return cur.rowcount > 0
+            return bool(cur.rowcount > 0)
 
     def prune_sessions(self, now: float, idle: float) -> int:
         p = self.ph
@@ -54,7 +54,7 @@ class SessionQueries:
                 f"DELETE FROM dashboard_sessions WHERE expires_at <= {p} OR last_seen <= {p}",
                 (now, now - idle),
             )
-            return max(cur.rowcount, 0)
+            return int(max(cur.rowcount, 0))
 
     def login_attempt(self, address: str, now: float, *, window: float, limit: int) -> bool:
         # Attempts are serialised (the table's write lock), so a burst of parallel
