@@ -21,8 +21,15 @@ reasoning_last_query; ``URL`` its ``/v1`` base; started with
 With ``--claude``, the rows of the real Claude Code CLI (pinned, reminder on, four turns)
 on the in-place and hoisting templates, defaults and ``system_in_place: false``.
 
+With ``--sglang``, the rows of the real SGLang 0.5.23 of the tests (``tests/real/``: installed
+into their cache folder if it is not yet, and started here serving their agent model with
+the hoisting template, page size 32, KV events on): the reminder session and the real Claude
+Code CLI, the gateway's defaults and ``system_in_place: false``, the ledger from the cache
+model and from SGLang's KV events. Its radix cache is flushed before each row.
+
     python benchmarks/rendering.py [--vllm hoisting=http://127.0.0.1:8000/v1 ...] [--json]
     python benchmarks/rendering.py --claude [--vllm hoisting=URL --vllm in_place=URL]
+    python benchmarks/rendering.py --sglang
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+
+import httpx
 
 from prefixgate.doctor import diagnose
 from prefixgate.traffic.template_sessions import (
@@ -53,25 +62,66 @@ def _causes(ledgers) -> str:
     return ", ".join(f"{c} {n:,}" for c, n in sorted(total.items(), key=lambda kv: -kv[1]))
 
 
-def _findings(played) -> str:
-    kinds = [f.kind for f in played.diagnosis.findings if f.kind.startswith(("template", "kv"))]
-    return ", ".join(kinds) or "-"
+def _row(case: str, engine: str, hit: float, prompt: int, ledgers, found) -> dict:
+    return {
+        "case": case,
+        "engine": engine,
+        "hit": round(100 * hit, 1),
+        "prompt": prompt,
+        "ledger": _causes(ledgers) or "-",
+        "source": ledgers[-1].source if ledgers and ledgers[-1] else "-",
+        "doctor": ", ".join(found) or "-",
+    }
+
+
+def _played_row(case: str, engine: str, played, start: int, end) -> dict:
+    found = [f.kind for f in played.diagnosis.findings if f.kind.startswith(("template", "kv"))]
+    new = played.usage[start:end]
+    prompt = sum(p for p, _ in new)
+    return _row(case, engine, played.hit_rate(start, end), prompt, played.ledgers[start:end], found)
+
+
+def _tests_on_path() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def claude_run(case: str, engine: str, where: dict, flush=None) -> dict:
+    """One row: the real Claude Code CLI (pinned, ``tests/real/harness.py``) with its
+    reminder on, four turns (``-p``, then ``--continue``), through a gateway stack
+    (``tests/real/agents.stack(**where)``), once the gateway has learned the engine's
+    template; ``flush()`` first empties the engine's cache."""
+    _tests_on_path()
+    from tests.real import harness
+    from tests.real.agents import Claude, stack
+    from tests.real.reminder import AGENT_ENV, four_turns, later_turns_hit, model_calls
+
+    exe = harness.ensure_claude_code(print)
+    if flush is not None:
+        flush()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        with stack(folder, **where) as s:
+            if "vllm_url" in where:
+                s.until_learned()
+            four_turns(Claude(exe, s, folder, **AGENT_ENV))
+            s.wait_stored()
+        recs = model_calls(s)
+        ledgers = s.ledgers(recs)
+        found = [f.kind for f in diagnose(s.dsn).findings if f.kind.startswith(("template", "kv"))]
+    prompt = sum(r.prompt_tokens for r in recs[1:])
+    return _row(
+        f"Claude Code {harness.CLAUDE_CODE_VERSION}, reminder on, {case}",
+        engine,
+        later_turns_hit(recs),
+        prompt,
+        ledgers[1:],
+        found,
+    )
 
 
 def claude_rows(real: dict[str, str], served: str) -> list[dict]:
-    """The real Claude Code CLI (pinned, ``tests/real/harness.py``) with its reminder on,
-    four turns (``-p``, then ``--continue``), through the gateway over the simulated vLLM
-    serving each template, or the real vLLM of ``real`` serving it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.real import harness
-    from tests.real.agents import Claude, stack
-
-    exe = harness.ensure_claude_code(print)
-    env = {
-        "CLAUDE_CODE_TOTAL_TOKENS_REMINDER": "countdown",
-        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(harness.AGENT_MAX_MODEL_LEN),
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
-    }
+    """The real Claude Code CLI through the gateway over the simulated vLLM serving each
+    template, or the real vLLM of ``real`` serving it."""
     rows = []
     cases = [("in_place", {}), ("hoisting", {}), ("hoisting", {"system_in_place": False})]
     for template, channel in cases:
@@ -81,39 +131,61 @@ def claude_rows(real: dict[str, str], served: str) -> list[dict]:
             if url
             else {"chat_template": template}
         )
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
-            with stack(folder, channel=channel, **where) as s:
-                cli = Claude(exe, s, folder, **env)
-                for i, prompt in enumerate(
-                    ("say hi", "and once more", "and a third time", "and a last one")
-                ):
-                    cli.run(prompt, resume=i > 0)
-                s.wait_stored()
-            recs = [
-                r
-                for r in s.records("messages")
-                if r.status == 200 and any(x.name == "tools" for x in r.segments_in or ())
-            ]
-            ledgers = s.ledgers(recs)
-            found = [
-                f.kind for f in diagnose(s.dsn).findings if f.kind.startswith(("template", "kv"))
-            ]
-        later = recs[1:]
-        prompt = sum(r.prompt_tokens for r in later)
         setting = "system_in_place: false" if channel else "defaults"
+        engine = "vLLM" if url else "simulated vLLM"
         rows.append(
-            {
-                "case": f"Claude Code {harness.CLAUDE_CODE_VERSION}, reminder on, {template} "
-                f"template, {setting}",
-                "engine": "vLLM" if url else "simulated vLLM",
-                "hit": round(100 * sum(r.cached_tokens or 0 for r in later) / prompt, 1),
-                "prompt": prompt,
-                "ledger": _causes(ledgers[1:]) or "-",
-                "source": ledgers[-1].source if ledgers and ledgers[-1] else "-",
-                "doctor": ", ".join(found) or "-",
-            }
+            claude_run(f"{template} template, {setting}", engine, {**where, "channel": channel})
         )
+    return rows
+
+
+def sglang_rows(claude: bool, only: str) -> list[dict]:
+    """The real SGLang of the tests serving the hoisting template: the reminder session
+    (defaults, ``system_in_place: false``; the ledger from the cache model, then from
+    SGLang's KV events) and, with ``claude``, the real Claude Code CLI the same ways."""
+    _tests_on_path()
+    from tests.real import harness, harness_sglang
+    from tests.real.agents import engine_settings
+
+    engine = f"SGLang {harness_sglang.SGLANG_VERSION}"
+    python = harness_sglang.ensure_sglang(print)
+    model = harness.ensure_agent_model(harness.ensure_vllm(print), print)
+    log = harness.cache_dir() / "logs" / "bench-sglang-hoisting.log"
+    server, events = harness_sglang.hoisting_server(python, model, log=log)
+
+    def flush() -> None:
+        httpx.post(server.url + "/flush_cache", timeout=60).raise_for_status()
+
+    cases = []  # the label, the stack's settings
+    for kv in (False, True):
+        for setting in ({}, {"system_in_place": False}):
+            label = "system_in_place: false" if setting else "defaults"
+            label += ", ledger from the KV events" if kv else ""
+            cases.append((label, engine_settings(server, events if kv else None, **setting)))
+    rows = []
+    server.start(print, timeout=1200)  # a loaded machine starts it slowly
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for label, where in cases:
+                case = f"reminder, hoisting template, {label}"
+                if only not in case:
+                    continue
+                flush()
+                # a session of its own per row: the flush removes the earlier rows' blocks,
+                # and SGLang's events report that as a removal (the ledger's `evicted`)
+                played = through_gateway(
+                    reminder_session(MODEL, seed=len(rows) + 1),
+                    Path(tmp) / str(len(rows)),
+                    template="hoisting",
+                    base_url=server.base_url,
+                    model_map={MODEL: server.served_model},
+                    **where["channel"],
+                )
+                rows.append(_played_row(case, engine, played, 1, None))
+        for label, where in cases if claude else ():
+            rows.append(claude_run(f"hoisting template, {label}", engine, where, flush))
+    finally:
+        server.stop()
     return rows
 
 
@@ -123,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--served-model", default="tiny", help="the real vLLMs' model name")
     ap.add_argument("--only", default="", help="run only the rows whose case holds this")
     ap.add_argument("--claude", action="store_true", help="the real Claude Code CLI's rows instead")
+    ap.add_argument("--sglang", action="store_true", help="the real SGLang's rows instead")
     ap.add_argument("--json", action="store_true", help="rows as JSON lines")
     args = ap.parse_args(argv)
     real = dict(v.split("=", 1) for v in args.vllm)
+    if args.sglang:
+        return _print(sglang_rows(args.claude, args.only), args.json)
     if args.claude:
         return _print(claude_rows(real, args.served_model), args.json)
     rows = []
@@ -141,18 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             played = through_gateway(
                 session, folder / str(len(rows)), template=template, base_url=url, **kw
             )
-            new = played.usage[start:end]
-            rows.append(
-                {
-                    "case": label,
-                    "engine": "vLLM" if url else "simulated vLLM",
-                    "hit": round(100 * played.hit_rate(start, end), 1),
-                    "prompt": sum(p for p, _ in new),
-                    "ledger": _causes(played.ledgers[start:end]) or "-",
-                    "source": played.ledgers[-1].source if played.ledgers else "-",
-                    "doctor": _findings(played),
-                }
-            )
+            engine = "vLLM" if url else "simulated vLLM"
+            rows.append(_played_row(label, engine, played, start, end))
 
         for events in (False, True):
             ev = " (KV events)" if events else ""

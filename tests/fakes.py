@@ -287,8 +287,8 @@ class ScriptedUpstream:
 
 
 class RecordingUpstream:
-    """An ASGI wrapper that keeps each request's path, JSON body (and its bytes, ``raw``),
-    status and (for errors) the response body."""
+    """An ASGI wrapper that keeps each request's path, headers, JSON body (and its bytes,
+    ``raw``), status and (for errors) the response body."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -298,7 +298,7 @@ class RecordingUpstream:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         body, out = bytearray(), bytearray()
-        entry: dict = {"path": scope["path"]}
+        entry: dict = {"path": scope["path"], "headers": scope["headers"]}
 
         async def recv():
             msg = await receive()

@@ -29,10 +29,11 @@ from prefixgate.events.publisher import PublisherSettings
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.traffic.template_sessions import wait_stored
+from prefixgate.traffic.template_sessions import until_rendering_learned
 from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.conftest import settled
 from tests.fakes import RecordingUpstream
+from tests.real import harness
 
 SIM_MODEL = "sim-model"
 CLI_TIMEOUT = 600
@@ -45,6 +46,7 @@ class Stack:
     upstream: RecordingUpstream  # what the gateway sent upstream
     model: str  # the model name the clients ask for
     app: object = None  # the gateway's ASGI app
+    received: RecordingUpstream | None = None  # what the gateway received
 
     def records(self, endpoint: str) -> list:
         with open_store(self.dsn) as store:
@@ -55,11 +57,43 @@ class Stack:
         with open_store(self.dsn) as store:
             return [store.get_ledger(r.request_id) for r in records]
 
-    def wait_stored(self) -> None:
-        """Until every request the gateway took is in the store with its ledger."""
+    def replay(self, entries: list[dict]) -> None:
+        """Send the requests ``entries`` (another stack's ``received``) to this gateway, one
+        at a time, with their headers, and read each answer to its end."""
+        with httpx.Client(timeout=CLI_TIMEOUT) as http:
+            for e in entries:
+                headers = [(k, v) for k, v in e["headers"] if k not in (b"host", b"content-length")]
+                http.post(self.url + e["path"], content=e["raw"], headers=headers)
+
+    def until_learned(self, limit: float = 300.0) -> None:
+        """Until the gateway has learned its upstream's rendering from ``/tokenize`` (a real
+        engine's tokenizer answers slowly on a loaded machine, and the first requests wait
+        only 2 s for it)."""
+        until_rendering_learned(self.url, limit)
+
+    def wait_stored(self, limit: float = 300.0) -> None:
+        """Until every request the gateway took is in the store, each with its ledger when
+        it has one (a prompt figure from a replica): read back from the store. A ledger
+        from KV events waits for the engine's ``/tokenize`` of the prompt, seconds on a
+        loaded machine, after the CLI has its answer (and the gateway's shutdown gives the
+        ledgers still queued only 2 s)."""
         gateway = self.app.state.gateway
         settled(gateway)
-        wait_stored(self.app, gateway.recorder.stats().written or 1)
+        writer = gateway.recorder
+        deadline = time.monotonic() + limit
+        while (st := writer.stats()).written + st.dropped + st.rejected < st.submitted:
+            assert time.monotonic() < deadline, f"records not stored: {st}"
+            time.sleep(0.05)
+        with open_store(self.dsn) as store:
+            records = list(store.iter_records())
+        waiting = [r.request_id for r in records if r.prompt_tokens and r.replica and r.channel]
+        ledger = self.app.state.ledger
+        while waiting:
+            with open_store(self.dsn) as store:
+                waiting = [rid for rid in waiting if store.get_ledger(rid) is None]
+            assert not ledger.failed, f"{ledger.failed} ledgers failed (the log says why)"
+            assert time.monotonic() < deadline, f"no ledger stored for {waiting}"
+            time.sleep(0.05)
 
 
 def forwarding_app(base: str):
@@ -72,7 +106,10 @@ def forwarding_app(base: str):
             return
         request = Request(scope, receive)
         async with httpx.AsyncClient(
-            base_url=base, timeout=httpx.Timeout(600, connect=10)
+            # a real engine on a loaded machine may accept late (10 s passed with SGLang
+            # at a load average of 30, and the gateway answered that turn with an error)
+            base_url=base,
+            timeout=httpx.Timeout(600, connect=60),
         ) as client:
             up = client.build_request(
                 request.method,
@@ -143,7 +180,8 @@ def stack(
             }
         )
         app = build_app(config)
-        with ServerThread(app) as gw:
+        received = RecordingUpstream(app)
+        with ServerThread(received) as gw:
             if events:
                 assert pub.wait_for_subscribers(1, 30), "the gateway never subscribed"
             elif "kv_events" in ch:  # a real engine's publisher connects to the hub
@@ -151,7 +189,16 @@ def stack(
                 while not app.state.events.listening():
                     assert time.monotonic() < deadline, app.state.events.statuses()
                     time.sleep(0.05)
-            yield Stack(gw.url, dsn, upstream, model, app)
+            yield Stack(gw.url, dsn, upstream, model, app, received)
+
+
+def engine_settings(server, events: dict | None = None, **channel) -> dict:
+    """The settings of :func:`stack` for a real engine (a ``VllmServer``, vLLM or SGLang);
+    with ``events`` (its ``--kv-events-config``) the gateway reads its KV events (the
+    channel's ``kv_events`` names the engine's addresses)."""
+    if events is not None:
+        channel["kv_events"] = harness.kv_events_channel(server, events)["kv_events"]
+    return {"vllm_url": server.url, "model": server.served_model, "channel": channel}
 
 
 class _Cli:

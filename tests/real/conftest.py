@@ -52,17 +52,23 @@ def tiny_model(vllm_python, say) -> harness.Path:
     return harness.ensure_model(vllm_python, say)
 
 
-def _serve(
-    python, model, say, name: str, kind=harness.VllmServer, **kw
-) -> Iterator[harness.VllmServer]:
-    log = harness.cache_dir() / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    server = kind(python, model, log=log, **kw)
+def _log(name: str) -> harness.Path:
+    return harness.cache_dir() / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+
+
+def _running(server, say, name: str) -> Iterator:
     server.start(say)
     try:
         yield server
     finally:
         say(f"stopping {name} on port {server.port}")
         server.stop()
+
+
+def _serve(
+    python, model, say, name: str, kind=harness.VllmServer, **kw
+) -> Iterator[harness.VllmServer]:
+    yield from _running(kind(python, model, log=_log(name), **kw), say, name)
 
 
 @pytest.fixture(scope="session")
@@ -210,22 +216,13 @@ def sglang_agent(sglang_python, agent_model, say) -> Iterator[harness_sglang.Sgl
 def sglang_hoisting(
     sglang_python, agent_model, say
 ) -> Iterator[tuple[harness_sglang.SglangServer, dict]]:
-    """SGLang serving the agent model with the project's hoisting template (``--chat-template``,
-    for ``test_sglang_rendering.py``), publishing its KV events
-    (its PUB socket bound, the gateway connects); yields the server and its event settings."""
-    events = harness_sglang.sglang_kv_events_config(bind=True)
-    extra = ("--chat-template", str(template_file("hoisting")))
-    for server in _serve_sglang(
-        sglang_python,
-        agent_model,
-        say,
-        "sglang-agent-hoisting",
-        max_model_len=harness.AGENT_MAX_MODEL_LEN,
-        # three 64k windows: the unprotected sessions (a new head every turn) never evict
-        max_total_tokens=3 * harness.AGENT_MAX_MODEL_LEN,
-        extra_args=(*extra, "--kv-events-config", json.dumps(events)),
-    ):
-        yield server, events
+    """SGLang serving the agent model with the project's hoisting template, publishing its
+    KV events (``harness_sglang.hoisting_server``; for ``test_sglang_rendering.py``); yields
+    the server and its event settings."""
+    name = "sglang-agent-hoisting"
+    server, events = harness_sglang.hoisting_server(sglang_python, agent_model, log=_log(name))
+    for running in _running(server, say, name):
+        yield running, events
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from tests.real.harness import (
+    AGENT_MAX_MODEL_LEN,
     BLOCK_SIZE,
     MAX_MODEL_LEN,
     TORCH_VERSION,
@@ -298,3 +299,24 @@ class SglangServer(VllmServer):
                 f"SGLang called a function of the stand-in sgl_kernel (see {self.log}): "
                 "this version needs the CPU kernels"
             )
+
+
+def hoisting_server(python: Path, model: Path, *, log: Path) -> tuple[SglangServer, dict]:
+    """SGLang serving ``model`` (the agent model: a 64k window) with the project's
+    DeepSeek-like template (``--chat-template``: every system message gathered at the
+    head), publishing its KV events (its PUB socket bound, the gateway connects), its KV
+    cache three windows large (sessions that recompute every turn never evict); not
+    started. The server and its ``--kv-events-config``."""
+    from prefixgate.cache.render import template_file
+
+    events = sglang_kv_events_config(bind=True)
+    extra = ("--chat-template", str(template_file("hoisting")))
+    server = SglangServer(
+        python,
+        model,
+        log=log,
+        max_model_len=AGENT_MAX_MODEL_LEN,
+        max_total_tokens=3 * AGENT_MAX_MODEL_LEN,
+        extra_args=(*extra, "--kv-events-config", json.dumps(events)),
+    )
+    return server, events

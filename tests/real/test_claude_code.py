@@ -16,9 +16,17 @@ import re
 import httpx
 import pytest
 
-from prefixgate.doctor import diagnose
 from tests.real import harness
-from tests.real.agents import Claude, check_stable_prefix, converse, stack
+from tests.real.agents import Claude, check_stable_prefix, converse, engine_settings, stack
+from tests.real.reminder import (
+    AGENT_ENV,
+    PROMPTS,
+    REMINDER,
+    check_booked_as_the_templates,
+    four_turns,
+    later_turns_hit,
+    model_calls,
+)
 
 BLOCK = 32
 BILLING = "x-anthropic-billing-header"
@@ -125,28 +133,13 @@ def test_two_turns_through_the_real_vllm_hit_its_prefix_cache(claude_exe, vllm_a
 
 
 # -- the engine's template: Claude Code's <total_tokens> reminder (docs/rendering.md) -----
-REMINDER = {"CLAUDE_CODE_TOTAL_TOKENS_REMINDER": "countdown"}
-PROMPTS = ("say hi", "and once more", "and a third time", "and a last one")
-
-
-def _four_turns(cli: Claude) -> None:
-    for i, prompt in enumerate(PROMPTS):
-        cli.run(prompt, resume=i > 0)
-
-
-def _later_turns_hit(recs) -> float:
-    later = recs[1:]
-    return sum(r.cached_tokens or 0 for r in later) / sum(r.prompt_tokens for r in later)
 
 
 def _conversation(s) -> list:
-    recs = [r for r in s.records("messages") if r.status == 200 and _tools_sent(r)]
+    """The CLI's model calls: one a turn on these engines."""
+    recs = model_calls(s)
     assert len(recs) == len(PROMPTS), [(r.status, r.prompt_tokens) for r in recs]
     return recs
-
-
-def _tools_sent(rec) -> bool:
-    return any(seg.name == "tools" for seg in rec.segments_in or ())
 
 
 def test_the_reminder_on_a_hoisting_template_hits_with_the_defaults(claude_exe, tmp_path):
@@ -154,14 +147,43 @@ def test_the_reminder_on_a_hoisting_template_hits_with_the_defaults(claude_exe, 
     message gathered at the head): the gateway learns it and delivers the CLI's later
     system messages inside its turns; turns 2-4 hit as on a template that keeps them."""
     with stack(tmp_path, chat_template="hoisting") as s:
-        _four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
+        four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
     recs = _conversation(s)
-    assert _later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
+    assert later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
     last = s.upstream.chats()[-1]["body"]["messages"]
     # the reminders reached the engine, in place, marked; no later system message left
     assert [m["role"] for m in last].count("system") == 1
     assert sum("<total_tokens>" in json.dumps(m) for m in last[1:]) >= len(PROMPTS)
     assert "<system>\\n<total_tokens>" in json.dumps(last)
+
+
+def test_the_reminder_on_an_in_place_template_goes_upstream_as_the_cli_sent_it(
+    claude_exe, tmp_path
+):
+    """The simulated vLLM serving a template that keeps system messages where they stand:
+    the gateway learns it and leaves the CLI's later system messages alone (system
+    messages upstream, where the CLI put them, unmarked); turns 2-4 hit; and the CLI's
+    requests replayed through a gateway with ``system_in_place: false`` go upstream byte
+    for byte as they did with the defaults."""
+    with stack(tmp_path / "defaults", chat_template="in_place") as s:
+        four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
+        details = httpx.get(s.url + "/healthz?details=1", timeout=30).json()["details"]
+    [rendering] = details["rendering"]
+    assert rendering["system"] == "in_place" and rendering["system_in_place"] is False
+    recs = _conversation(s)
+    assert later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
+    last = s.upstream.chats()[-1]["body"]["messages"]
+    reminders = [m for m in last[1:] if "<total_tokens>" in json.dumps(m)]
+    assert len(reminders) >= len(PROMPTS)
+    assert all(m["role"] == "system" for m in reminders), reminders
+    assert "<system>" not in json.dumps(last)
+    asked = [e for e in s.received.seen if e["path"] == "/v1/messages"]
+    with stack(
+        tmp_path / "off", chat_template="in_place", channel={"system_in_place": False}
+    ) as off:
+        off.replay(asked)
+    sent = [e["raw"] for e in s.upstream.chats()]
+    assert len(sent) == len(asked) and [e["raw"] for e in off.upstream.chats()] == sent
 
 
 @pytest.mark.parametrize("events", [False, True])
@@ -173,34 +195,9 @@ def test_the_reminder_unprotected_is_booked_and_diagnosed_as_the_templates(
     doctor names the template's hoisting, and no capacity finding on an unlimited cache."""
     off = {"system_in_place": False}
     with stack(tmp_path, chat_template="hoisting", channel=off, events=events) as s:
-        _four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
+        four_turns(Claude(claude_exe, s, tmp_path, **REMINDER))
         s.wait_stored()
-    recs = _conversation(s)
-    assert _later_turns_hit(recs) < 0.5
-    ledgers = s.ledgers(recs)
-    for x in ledgers[1:]:
-        assert x.source == ("events" if events else "model")
-        assert (x.changed_segment or "").endswith(":system@head"), x
-        assert x.prefix_changed > 0.5 * x.prompt_tokens and x.evicted == 0, x
-    d = diagnose(s.dsn)
-    kinds = {f.kind: f for f in d.findings}
-    assert "moves each new system message to the head" in kinds["template_hoisting"].title
-    assert "kv_capacity" not in kinds
-
-
-def _real(vllm, events: dict | None, **channel) -> dict:
-    """The stack's settings for the real vLLM; with ``events``, the gateway reads its KV
-    events (the subscriber binds the endpoint the engine's publisher connects to)."""
-    if events is not None:
-        channel["kv_events"] = harness.kv_events_channel(vllm, events)["kv_events"]
-    return {"vllm_url": vllm.url, "model": vllm.served_model, "channel": channel}
-
-
-AGENT_ENV = {
-    **REMINDER,
-    "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(harness.AGENT_MAX_MODEL_LEN),
-    "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
-}
+    check_booked_as_the_templates(s, _conversation(s), events)
 
 
 def test_the_reminder_through_the_real_vllm_with_a_hoisting_template(
@@ -209,11 +206,12 @@ def test_the_reminder_through_the_real_vllm_with_a_hoisting_template(
     """The real vLLM started with the project's hoisting template (``--chat-template``):
     the gateway learns it from vLLM's /tokenize; with the defaults turns 2-4 hit."""
     vllm, _ = vllm_agent_hoisting
-    with stack(tmp_path, **_real(vllm, None)) as s:
-        _four_turns(Claude(claude_exe, s, tmp_path, **AGENT_ENV))
+    with stack(tmp_path, **engine_settings(vllm)) as s:
+        s.until_learned()  # the claim is about the gateway once it knows the template
+        four_turns(Claude(claude_exe, s, tmp_path, **AGENT_ENV))
     recs = _conversation(s)
     assert recs[0].prompt_tokens > 10_000  # Claude Code's real prompt
-    assert _later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
+    assert later_turns_hit(recs) >= 0.9, [(r.prompt_tokens, r.cached_tokens) for r in recs]
 
 
 @pytest.mark.parametrize("events", [False, True])
@@ -224,22 +222,9 @@ def test_the_reminder_unprotected_through_the_real_vllm_is_diagnosed(
     ledger (from vLLM's KV events, or the cache model) books it as prefix_changed at the
     moved system message; the doctor names the template's hoisting, never capacity."""
     vllm, kv = vllm_agent_hoisting
-    settings = _real(vllm, kv if events else None, system_in_place=False)
+    settings = engine_settings(vllm, kv if events else None, system_in_place=False)
     with stack(tmp_path, **settings) as s:
-        _four_turns(Claude(claude_exe, s, tmp_path, **AGENT_ENV))
+        s.until_learned()  # else the first turn's segments are in the assumed order
+        four_turns(Claude(claude_exe, s, tmp_path, **AGENT_ENV))
         s.wait_stored()
     check_booked_as_the_templates(s, _conversation(s), events)
-
-
-def check_booked_as_the_templates(s, recs, events: bool) -> None:
-    """An unprotected conversation on a real engine with a hoisting template: it recomputes
-    each turn; the ledger (from KV events, or the cache model) books it as prefix_changed
-    at the moved system message; the doctor names the template's hoisting, never capacity."""
-    assert _later_turns_hit(recs) < 0.5, [(r.prompt_tokens, r.cached_tokens) for r in recs]
-    for x in s.ledgers(recs)[1:]:
-        assert x.source == ("events" if events else "model")
-        assert (x.changed_segment or "").endswith(":system@head"), x
-        assert x.prefix_changed > 0.5 * x.prompt_tokens and x.evicted == 0, x
-    kinds = {f.kind: f for f in diagnose(s.dsn).findings}
-    assert "moves each new system message to the head" in kinds["template_hoisting"].title
-    assert "kv_capacity" not in kinds

@@ -13,22 +13,17 @@ as ``test_ledger.py`` does."""
 from __future__ import annotations
 
 import secrets
-import time
 
 import anthropic
 import httpx
 
-from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.diagnostics.verdict import EXTENSION
 from prefixgate.events import content_keys
-from prefixgate.serve.app import build_app
-from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from tests.conftest import settled
 from tests.real import harness
+from tests.real.engine_gateway import gateway, tokenize, until_held, until_listening, until_written
 from tests.real.test_kv_events import session_prompt
-from tests.real.test_ledger import until_held
 
 B = harness.BLOCK_SIZE
 
@@ -36,20 +31,10 @@ B = harness.BLOCK_SIZE
 def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None:
     server, events = vllm_kv_events
     channel = harness.kv_events_channel(server, events)
-    dsn = f"sqlite:///{tmp_path}/real.db"
-    config = parse_config(
-        {"channels": [channel], "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")}}
-    )
     nonce = secrets.token_hex(4)
-    app = build_app(config)
-    with ServerThread(app) as srv, httpx.Client(timeout=120) as http:
-        hub = app.state.events
-        deadline = time.monotonic() + 120
-        while not hub.subscriber("real", server.base_url).listening:
-            assert time.monotonic() < deadline, hub.statuses()
-            time.sleep(0.01)
-        index = hub.channels["real"].index
-        client = anthropic.Anthropic(base_url=srv.url, api_key="any", max_retries=0)
+    with gateway(tmp_path, channel) as gw, httpx.Client(timeout=120) as http:
+        index = until_listening(gw.app, (server.base_url,))
+        client = anthropic.Anthropic(base_url=gw.url, api_key="any", max_retries=0)
 
         def ask(system: str, messages: list[dict], previous=..., stream=False):
             body = {"model": server.served_model, "max_tokens": 1, "system": system}
@@ -65,11 +50,8 @@ def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None
                 {k: v for k, v in body.items() if k != "diagnostics"},
                 ConvertOptions(upstream_model=server.served_model),
             )
-            tok = http.post(
-                server.url + "/tokenize",
-                json={"model": server.served_model, "messages": sent["messages"]},
-            )
-            until_held(index, (server.base_url,), content_keys(tok.json()["tokens"], B))
+            keys = content_keys(tokenize(http, server, sent["messages"]), B)
+            until_held(index, (server.base_url,), keys)
             return got
 
         system = session_prompt(nonce, 0)
@@ -84,13 +66,8 @@ def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None
             {"role": "user", "content": "Step 1: read part_1.py."},
         ]
         events, second = ask(system, turn2, first.id, stream=True)
-        settled(app.state.gateway)
-        ledger_worker, writer = app.state.ledger, app.state.gateway.recorder
-        deadline = time.monotonic() + 120
-        while ledger_worker.written < 6 or writer.stats().written < 6:
-            assert time.monotonic() < deadline, (ledger_worker.computed, writer.stats())
-            time.sleep(0.05)
-        looked_up = http.get(f"{srv.url}/v1/diagnostics/{second.id}").json()
+        until_written(gw.app, 6)
+        looked_up = http.get(f"{gw.url}/v1/diagnostics/{second.id}").json()
     assert second.diagnostics is None  # nothing in the request changed
     delta = next(e for e in events if e.type == "message_delta")
     engine = getattr(delta, EXTENSION)["engine"]
@@ -100,7 +77,7 @@ def test_an_evicted_prefix_on_a_real_vllm(vllm_kv_events, say, tmp_path) -> None
     assert ledger["parts"]["evicted"] > 0 and ledger["parts"]["prefix_changed"] == 0
     assert engine["cached_tokens"] == ledger["parts"]["hit"]
     assert engine["missed_tokens"] == engine["prompt_tokens"] - ledger["parts"]["hit"]
-    with open_store(dsn) as store:
+    with open_store(gw.dsn) as store:
         assert store.get_ledger(second.id.removeprefix("msg_")).parts() == ledger["parts"]
         stored = store.get_ledger(second.id.removeprefix("msg_")).as_dict()
     # the same ledger came at the stream's end, computed when vLLM's usage arrived

@@ -12,7 +12,6 @@ Every test starts its prompts with a fresh nonce, so tests share the server's ca
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import secrets
@@ -30,10 +29,9 @@ from prefixgate.routing.health import HealthChecker
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.upstream import Upstream
-from prefixgate.upstream.order import learn
 from tests.conftest import settled
 from tests.real import harness_sglang
+from tests.real.engine_gateway import check_render_order
 from tests.real.test_vllm import CacheModel, system_prompt
 
 PAGE = harness_sglang.SGLANG_PAGE_SIZE
@@ -292,33 +290,18 @@ def test_sglangs_errors_are_the_clients_and_never_the_replicas(sglang, tmp_path)
 
 def test_the_render_order_is_learned_from_sglangs_tokenize(sglang, tiny_model):
     """The gateway asks SGLang's ``/tokenize`` (it takes messages and tools, as vLLM's
-    does) where the model's template puts the tools; the answer agrees with the template."""
-    ch = parse_config({"channels": [{"name": "real-sglang", "base_url": sglang.base_url}]})
-    channel = ch.channels[0]
+    does) where the model's template puts the tools; the answer agrees with the template.
+    SGLang's /health at the root, beside /v1: up; a closed port: down."""
+    health = {}
 
-    async def learn_and_probe():
-        transport = Upstream()
-        try:
-            got = await learn(channel, transport)
-            checker = HealthChecker(ch.channels, lambda *_: None, transport=transport)
-            up = await checker.probe(channel, sglang.base_url)
-            down = await checker.probe(channel, "http://127.0.0.1:9/v1")
-            return got, up, down
-        finally:
-            await transport.aclose()
+    async def probe(config, transport) -> None:
+        checker = HealthChecker(config.channels, lambda *_: None, transport=transport)
+        channel = config.channels[0]
+        health["up"] = await checker.probe(channel, sglang.base_url)
+        health["down"] = await checker.probe(channel, "http://127.0.0.1:9/v1")
 
-    got, up, down = asyncio.run(learn_and_probe())
-    assert got is not None and got.source == "tokenize", got
-    template = CacheModel(tiny_model).template
-    messages = [{"role": "system", "content": "SYSTEM-MARK"}, {"role": "user", "content": "u"}]
-    tools = [{"type": "function", "function": {"name": "TOOL_MARK", "parameters": {}}}]
-    text = template.render(messages, tools, True)
-    expected = (
-        "system_first" if text.index("SYSTEM-MARK") < text.index("TOOL_MARK") else "tools_first"
-    )
-    assert got.order == expected
-    # SGLang's /health at the root, beside /v1: up; a closed port: down
-    assert (up, down) == (True, False)
+    check_render_order(sglang.base_url, tiny_model, probe)
+    assert health == {"up": True, "down": False}
 
 
 # -- 5. a second configuration: reasoning parser on, cache report off ---------------------

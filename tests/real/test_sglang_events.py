@@ -23,13 +23,18 @@ import httpx
 
 from prefixgate.config import parse_config
 from prefixgate.events import EngineEvents, content_keys
-from prefixgate.ledger import CAUSES
-from prefixgate.serve.app import build_app
-from prefixgate.serve.process import ServerThread
-from prefixgate.store import open_store
 from tests.real import harness, harness_sglang
+from tests.real.engine_gateway import (
+    check_ledgers_on_one_replica,
+    check_precise_routing,
+    drive,
+    gateway,
+    precise_channel,
+    say_ledgers,
+    send_turns,
+    stored,
+)
 from tests.real.test_kv_events import session_prompt, turn
-from tests.real.test_ledger import drive, until_held, until_listening, until_written
 
 PAGE = harness_sglang.SGLANG_PAGE_SIZE
 
@@ -38,53 +43,20 @@ def _channel(server, events: dict) -> dict:
     return harness.kv_events_channel(server, events)
 
 
-def _ledgers(dsn: str, sent: list[str]) -> tuple[dict, list]:
-    with open_store(dsn) as store:
-        records = {r.request_id: r for r in store.iter_records()}
-        ledgers = [store.get_ledger(rid) for rid in sent]
-    assert all(x is not None for x in ledgers)
-    return records, ledgers
-
-
-def _say_ledgers(say, records: dict, ledgers: list) -> None:
-    for x in ledgers:
-        rec = records[x.request_id]
-        say(
-            f"{rec.session_id[-1]} {rec.replica[-5:-3]} prompt {x.prompt_tokens:5d} engine "
-            f"{x.engine_cached:5d} index {x.index_predicted:5d} "
-            + " ".join(f"{c} {v}" for c, v in x.parts().items() if v)
-        )
-
-
 def test_the_index_and_the_ledger_on_a_real_sglang(sglang_events, say, tmp_path) -> None:
     """Bind mode. Three sessions, six turns, through the gateway with a store: every ledger
     sums to its ``prompt_tokens`` at SGLang's page size, the index predicts SGLang's
     ``cached_tokens`` on at least 99% of requests while the sessions evict each other."""
     server, events = sglang_events
-    channel = _channel(server, events)
-    dsn = f"sqlite:///{tmp_path}/sglang.db"
-    config = parse_config(
-        {"channels": [channel], "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")}}
-    )
-    app = build_app(config)
-    with ServerThread(app) as srv:
-        sent = drive(app, srv.url, server, (server.base_url,), turns=6)
-        mismatches = app.state.ledger.token_mismatches
-        status = app.state.events.statuses()
-    records, ledgers = _ledgers(dsn, sent)
-    _say_ledgers(say, records, ledgers)
+    with gateway(tmp_path, _channel(server, events), "sglang") as gw:
+        sent = drive(gw.app, gw.url, server, (server.base_url,), turns=6)
+        mismatches = gw.app.state.ledger.token_mismatches
+        status = gw.app.state.events.statuses()
+    records, ledgers = stored(gw.dsn, sent)
+    say_ledgers(say, records, ledgers)
     say(f"events status: {status}")
-    assert mismatches == 0  # SGLang's /tokenize is exact
-    for x in ledgers:
-        assert x.source == "events" and x.total() == records[x.request_id].prompt_tokens
-        assert x.hit == x.engine_cached and x.hit % PAGE == 0
-    agree = sum(x.index_predicted == x.engine_cached for x in ledgers)
-    say(f"the index predicted SGLang's cached_tokens for {agree} of {len(ledgers)} requests")
-    assert agree >= 0.99 * len(ledgers)
-    totals = {c: sum(getattr(x, c) for x in ledgers) for c in CAUSES}
-    say(f"tokens by cause: {totals}")
-    assert totals["evicted"] > 0 and totals["hit"] > 0 and totals["cold"] > 0
-    assert totals["unknown"] == 0 and totals["elsewhere"] == 0  # one replica
+    check_ledgers_on_one_replica(say, records, ledgers, mismatches)
+    assert all(x.hit % PAGE == 0 for x in ledgers)  # SGLang's cache hits whole pages
 
 
 def test_a_changed_system_prompt_is_booked_prefix_changed(sglang_events, say, tmp_path):
@@ -92,24 +64,16 @@ def test_a_changed_system_prompt_is_booked_prefix_changed(sglang_events, say, tm
     the pages before the edit, and the ledger books the previous prompt's tokens after it
     ``prefix_changed`` at the system segment (the rest of the new tail ``cold``)."""
     server, events = sglang_events
-    dsn = f"sqlite:///{tmp_path}/changed.db"
-    config = parse_config(
-        {
-            "channels": [_channel(server, events)],
-            "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")},
-        }
-    )
     nonce = secrets.token_hex(4)
     system = session_prompt(nonce, 0)
     middle = system.index(" ", len(system) // 2)
     edited = system[:middle] + " (edited)" + system[middle:]
     first = [{"role": "system", "content": system}, turn(0, 0)[0]]
     second = [{"role": "system", "content": edited}, *turn(0, 0), turn(0, 1)[0]]
-    app = build_app(config)
-    with ServerThread(app) as srv:
-        sent = send_turns(app, srv.url, server, f"{nonce}-0", [first, second])
-    records, ledgers = _ledgers(dsn, sent)
-    _say_ledgers(say, records, ledgers)
+    with gateway(tmp_path, _channel(server, events), "changed") as gw:
+        sent = send_turns(gw.app, gw.url, server, f"{nonce}-0", [first, second])
+    records, ledgers = stored(gw.dsn, sent)
+    say_ledgers(say, records, ledgers)
     x = ledgers[1]
     assert x.total() == records[x.request_id].prompt_tokens
     assert 0 < x.hit < ledgers[0].prompt_tokens // 2 + PAGE
@@ -201,75 +165,13 @@ def test_precise_routing_over_two_real_sglangs(
     channel with ``routing: precise`` and the model's template and tokenizer: every
     decision comes from the events, each session stays on one replica and hits its
     history, every ledger sums to its prompt and the index predicts SGLang's figure."""
-    (a, ev_a), (b, ev_b) = sglang_events, sglang_events_b
-    channel = {
-        "name": "real",
-        "base_url": a.base_url,
-        "replicas": [b.base_url],
-        "routing": "precise",
-        "chat_template": str(tiny_model / "tokenizer_config.json"),
-        "tokenizer": f"hf:{tiny_model}",
-        "kv_events": {
-            "topic": ev_a["topic"],
-            "block_size": PAGE,
-            "replicas": [
-                {k: ev[k] for k in ("endpoint", "replay_endpoint")} for ev in (ev_a, ev_b)
-            ],
-        },
-    }
-    dsn = f"sqlite:///{tmp_path}/precise.db"
-    config = parse_config(
-        {"channels": [channel], "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")}}
-    )
-    app = build_app(config)
-    with ServerThread(app) as srv:
-        sent = drive(app, srv.url, a, (a.base_url, b.base_url), turns=4)
-        modes = {s["replica"]: s["mode"] for s in app.state.events.statuses()}
-    records, ledgers = _ledgers(dsn, sent)
-    _say_ledgers(say, records, ledgers)
+    (a, _), (b, _) = sglang_events, sglang_events_b
+    channel = precise_channel((sglang_events, sglang_events_b), tiny_model)
+    with gateway(tmp_path, channel, "precise") as gw:
+        sent = drive(gw.app, gw.url, a, (a.base_url, b.base_url), turns=4)
+        modes = {s["replica"]: s["mode"] for s in gw.app.state.events.statuses()}
+    records, ledgers = stored(gw.dsn, sent)
+    say_ledgers(say, records, ledgers)
     say(f"subscriber modes: {modes}")
     assert sorted(modes.values()) == ["bind", "connect"]
-    served: dict[str, set] = {}
-    for rid in sent:
-        served.setdefault(records[rid].session_id, set()).add(records[rid].replica)
-    say(f"replicas per session: {served}")
-    assert all(records[rid].route_source == "events" for rid in sent)
-    for x in ledgers:
-        assert x.source == "events" and x.total() == records[x.request_id].prompt_tokens
-    later = ledgers[3:]
-    assert sum(x.elsewhere for x in later) == 0
-    assert all(x.elsewhere <= PAGE for x in ledgers[:3])
-    assert all(x.hit > 0 for x in later), [x.hit for x in later]
-    assert all(len(urls) == 1 for urls in served.values())
-    agree = sum(x.index_predicted == x.engine_cached for x in ledgers)
-    say(f"the index predicted SGLang's cached_tokens for {agree} of {len(ledgers)}")
-    assert agree >= 0.99 * len(ledgers)
-
-
-def send_turns(app, url: str, server, session: str, prompts: list[list[dict]]) -> list[str]:
-    """Each prompt through the gateway at ``url`` as one session, one at a time, each
-    followed by a wait until the index holds its whole pages; then until every record and
-    ledger is written. The request ids."""
-    index = until_listening(app, (server.base_url,))
-    sent = []
-    with httpx.Client(timeout=120) as http:
-        for messages in prompts:
-            r = http.post(
-                url + "/v1/chat/completions",
-                json={"model": server.served_model, "messages": messages, "max_tokens": 1},
-                headers={"x-session-id": session},
-            )
-            assert r.status_code == 200, r.text
-            sent.append(r.headers["x-request-id"])
-            keys = content_keys(tokenize(http, server, messages), PAGE)
-            until_held(index, (server.base_url,), keys)
-    until_written(app, len(sent))
-    return sent
-
-
-def tokenize(http: httpx.Client, server, messages: list[dict]) -> list[int]:
-    r = http.post(
-        server.url + "/tokenize", json={"model": server.served_model, "messages": messages}
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["tokens"]
+    check_precise_routing(say, sent, records, ledgers)

@@ -10,7 +10,6 @@ Every test starts its prompts with a fresh nonce, so tests share the server's ca
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -29,9 +28,8 @@ from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.doctor import diagnose, render_text
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.upstream import Upstream
-from prefixgate.upstream.order import learn
 from tests.real import harness
+from tests.real.engine_gateway import check_render_order
 
 BLOCK = harness.BLOCK_SIZE
 DOC = Path(__file__).resolve().parents[2] / "docs" / "real-vllm.md"
@@ -495,23 +493,4 @@ def test_doctor_names_the_billing_header_on_real_traffic(vllm_no_strip, tmp_path
 def test_the_render_order_is_learned_from_vllms_tokenize(vllm, tiny_model):
     """The gateway asks vLLM's /tokenize (messages and tools) where the model's template
     puts the tools; the answer agrees with the template rendered here."""
-    channel = parse_config({"channels": [{"name": "real-vllm", "base_url": vllm.base_url}]})
-    ch = channel.channels[0]
-
-    async def learn_once():
-        transport = Upstream()
-        try:
-            return await learn(ch, transport)
-        finally:
-            await transport.aclose()
-
-    got = asyncio.run(learn_once())
-    assert got is not None and got.source == "tokenize", got
-    template = CacheModel(tiny_model).template
-    messages = [{"role": "system", "content": "SYSTEM-MARK"}, {"role": "user", "content": "u"}]
-    tools = [{"type": "function", "function": {"name": "TOOL_MARK", "parameters": {}}}]
-    text = template.render(messages, tools, True)
-    expected = (
-        "system_first" if text.index("SYSTEM-MARK") < text.index("TOOL_MARK") else "tools_first"
-    )
-    assert got.order == expected
+    check_render_order(vllm.base_url, tiny_model)

@@ -12,6 +12,7 @@ from prefixgate.traffic.template_sessions import (
     thinking_loop_session,
     through_gateway,
 )
+from prefixgate.upstream_sim import SimSettings, running_upstreams
 
 MODEL = "claude-haiku-4-5"
 
@@ -93,3 +94,17 @@ def test_reasoning_rendered_only_after_the_last_query_is_measured_and_explained(
     assert "only after the last user query" in finding.title
     assert any("history_thinking: drop" in f for f in finding.fix)
     assert "kv_capacity" not in _kinds(qwen)
+
+
+def test_an_engine_at_a_url_is_played_once_the_gateway_knows_its_template(tmp_path):
+    """Over an engine the bench did not start (a real vLLM or SGLang; here the simulated
+    one serving the hoisting template): the session goes once the gateway has learned the
+    template from the engine's /tokenize, so every turn is protected."""
+    sim = SimSettings(block_size=32, chat_template="hoisting", max_model_len=1_000_000)
+    with running_upstreams(sim, replicas=1) as [up]:
+        played = through_gateway(
+            reminder_session(MODEL, 4), tmp_path, template=None, base_url=up.base_url
+        )
+    assert played.hit_rate() >= 0.9, played.usage
+    assert all(x.prefix_changed == 0 for x in played.ledgers)
+    assert "template_hoisting" not in _kinds(played)

@@ -36,6 +36,7 @@ __all__ = [
     "reminder_session",
     "thinking_loop_session",
     "through_gateway",
+    "until_rendering_learned",
     "wait_stored",
 ]
 
@@ -208,9 +209,10 @@ def through_gateway(
 ) -> Played:
     """Play ``bodies`` through a gateway (a SQLite store in ``folder``) over the simulated
     vLLM serving ``template`` (one of the project's own by name, or a file) with unlimited
-    KV cache, or over the upstream at ``base_url`` (its ``/v1`` URL); with ``events`` the
-    simulated engine publishes its KV events and the gateway reads them. ``channel``: the
-    channel's settings beyond its name and URL."""
+    KV cache, or over the upstream at ``base_url`` (its ``/v1`` URL: a real engine, once the
+    gateway has learned its template and, when ``channel`` names ``kv_events``, listens to
+    its events); with ``events`` the simulated engine publishes its KV events and the
+    gateway reads them. ``channel``: the channel's settings beyond its name and URL."""
     from prefixgate.config import parse_config
     from prefixgate.doctor import diagnose
     from prefixgate.events.publisher import PublisherSettings
@@ -228,6 +230,7 @@ def through_gateway(
         max_model_len=1_000_000,
         kv_events=kv if events else None,
     )
+    real = base_url is not None
     with contextlib.ExitStack() as stack:
         if base_url is None:
             [up] = stack.enter_context(running_upstreams(sim, replicas=1))
@@ -255,6 +258,13 @@ def through_gateway(
             while not pub.wait_for_subscribers(1, 0.1):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the gateway never subscribed to the engine's events")
+        if real:  # the claim is about the gateway once it knows the engine's template
+            until_rendering_learned(gw.url)
+            deadline = time.monotonic() + 120
+            while "kv_events" in ch and not app.state.events.listening():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the engine's KV events never reached the gateway")
+                time.sleep(0.05)
         usage = []
         for body in bodies:
             usage += play(gw.url, iter([body]))
@@ -265,6 +275,20 @@ def through_gateway(
         recs = [r for r in st.iter_records() if r.endpoint == "messages"]
         ledgers = [st.get_ledger(r.request_id) for r in recs]
     return Played(usage, ledgers, diagnose(dsn))
+
+
+def until_rendering_learned(url: str, limit: float = 300.0) -> None:
+    """Until the gateway at ``url`` has learned each channel's rendering from its upstream's
+    ``/tokenize`` (``/healthz?details=1``): a real engine's tokenizer answers slowly on a
+    loaded machine, and the first requests wait only 2 s for it."""
+    deadline = time.monotonic() + limit
+    while True:
+        details = httpx.get(url + "/healthz?details=1", timeout=30).json()["details"]
+        if all(r["source"] == "tokenize" for r in details["rendering"]):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the upstream's rendering was not learned: {details['rendering']}")
+        time.sleep(0.5)
 
 
 def _applied(app, up, limit: float = 30.0) -> None:
