@@ -59,7 +59,11 @@ def record(
             "strip_anthropic_billing_header": False,
             **(channel or {}),
         }
-        cfg = parse_config({"channels": [ch], "store": {"dsn": dsn}, **(config or {})})
+        # No load shedding: these sessions are what the doctor reads, and a busy machine's
+        # late loop refused one with a 529 that says nothing of the doctor.
+        extra = dict(config or {})
+        server = {"shed_loop_lag": None, **extra.pop("server", {})}
+        cfg = parse_config({"channels": [ch], "store": {"dsn": dsn}, "server": server, **extra})
         spec = bk.spec_for(sessions=sessions, turns=turns, models=(model,))
         with ServerThread(build_app(cfg)) as gw:
             statuses = asyncio.run(send(gw.url, bk.sessions(case, spec), ok_only=ok_only))
