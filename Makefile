@@ -21,6 +21,7 @@ test: $(STAMP)
 	bash scripts/system-deps.sh
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 serve: $(STAMP)

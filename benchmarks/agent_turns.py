@@ -3,7 +3,7 @@
     python benchmarks/agent_turns.py [--sessions 4] [--turns 64] [--settle 0.7]
                                      [--only NAME,…] [--no-litellm] [--json]
 
-The bodies come from the project's own traffic generator (``prefixgate.traffic``), in
+The bodies come from the project's own traffic generator (``prefixgate.lab.traffic``), in
 Claude Code's shape: ``--sessions`` sessions of ``--turns`` turns each (tools, the billing
 header, a mid-conversation system message, thinking blocks, code pastes and tool results,
 the moving ``cache_control`` marker), growing from ~80 KB past 300 KB, no compaction.
@@ -55,8 +55,8 @@ import overhead as ov  # noqa: E402
 import overhead_load as load  # noqa: E402
 from overhead_upstream import Running  # noqa: E402
 
-from prefixgate.traffic.claude_code import ClaudeCodeSession  # noqa: E402
-from prefixgate.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec  # noqa: E402
+from prefixgate.lab.traffic.claude_code import ClaudeCodeSession  # noqa: E402
+from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec  # noqa: E402
 
 # subject -> what its config changes from the defaults (None: no store at all)
 SUBJECTS: dict[str, dict | None] = {

@@ -1,7 +1,7 @@
 """The doctor against known cache breakers, end to end.
 
 For each block size (16, 32, 64), template order (tools first, system first) and case of
-:mod:`prefixgate.traffic.breakers` (a healthy control and six breakers, all sessions from
+:mod:`prefixgate.lab.traffic.breakers` (a healthy control and six breakers, all sessions from
 one Claude Code version, no other traffic to compare with), a ``prefixgate upstream-sim``
 process and a ``prefixgate serve --config`` process in front of it (billing-header strip
 off; no ``render_order``: the gateway learns the template order from the simulator's
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 from prefixgate.doctor import diagnose
-from prefixgate.incident import replay
+from prefixgate.lab.incident import replay
 from prefixgate.store import open_store
-from prefixgate.traffic import breakers as bk
+from prefixgate.lab.traffic import breakers as bk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead as ov  # noqa: E402

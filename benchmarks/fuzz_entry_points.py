@@ -192,8 +192,8 @@ def gateway():
     from prefixgate.config import parse_config
     from prefixgate.serve.app import create_app
     from prefixgate.serve.process import ServerThread
-    from prefixgate.upstream_sim.app import create_upstream_app
-    from prefixgate.upstream_sim.settings import SimSettings
+    from prefixgate.lab.upstream_sim.app import create_upstream_app
+    from prefixgate.lab.upstream_sim.settings import SimSettings
 
     with ServerThread(create_upstream_app(SimSettings())) as sim:
         config = parse_config(

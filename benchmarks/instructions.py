@@ -20,6 +20,7 @@ so copies weigh more here than in time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -142,12 +143,23 @@ def count(
     return int(m.group(1)) / n
 
 
-def worktree(ref: str) -> Path:
+@contextlib.contextmanager
+def checked_out(ref: str | None):
+    """The tree at git ``ref``, checked out into a temporary worktree removed on the way
+    out (None without a ref)."""
+    if not ref:
+        yield None
+        return
     path = Path(tempfile.mkdtemp(prefix="prefixgate-ref-")) / "tree"
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(path), ref], check=True
     )
-    return path
+    try:
+        yield path
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False
+        )
 
 
 def main() -> None:
@@ -179,9 +191,8 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     anth, chat = ov.bodies()
-    ref_tree = worktree(args.ref) if args.ref else None
     rows = []
-    try:
+    with checked_out(args.ref) as ref_tree:
         for case in CASES:
             name = (
                 f"{case[0]}/{'stream' if case[1] else 'json'}/{'store' if case[2] else 'nostore'}"
@@ -199,12 +210,6 @@ def main() -> None:
                     case, args.n, ref_tree / "src", anth, chat, args.keep, sets, args.model
                 )
             rows.append(row)
-    finally:
-        if ref_tree is not None:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_tree)],
-                check=False,
-            )
     if args.json:
         print(json.dumps({"n": args.n, "ref": args.ref, "cases": rows}, indent=2))
         return

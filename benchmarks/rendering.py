@@ -1,6 +1,6 @@
 """Hit rates before and after, per chat template: the figures of docs/rendering.md.
 
-Each row plays one agent session (``prefixgate.traffic.template_sessions``) through the
+Each row plays one agent session (``prefixgate.lab.traffic.template_sessions``) through the
 real gateway over an engine serving one of the project's own chat templates, and reads
 back the usage, the miss ledger and the doctor's findings from the gateway's store:
 
@@ -43,7 +43,7 @@ from pathlib import Path
 import httpx
 
 from prefixgate.doctor import diagnose
-from prefixgate.traffic.template_sessions import (
+from prefixgate.lab.traffic.template_sessions import (
     reminder_session,
     thinking_loop_session,
     through_gateway,

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from prefixgate.simulate import run_simulation
+from prefixgate.lab.simulate import run_simulation
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "mooncake"
 SWEEP = ["1M", "2M", "4M", "8M", "16M", "32M", "64M", "128M", "256M", "unlimited"]

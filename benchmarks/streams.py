@@ -3,6 +3,7 @@
     python benchmarks/streams.py [--levels 100,300,1000,2000,4000] [--json] [--no-litellm]
                                  [--chunks 400] [--gap 0.025] [--ramp 5] [--soak 100000]
                                  [--set server.max_in_flight=500] [--workers N]
+                                 [--floor] [--before GIT_REF]
 
 A paced upstream (`streams_load.py`: 400 SSE chunks, one every 25 ms, a 10-second stream
 like an agent turn at 40 tokens/s) and the load generator run in this process, pinned to
@@ -13,7 +14,9 @@ N streams start evenly over ``--ramp`` seconds, half ``/v1/messages`` and half
 same number of chat streams to the upstream itself, and with ``--floor`` through a bare
 uvloop relay (``overhead_floor.py``: no parsing beyond the framing, one read and one
 write a chunk), the least any Python relay costs on this machine. The gateway starts afresh for each
-level. With ``litellm`` installed (as `overhead.py` installs it), the LiteLLM proxy at
+level. ``--before REF`` also runs the gateway as it was at a git ref (``prefixgate-before``,
+checked out into a temporary worktree, the same settings), so a change's before and after
+share one run; ``× floor`` is a relay's CPU a chunk over the floor's at the same level. With ``litellm`` installed (as `overhead.py` installs it), the LiteLLM proxy at
 N = 100 in the same run.
 
 Figures per level and path: inter-chunk gap p50 / p99 / max (and what the gateway added
@@ -47,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import streams_load as sl  # noqa: E402
+from instructions import checked_out  # noqa: E402
 from overhead import (  # noqa: E402
     GATEWAY_CPU,
     KEY,
@@ -131,12 +135,20 @@ class Subject:
     """prefixgate or LiteLLM, started afresh for a level (``overhead.Gateway``'s commands)."""
 
     def __init__(self, name: str, work: Path, upstream: str, args) -> None:
-        self.gw = Gateway(name, work, upstream, args)
+        # ``prefixgate-before``: the same gateway and settings, another tree's sources.
+        self.kind = "prefixgate" if name.startswith("prefixgate") else name
+        self.src = getattr(args, "before_src", None) if name == "prefixgate-before" else None
+        if name != self.kind:
+            work = work / name
+            work.mkdir(exist_ok=True)
+        self.gw = Gateway(self.kind, work, upstream, args)
         self.name, self.url, self.work, self.args = name, self.gw.url, work, args
 
     async def start(self) -> None:
         cmd, env, health = self.gw.command()
-        if self.name == "prefixgate":
+        if self.src is not None:
+            env["PYTHONPATH"] = str(self.src)
+        if self.kind == "prefixgate":
             self._configure()
         cpu = None if self.args.workers > 1 else GATEWAY_CPU
         self.log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115
@@ -167,7 +179,7 @@ class Subject:
 
     def _configure(self) -> None:
         """``--set a.b=v`` on the config ``overhead.Gateway`` wrote."""
-        path = self.work / f"{self.name}.json"
+        path = self.work / f"{self.kind}.json"
         cfg = json.loads(path.read_text())
         cfg.setdefault("server", {})["loop_watch"] = True  # the loop's pauses on /metrics
         for item in self.args.set or ():
@@ -187,7 +199,7 @@ class Subject:
         return self.proc.pid
 
     async def metrics(self) -> str:
-        if self.name != "prefixgate":
+        if self.kind != "prefixgate":
             return ""
         try:
             return (await http_get(self.url + "/metrics"))[1].decode()
@@ -200,7 +212,7 @@ class Subject:
         ``keep``."""
         stop(self.proc)
         self.log.close()
-        if self.name != "prefixgate" or self.db is None or not self.db.exists():
+        if self.kind != "prefixgate" or self.db is None or not self.db.exists():
             return None
         with sqlite3.connect(self.db) as db:
             n = db.execute("SELECT COUNT(*) FROM requests WHERE requested_model = 'fake'")
@@ -384,7 +396,8 @@ async def run(args) -> dict:
     port = free_port()
     server = await loop.create_server(up.protocol, "127.0.0.1", port, backlog=8192)
     upstream_url = f"http://127.0.0.1:{port}"
-    targets = ["direct", *(["floor-nopoll"] if args.floor else []), "prefixgate"]
+    targets = ["direct", *(["floor-nopoll"] if args.floor else [])]
+    targets += [*(["prefixgate-before"] if args.before_src else []), "prefixgate"]
     litellm = None
     if not args.no_litellm:
         litellm = _litellm_available(args.litellm_version)
@@ -402,6 +415,9 @@ async def run(args) -> dict:
                 row["litellm"] = await measure("litellm", n, upstream_url, work, args)
             for t in targets[1:] + (["litellm"] if "litellm" in row else []):
                 row[t].update(added(row[t], row["direct"]))
+                floor = row.get("floor-nopoll", {}).get("relay_cpu_us_per_chunk")
+                if floor and row[t].get("relay_cpu_us_per_chunk"):
+                    row[t]["relay_vs_floor"] = round(row[t]["relay_cpu_us_per_chunk"] / floor, 2)
             result["levels"].append(row)
         if args.soak:
             _say(f"soak: {args.soak} streams")
@@ -433,6 +449,7 @@ def table(result: dict) -> str:
         ("TTFT p50/p99 ms", lambda r: f"{_f(r['ttft_p50_ms'])}/{_f(r['ttft_p99_ms'])}"),
         ("CPU µs/chunk", lambda r: _f(r["cpu_us_per_chunk"])),
         ("relay µs/chunk (user)", lambda r: _relay(r)),
+        ("× floor", lambda r: _f(r.get("relay_vs_floor"), "{:.2f}")),
         ("CPU", lambda r: _f(r["cpu_share"], "{:.0%}")),
         ("load CPU", lambda r: _f(r["load_side_cpu_share"], "{:.0%}")),
         ("KiB/stream", lambda r: _f(r["rss_per_stream_kib"])),
@@ -446,7 +463,7 @@ def table(result: dict) -> str:
     ]
     rows = []
     for level in result["levels"]:
-        for path in ("direct", "floor-nopoll", "prefixgate", "litellm"):
+        for path in ("direct", "floor-nopoll", "prefixgate-before", "prefixgate", "litellm"):
             if path in level:
                 rows.append({**level[path], "_path": path})
     cells = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
@@ -480,15 +497,22 @@ def main() -> None:
     ap.add_argument("--litellm-version", default=LITELLM_VERSION)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--set", action="append", help="a gateway setting: server.max_in_flight=500")
+    ap.add_argument(
+        "--before",
+        metavar="GIT_REF",
+        help="also the gateway as it was at this git ref (prefixgate-before), in the same run",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.levels = [int(x) for x in args.levels.split(",") if x]
-    try:
-        import uvloop
+    with checked_out(args.before) as tree:
+        args.before_src = tree / "src" if tree is not None else None
+        try:
+            import uvloop
 
-        result = uvloop.run(run(args))
-    except ImportError:
-        result = asyncio.run(run(args))
+            result = uvloop.run(run(args))
+        except ImportError:
+            result = asyncio.run(run(args))
     print(json.dumps(result, indent=2) if args.json else table(result))
 
 

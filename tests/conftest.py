@@ -44,7 +44,7 @@ class ListRecorder:
 def _fresh_render_orders():
     """Each test's gateways learn their upstream's template order afresh: what a process
     learned is kept by channel name and URL, and tests reuse both (ports are recycled)."""
-    from prefixgate.upstream import order
+    from prefixgate.engine import order
 
     order._learned.clear()
     order._told.clear()

@@ -11,18 +11,33 @@ the login form) counts its failures per client address and in all.
   client's own from ``X-Forwarded-For`` when the connection comes from one of
   ``server.trusted_proxies``, so that one guesser does not lock the admin out.
 
-The counts are in memory, per worker process; their memory is bounded (``max_addresses``
-addresses, the oldest forgotten first).
+With a store (``store.dsn``) the counts are kept there (:class:`StoredAttempts`), so the
+bounds hold across the workers of ``serve --workers N`` and every gateway on the same
+store: each check is counted as a failure before the key is compared, atomically with
+the bounds' check (a burst of parallel guesses on several workers is counted exactly),
+and taken back when the key was right. While the store cannot be reached, each worker
+counts in memory (:class:`AdminAttempts`), as without a store; that memory is bounded
+(``max_addresses`` addresses, the oldest forgotten first).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prefixgate.errors import RateLimited
+from prefixgate.logthrottle import LogThrottle
+
+if TYPE_CHECKING:
+    from prefixgate.store.base import Store
+
+log = logging.getLogger("prefixgate")
 
 REMEMBER_GOOD = 86400.0  # s an address where the admin key was right stays trusted
 
@@ -84,6 +99,117 @@ class AdminAttempts:
     def _trusted(self, address: str, now: float) -> bool:
         seen = self._good.get(address)
         return seen is not None and now - seen < REMEMBER_GOOD
+
+    def close(self) -> None:
+        pass  # nothing held
+
+    # The interface the admin check uses (:class:`StoredAttempts` has the same).
+    async def begin(self, address: str) -> str | None:
+        """Before the key is compared: raise :class:`RateLimited` past the bounds."""
+        self.check(address)
+        return None
+
+    async def wrong(self, address: str, attempt: str | None) -> None:
+        self.failed(address)
+
+    async def right(self, address: str, attempt: str | None) -> None:
+        self.succeeded(address)
+
+
+class StoredAttempts:
+    """The same bounds, counted in the store every worker and replica shares; in this
+    worker's memory (``fallback``) while the store cannot be reached."""
+
+    def __init__(
+        self,
+        dsn: str,
+        per_address: int = 10,
+        in_all: int = 100,
+        window: float = 60.0,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.dsn = dsn
+        self.per_address, self.in_all, self.window = per_address, in_all, window
+        self.clock = clock
+        self.fallback = AdminAttempts(per_address, in_all, window)
+        self.failures = LogThrottle(log, interval=60.0)
+        self._store: Store | None = (
+            None  # opened at the first check, kept (thread-safe, reconnects)
+        )
+
+    def _run(self, fn):
+        if self._store is None:
+            from prefixgate.store import open_store
+
+            store = open_store(self.dsn)
+            try:
+                store.migrate()
+            except BaseException:
+                store.close()
+                raise
+            self._store = store
+        return fn(self._store)
+
+    def close(self) -> None:
+        """Release the store's connection (the app's lifespan ends)."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
+    async def begin(self, address: str) -> str | None:
+        attempt = secrets.token_hex(16)
+        now = self.clock()
+
+        def count(store):
+            return store.admin_attempt(
+                attempt,
+                address,
+                now,
+                window=self.window,
+                per_address=self.per_address,
+                in_all=self.in_all,
+                trusted_since=now - REMEMBER_GOOD,
+            )
+
+        try:
+            wait = await asyncio.to_thread(self._run, count)
+        except Exception as exc:  # the store is down: this worker counts alone meanwhile
+            self.failures.warning("admin", "admin attempts counted per worker: %s", exc)
+            await self.fallback.begin(address)
+            return None
+        if wait is not None:
+            raise RateLimited("too many wrong admin keys: wait a minute", retry_after=wait)
+        return attempt
+
+    async def wrong(self, address: str, attempt: str | None) -> None:
+        if attempt is None:  # counted in memory
+            await self.fallback.wrong(address, None)
+        # else: counted already, by begin()
+
+    async def right(self, address: str, attempt: str | None) -> None:
+        if attempt is None:
+            await self.fallback.right(address, None)
+            return
+        now = self.clock()
+
+        def forget(store):
+            store.admin_success(attempt, address, now, forget=REMEMBER_GOOD)
+
+        try:
+            await asyncio.to_thread(self._run, forget)
+        except Exception as exc:
+            self.failures.warning("admin", "admin attempts counted per worker: %s", exc)
+            await self.fallback.right(address, None)
+
+
+def admin_attempts(config) -> AdminAttempts | StoredAttempts:
+    """The admin checks' bounds for ``config``: in its store when it has one."""
+    server = config.server
+    per, every = server.admin_failures_per_minute, server.admin_failures_in_all_per_minute
+    if config.store is not None:
+        return StoredAttempts(config.store.dsn, per, every)
+    return AdminAttempts(per, every)
 
 
 def _age(times: deque[float], before: float) -> None:

@@ -12,9 +12,9 @@ import hashlib
 import hmac
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from prefixgate.admin_attempts import AdminAttempts, client_address, networks
+from prefixgate.admin_attempts import admin_attempts, client_address, networks
 from prefixgate.config import Config
 from prefixgate.errors import AuthenticationFailed, PermissionDenied
 from prefixgate.ratelimit import Limits
@@ -31,6 +31,9 @@ class Principal:
     capture_text: bool = False
     limits: Limits = Limits()
     budgets: tuple[Budget, ...] = ()
+    # The owner's budgets when the console gave them (they take the place of the config's
+    # ``budgets.owners`` entry); None: the config's apply.
+    owner_budgets: tuple[Budget, ...] | None = None
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -74,39 +77,57 @@ class Authenticator:
             )
             for k in config.keys
         }
+        self._config_keys = self._by_digest  # as the config gives them
         self._from_store: dict[str, Principal] = {}
         self._rows: tuple = ()  # the store's key rows last loaded
+        self._owner_lines: dict[str, tuple[str, ...]] = {}  # the store's owner budgets
+        self._owners: dict[str, tuple[Budget, ...]] = {}  # those parsed
         self._admin = config.admin_digest()
-        server = config.server
-        self.attempts = AdminAttempts(
-            server.admin_failures_per_minute, server.admin_failures_in_all_per_minute
-        )
-        self.trusted_proxies = networks(server.trusted_proxies)
+        self.attempts = admin_attempts(config)
+        self.trusted_proxies = networks(config.server.trusted_proxies)
 
-    def set_store_keys(self, rows) -> None:
-        """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)."""
+    def set_store_keys(self, rows, owners: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Replace the store-managed keys (active :class:`~prefixgate.store.base.KeyRow`s)
+        and, when given, the owners' budgets set in the store (owner -> budget lines),
+        which every key of that owner carries from now on."""
         self._rows = tuple(rows)
+        if owners is not None:
+            self._owner_lines = dict(owners)
+            self._owners = {
+                o: self._parsed(lines, f"owner {o!r}") for o, lines in self._owner_lines.items()
+            }
         self._from_store = {
-            r.digest: Principal(r.name, r.owner, tuple(r.models), budgets=self._budgets(r))
+            r.digest: self._with_owner(
+                Principal(
+                    r.name,
+                    r.owner,
+                    tuple(r.models),
+                    budgets=self._parsed(r.budgets, f"key {r.name!r}"),
+                )
+            )
             for r in rows
             if r.active
         }
+        self._by_digest = {d: self._with_owner(p) for d, p in self._config_keys.items()}
+
+    def _with_owner(self, principal: Principal) -> Principal:
+        found = self._owners.get(principal.owner) if principal.owner else None
+        return principal if found is None else replace(principal, owner_budgets=found)
 
     def adopt(self, previous: Authenticator) -> None:
-        """After a reload: the store's keys as ``previous`` last loaded them (their rows,
-        parsed again with this config's currency), until the next refresh; and the admin
-        key's failed attempts, so a reload never resets a guesser's count."""
-        self._rows = previous._rows
-        self.set_store_keys(self._rows)
+        """After a reload: the store's keys and owners' budgets as ``previous`` last loaded
+        them (parsed again with this config's currency), until the next refresh; and the
+        admin key's failed attempts, so a reload never resets a guesser's count."""
+        self.set_store_keys(previous._rows, previous._owner_lines)
         self.attempts = previous.attempts
 
-    def _budgets(self, row) -> tuple[Budget, ...]:
+    def _parsed(self, lines, whose: str) -> tuple[Budget, ...]:
         out = []
-        for text in row.budgets:
+        for text in lines:
             try:
                 out.append(parse_budget(text, self._currency))
-            except BudgetSyntaxError as exc:  # `keys create` checks; a hand-edited row may not
-                log.warning("key %r: budget ignored: %s", row.name, exc)
+            except BudgetSyntaxError as exc:  # the console checks; a hand-edited row may not
+                log.warning("%s: budget ignored: %s", whose, exc)
         return tuple(out)
 
     def named(self, name: str) -> tuple[str, Principal] | None:
@@ -158,9 +179,10 @@ class Authenticator:
         if not principal.allows(model):
             raise PermissionDenied(f"this API key may not use model {model!r}")
 
-    def check_admin(self, headers, scope: dict | None = None) -> None:
+    async def check_admin(self, headers, scope: dict | None = None) -> None:
         """The admin key in ``headers``; with the request's ASGI ``scope``, each key tried
-        is counted for its client address (429 past the bounds of :mod:`.admin_attempts`)."""
+        is counted for its client address (429 past the bounds of :mod:`.admin_attempts`,
+        kept in the store when there is one: every worker counts alike)."""
         key = presented_key(headers)
         if self._admin is None:
             if self._open:
@@ -168,15 +190,26 @@ class Authenticator:
             raise PermissionDenied("admin routes are disabled: no admin key is configured")
         if not key:
             raise AuthenticationFailed("admin key required")
-        address = client_address(scope, self.trusted_proxies) if scope is not None else None
-        if address is not None:
-            self.attempts.check(address)
-        if not hmac.compare_digest(hashlib.sha256(key.encode()).hexdigest(), self._admin):
-            if address is not None:
-                self.attempts.failed(address)
+        if scope is None:
+            if not self.is_admin_key(key):
+                raise AuthenticationFailed("admin key required")
+            return
+        address = client_address(scope, self.trusted_proxies)
+        attempt = await self.attempts.begin(address)
+        if not self.is_admin_key(key):
+            await self.attempts.wrong(address, attempt)
             raise AuthenticationFailed("admin key required")
-        if address is not None:
-            self.attempts.succeeded(address)
+        await self.attempts.right(address, attempt)
+
+    def is_admin_key(self, key: str) -> bool:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._admin is not None and hmac.compare_digest(digest, self._admin)
+
+
+def store_keys(store) -> tuple[list, dict[str, tuple[str, ...]]]:
+    """What :meth:`Authenticator.set_store_keys` takes, read from ``store``: its keys and
+    its owners' budgets."""
+    return store.list_keys(), store.list_owner_budgets()
 
 
 async def refresh_keys(
@@ -192,11 +225,11 @@ async def refresh_keys(
     def load():
         with open_store(dsn, statement_timeout=statement, lock_timeout=lock) as store:
             store.migrate()
-            return store.list_keys()
+            return store_keys(store)
 
     while True:
         try:
-            gateway.auth.set_store_keys(await asyncio.to_thread(load))
+            gateway.auth.set_store_keys(*await asyncio.to_thread(load))
         except Exception as exc:  # keep the last known keys while the store is down
             log.warning("cannot reload API keys from the store: %s", exc)
         await asyncio.sleep(interval)
@@ -238,10 +271,10 @@ async def fresh_store_keys(gateway) -> None:
 
     def load():
         with open_store(store.dsn, statement_timeout=store.statement_timeout) as s:
-            return s.list_keys()
+            return store_keys(s)
 
     try:
-        gateway.auth.set_store_keys(await asyncio.to_thread(load))
+        gateway.auth.set_store_keys(*await asyncio.to_thread(load))
     except Exception as exc:  # the periodic refresh tries again
         log.warning("cannot reload API keys from the store: %s", exc)
         return

@@ -220,7 +220,7 @@ async def _serve(
     sims = []
     embedded = None
     if config.embedded_upstream:
-        from prefixgate.upstream_sim import SimSettings, start_embedded
+        from prefixgate.lab.upstream_sim import SimSettings, start_embedded
 
         # Its own random key: nobody else on the machine reaches it past the gateway.
         os.environ[EMBEDDED_KEY_ENV] = secrets.token_urlsafe(32)
@@ -377,7 +377,7 @@ async def _serve(
 def upstream_sim(host, port, replicas, log_level, strict_models, api_key_env, **opts) -> None:
     """An OpenAI-compatible server whose prefix cache is prefixgate's cache model: vLLM's
     chained block hashes, last-token rule and LRU, with vLLM's usage fields and /metrics."""
-    from prefixgate.upstream_sim import serve_upstreams, settings_from_options
+    from prefixgate.lab.upstream_sim import serve_upstreams, settings_from_options
 
     _setup_logging(log_level)
     if strict_models is not None:
@@ -403,13 +403,13 @@ def upstream_sim(host, port, replicas, log_level, strict_models, api_key_env, **
 
 def _register_subcommands() -> None:
     # Larger commands live beside their code; they import their heavy parts lazily.
-    from prefixgate.bench.cli import bench_command
-    from prefixgate.commands.demo import demo
     from prefixgate.commands.doctor import doctor
     from prefixgate.commands.keys import keys
     from prefixgate.commands.reload import reload_command
     from prefixgate.commands.usage import usage
-    from prefixgate.simulate.cli import simulate_command
+    from prefixgate.lab.bench.cli import bench_command
+    from prefixgate.lab.demo import demo
+    from prefixgate.lab.simulate.cli import simulate_command
 
     main.add_command(demo, "demo")
     main.add_command(doctor, "doctor")

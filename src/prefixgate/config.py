@@ -179,7 +179,7 @@ class ChannelConfig(_Model):
     anthropic_messages_exclude_cache: bool = True
     thinking: ThinkingMap = "chat_template_kwargs"
     history_thinking: Literal["reasoning_content", "drop"] = "reasoning_content"
-    render_order: RenderOrder = "auto"  # auto: learned from the upstream (upstream/order.py)
+    render_order: RenderOrder = "auto"  # auto: learned from the upstream (engine/order.py)
     # Later system messages delivered inside the client's turns (hygiene/system_in_place.py):
     # auto: where the upstream's template was seen to move them to the head.
     system_in_place: bool | Literal["auto"] = "auto"

@@ -20,6 +20,7 @@ from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config, StoreConfig
 from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_to_openai
 from prefixgate.diagnostics.lookup import Fingerprints
+from prefixgate.engine.order import render_order
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.events.tokens import EngineTokens
 from prefixgate.live import Live
@@ -35,7 +36,6 @@ from prefixgate.spend.keeper import BudgetKeeper
 from prefixgate.spend.prices import PriceTable
 from prefixgate.upstream import Upstream
 from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
-from prefixgate.upstream.order import render_order
 
 if TYPE_CHECKING:
     from prefixgate.events.hub import EngineEvents
@@ -144,6 +144,9 @@ class Gateway:
 
     async def responses(self, request: Request) -> Response:
         return await pipeline.run(pipeline.Exchange(self, request, pipeline.RESPONSES))
+
+    async def compact(self, request: Request) -> Response:
+        return await pipeline.run(pipeline.Exchange(self, request, pipeline.COMPACT))
 
     async def diagnosis(self, request: Request) -> Response:
         """``GET /v1/diagnostics/{id}``: an earlier answer's diagnosis and miss ledger."""

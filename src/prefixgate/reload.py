@@ -281,7 +281,7 @@ async def close_generation(gw: Gateway, old: Live) -> None:
 
 def _learn_orders(gw: Gateway, old: Config, new: Config) -> None:
     """Learn the chat template's order of the channels a reload added or moved."""
-    from prefixgate.upstream import order
+    from prefixgate.engine import order
 
     before = {(c.name, c.base_url) for c in old.channels}
     fresh = [c for c in new.channels if (c.name, c.base_url) not in before]

@@ -46,7 +46,7 @@ def test_routing_benchmark_runs_the_policies_side_by_side_per_scenario() -> None
 
 def test_a_restart_clears_the_replicas_cache_and_says_so_in_its_events() -> None:
     from prefixgate.events import AllBlocksCleared
-    from prefixgate.events.publisher import PublisherSettings
+    from prefixgate.lab.events.publisher import PublisherSettings
 
     events = PublisherSettings("tcp://127.0.0.1:*", None, "kv")
     settings = routing.SimSettings(block_size=routing.B, capacity_tokens=1024, kv_events=events)

@@ -16,12 +16,12 @@ import pytest
 
 from prefixgate.config import parse_config
 from prefixgate.diagnostics.verdict import EXTENSION
-from prefixgate.events.publisher import PublisherSettings
+from prefixgate.lab.events.publisher import PublisherSettings
+from prefixgate.lab.upstream_sim import SimSettings, running_upstreams
 from prefixgate.pipeline import exchange
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.upstream_sim import SimSettings, running_upstreams
 from tests.conftest import settled
 from tests.ledger.test_gateway import gateway_config, wait_applied, wait_stored
 

@@ -1,5 +1,6 @@
-"""docs/architecture.md cannot drift: its pipeline lines are the code's tuples, and its
-module table names every module of the package."""
+"""docs/architecture.md cannot drift: its pipeline lines are the code's tuples (the way in
+and the way out), its package map names every package and root module, its recipes name
+files that exist, and its module table names every module of the package."""
 
 from __future__ import annotations
 
@@ -22,8 +23,41 @@ def test_the_documented_pipeline_is_the_codes():
         "/v1/messages": pipeline.describe(pipeline.MESSAGES.steps),
         "/v1/chat/completions": pipeline.describe(pipeline.CHAT.steps),
         "/v1/responses": pipeline.describe(pipeline.RESPONSES.steps),
+        "/v1/responses/compact": pipeline.describe(pipeline.COMPACT.steps),
         "/v1/messages/count_tokens": pipeline.describe(pipeline.COUNT_TOKENS.steps),
+        "finish": pipeline.describe(pipeline.FINISH_STEPS),
     }
+
+
+def _block(name: str) -> str:
+    return DOC.split(f"<!-- {name}:begin -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
+
+
+PACKAGE = ROOT / "src" / "prefixgate"
+
+
+def test_the_package_map_has_one_line_per_package_and_every_root_module():
+    lines = _block("packages").strip().splitlines()
+    listed = [m.group(1) for line in lines if (m := re.match(r"- `(\w+)/` — \S", line))]
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert sorted(listed) == packages
+    assert len(listed) == len(set(listed))
+    (root,) = [line for line in lines if line.startswith("- the root — ")]
+    assert set(re.findall(r"`(\w+\.py)`", root)) == {p.name for p in PACKAGE.glob("*.py")}
+
+
+def test_every_file_a_recipe_names_exists():
+    recipes = _block("recipes")
+    for kind in ("A hygiene step", "An API", "An engine", "A routing policy", "A doctor finding"):
+        assert f"- **{kind}" in recipes
+    named = set(re.findall(r"`((?:tests/|docs/)?[\w/]+\.(?:py|md))`", recipes))
+    assert len(named) > 20
+    for name in named:
+        base = ROOT if name.startswith(("tests/", "docs/")) else PACKAGE
+        assert (base / name).is_file(), name
+    for folder in re.findall(r"`((?:tests/)?[\w/]+/)`", recipes):
+        base = ROOT if folder.startswith("tests/") else PACKAGE
+        assert (base / folder).is_dir(), folder
 
 
 def test_every_module_is_in_the_table():

@@ -8,10 +8,10 @@ import asyncio
 import httpx
 
 from prefixgate.config import parse_config
+from prefixgate.lab.traffic import breakers as bk
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.traffic import breakers as bk
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 
 MODEL = "claude-opus-4-8"
 

@@ -9,8 +9,8 @@ import pytest
 
 from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import diagnose, exit_code, render_text
+from prefixgate.lab.traffic import breakers as bk
 from prefixgate.store import open_store
-from prefixgate.traffic import breakers as bk
 from tests.conftest import pg_schema_dsn
 from tests.doctor import live
 

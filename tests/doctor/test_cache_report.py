@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from prefixgate.cli import main
 from prefixgate.doctor import diagnose, exit_code
+from prefixgate.lab.traffic import breakers as bk
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.traffic import breakers as bk
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.doctor import live
 
 

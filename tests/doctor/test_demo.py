@@ -5,7 +5,7 @@ import contextlib
 import pytest
 
 from prefixgate.doctor import diagnose, exit_code, render_text
-from prefixgate.incident import run_demo
+from prefixgate.lab.incident import run_demo
 
 
 @contextlib.contextmanager

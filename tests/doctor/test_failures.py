@@ -6,7 +6,7 @@ from __future__ import annotations
 from prefixgate.config import hash_key
 from prefixgate.doctor import diagnose, exit_code
 from prefixgate.doctor.failures import kind_of
-from prefixgate.traffic import breakers as bk
+from prefixgate.lab.traffic import breakers as bk
 from tests.doctor import live
 
 

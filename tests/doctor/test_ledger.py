@@ -15,13 +15,17 @@ _NOT_CAUSES = ("host", "pred", "at", "cleared")  # figures beside the causes
 
 
 def write(
-    dsn: str, rows: list[tuple[str, str, dict]], source: str = "events", changed=None
+    dsn: str,
+    rows: list[tuple[str, str, dict]],
+    source: str = "events",
+    changed=None,
+    key: str | None = None,
 ) -> None:
     """(channel, replica, ledger parts and figures) per request; ``changed(i)``: the i-th
-    ledger's changed segment."""
+    ledger's changed segment; ``key``: the key that sent them."""
     records, ledgers = [], []
     for i, (channel, replica, parts) in enumerate(rows):
-        rid = f"r{i:04d}"
+        rid = f"{key or 'r'}-{channel}-{i:04d}"
         prompt = sum(v for k, v in parts.items() if not k.startswith(_NOT_CAUSES))
         cached = parts.get("hit", 0)
         records.append(
@@ -35,6 +39,7 @@ def write(
                 prompt_tokens=prompt,
                 cached_tokens=cached,
                 session_id=f"s{i % 4}",
+                key_name=key,
             )
         )
         ledgers.append(

@@ -10,10 +10,10 @@ import pytest
 
 from prefixgate.config import parse_config
 from prefixgate.doctor import diagnose
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.web.conftest import dashboard_app
 
 SESSIONS, TURNS = 6, 6

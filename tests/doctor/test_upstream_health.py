@@ -2,8 +2,8 @@
 
 from prefixgate.doctor import diagnose, exit_code
 from prefixgate.doctor import upstream_health as uh
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 
 
 def snapshot(

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import zmq.asyncio
 
 from prefixgate.events import BlockRemoved, BlockStored, EventIndex, subscriber_endpoints
-from prefixgate.events.publisher import EventPublisher, PublisherSettings
 from prefixgate.events.subscriber import Subscriber
+from prefixgate.lab.events.publisher import EventPublisher, PublisherSettings
 
 REPLICA = "http://127.0.0.1:8000/v1"
 B = 4

@@ -19,9 +19,9 @@ from prefixgate.events import (
     encode_batch,
     subscriber_endpoints,
 )
-from prefixgate.events.publisher import EventPublisher, PublisherSettings
 from prefixgate.events.subscriber import Subscriber
 from prefixgate.events.wire import pack_seq
+from prefixgate.lab.events.publisher import EventPublisher, PublisherSettings
 
 from .streams import (
     REPLICA,

@@ -16,8 +16,8 @@ from prefixgate.cache import HFTokenizer, hash_blocks
 from prefixgate.cache.render import vllm_messages
 from prefixgate.config import ConfigError, parse_config
 from prefixgate.events.tokens import EngineTokens, EngineTokensError
+from prefixgate.lab.upstream_sim import SimSettings, running_upstreams
 from prefixgate.upstream import Upstream
-from prefixgate.upstream_sim import SimSettings, running_upstreams
 from tests.real.build_tiny_model import CHAT_TEMPLATE, train_tokenizer
 
 TOOLS = [

@@ -15,8 +15,8 @@ import pytest
 
 from prefixgate.config import parse_config
 from prefixgate.events import EngineEvents
-from prefixgate.events.publisher import PublisherSettings
-from prefixgate.upstream_sim import (
+from prefixgate.lab.events.publisher import PublisherSettings
+from prefixgate.lab.upstream_sim import (
     SimSettings,
     running_upstreams,
     settings_from_options,

@@ -454,7 +454,7 @@ def test_query_string_and_head_root(gateway):
     ],
 )
 def test_context_error_wordings(message, expected):
-    from prefixgate.upstream import parse_context_error
+    from prefixgate.engine.errors import parse_context_error
 
     got = parse_context_error(message)
     assert (None if got is None else (got.maximum, got.prompt)) == expected

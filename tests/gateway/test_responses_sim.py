@@ -1,4 +1,4 @@
-"""``/v1/responses`` in front of the simulated vLLM (``prefixgate.upstream_sim``, whose prefix
+"""``/v1/responses`` in front of the simulated vLLM (``prefixgate.lab.upstream_sim``, whose prefix
 cache is the cache model): a Codex-shaped conversation over several turns through the
 ``openai`` SDK, with the bytes the upstream received, the cache hits the client was told
 of, the captured segments; and a channel that passes Responses through to an upstream
@@ -15,11 +15,11 @@ import openai
 import pytest
 
 from prefixgate.config import parse_config
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.record.capture import Capturer
 from prefixgate.record.segments import first_changed
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.conftest import FIXTURE_ROOT, ListRecorder, settled
 from tests.fakes import RecordingUpstream
 

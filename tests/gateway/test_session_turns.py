@@ -13,12 +13,12 @@ import httpx
 from prefixgate import hygiene
 from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
+from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
 from prefixgate.record.capture import Capturer
 from prefixgate.record.segments import segments_anthropic, segments_openai
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.traffic.claude_code import ClaudeCodeSession
-from prefixgate.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
 from tests.conftest import ListRecorder, settled
 
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from prefixgate.config import parse_config
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.conftest import load_fixture
 from tests.gateway.test_recording import _free_port
 

@@ -15,10 +15,10 @@ from prefixgate.hygiene.system_in_place import (
     system_in_place_chat,
     system_in_place_typed,
 )
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.protocol.messages_body import typed_request
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.fakes import RecordingUpstream
 
 REMINDER = "<total_tokens>180000 tokens left</total_tokens>"

@@ -12,12 +12,12 @@ import openai
 import pytest
 
 from prefixgate.config import parse_config
-from prefixgate.events.publisher import PublisherSettings
+from prefixgate.lab.events.publisher import PublisherSettings
+from prefixgate.lab.upstream_sim import SimSettings, running_upstreams
 from prefixgate.ledger import CAUSES
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.upstream_sim import SimSettings, running_upstreams
 from tests.conftest import settled
 
 B = 16

@@ -25,12 +25,12 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from prefixgate.config import parse_config
-from prefixgate.events.publisher import PublisherSettings
+from prefixgate.lab.events.publisher import PublisherSettings
+from prefixgate.lab.traffic.template_sessions import until_rendering_learned
+from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.traffic.template_sessions import until_rendering_learned
-from prefixgate.upstream_sim import SimSettings, create_upstream_app
 from tests.conftest import settled
 from tests.fakes import RecordingUpstream
 from tests.real import harness
@@ -259,15 +259,20 @@ class Codex(_Cli):
 
     endpoint = "responses"
 
-    def __init__(self, exe: Path, stack: Stack, tmp_path: Path) -> None:
+    def __init__(
+        self, exe: Path, stack: Stack, tmp_path: Path, *, name: str = "prefixgate", top: str = ""
+    ) -> None:
+        """``name``: the provider's name (Codex compacts through the provider's own API
+        for one it takes for Azure's, ``azure``, else by a summary turn of its own);
+        ``top``: more top-level settings (TOML lines)."""
         super().__init__(exe, tmp_path, "codex")
         self.env |= {"PREFIXGATE_API_KEY": "test-key", "CODEX_HOME": str(self.home / ".codex")}
         (self.home / ".codex").mkdir()
         (self.home / ".codex" / "config.toml").write_text(
-            f'model = "{stack.model}"\n'
+            top + f'model = "{stack.model}"\n'
             'model_provider = "prefixgate"\n'
             "[model_providers.prefixgate]\n"
-            'name = "prefixgate"\n'
+            f'name = "{name}"\n'
             f'base_url = "{stack.url}/v1"\n'
             'env_key = "PREFIXGATE_API_KEY"\n'
             'wire_api = "responses"\n'

@@ -107,6 +107,15 @@ def vllm_agent(vllm_python, agent_model, say) -> Iterator[harness.VllmServer]:
     )
 
 
+@pytest.fixture(scope="module")
+def vllm_agent_small(vllm_python, agent_model, say) -> Iterator[harness.VllmServer]:
+    """vLLM serving the agent model with a window of ``SMALL_WINDOW`` tokens, which a
+    coding agent's conversation fills in two or three turns (``test_compaction.py``)."""
+    yield from _serve(
+        vllm_python, agent_model, say, "vllm-agent-small", max_model_len=harness.SMALL_WINDOW
+    )
+
+
 @pytest.fixture(scope="session")
 def vllm_agent_hoisting(vllm_python, agent_model, say) -> Iterator[tuple[harness.VllmServer, dict]]:
     """vLLM serving the agent model with the project's DeepSeek-like template (every system

@@ -26,13 +26,13 @@ import httpx
 
 from prefixgate.cache import JinjaChatTemplate
 from prefixgate.config import parse_config
+from prefixgate.engine.order import learn
 from prefixgate.events import content_keys
 from prefixgate.ledger import CAUSES
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from prefixgate.upstream import Upstream
-from prefixgate.upstream.order import learn
 from tests.conftest import settled
 from tests.real import harness
 from tests.real.test_kv_events import session_prompt, turn

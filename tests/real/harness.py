@@ -48,6 +48,9 @@ OPENCODE_VERSION = "1.18.33"
 # Coding agents send 10-20k tokens of instructions and tools before the first question:
 # the agent model's window holds that with room for a few turns.
 AGENT_MAX_MODEL_LEN = 65536
+# A window that Claude Code's (~15k tokens) and Codex's (~11k) first prompts fit in, with
+# room for a turn of notes, and that a second such turn overflows (test_compaction.py).
+SMALL_WINDOW = 32768
 # Random weights never choose the end token. The agent model ends its answer at any of
 # this share of its vocabulary (its generation config lists them as end tokens), so an
 # answer is ~16 tokens, ends with finish_reason "stop", as a real model's does, and

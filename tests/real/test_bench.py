@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from prefixgate.bench import report
-from prefixgate.bench.model import Target
-from prefixgate.bench.runner import run_bench
-from prefixgate.bench.scenarios import ScenarioParams
 from prefixgate.config import parse_config
+from prefixgate.lab.bench import report
+from prefixgate.lab.bench.model import Target
+from prefixgate.lab.bench.runner import run_bench
+from prefixgate.lab.bench.scenarios import ScenarioParams
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 

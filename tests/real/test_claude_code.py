@@ -1,6 +1,6 @@
 """The real Claude Code CLI (npm ``@anthropic-ai/claude-code``, pinned) through the gateway.
 
-Against the simulated vLLM (``prefixgate.upstream_sim``, block size 32): deterministic and
+Against the simulated vLLM (``prefixgate.lab.upstream_sim``, block size 32): deterministic and
 fast; and against the real vLLM CPU build serving the agent model (a 64k window, answers
 that end by themselves), where the second turn's hit comes from the real engine's prefix
 cache. A recording wrapper keeps every body the gateway sent upstream. The CLI runs offline

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from prefixgate.bench import report
-from prefixgate.bench.model import Target
-from prefixgate.bench.runner import run_bench
-from prefixgate.bench.scenarios import ScenarioParams
+from prefixgate.lab.bench import report
+from prefixgate.lab.bench.model import Target
+from prefixgate.lab.bench.runner import run_bench
+from prefixgate.lab.bench.scenarios import ScenarioParams
 
 SCENARIOS = ["decode", "prefill", "concurrency4", "concurrency8", "agent"]
 

@@ -10,12 +10,12 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, convert
 from prefixgate.identify import session_of_messages
+from prefixgate.lab.traffic import breakers as bk
 from prefixgate.protocol.messages_body import decode_messages_body
 from prefixgate.protocol.openai import decode_chat_body
 from prefixgate.record.capture import Capturer
 from prefixgate.record.changes import ChangeTracker
 from prefixgate.record.model import Record
-from prefixgate.traffic import breakers as bk
 
 
 def channel(order="tools_first", kind="openai"):
@@ -199,3 +199,50 @@ def test_the_total_tokens_countdown_in_the_system_prompt_is_recognised():
         recs.append(capture(cap, ch, msgspec.json.encode(body), {}))
     changes = [r.change for r in recs if r.change is not None]
     assert changes and {c.known for c in changes} == {"total_tokens_reminder"}
+
+
+def _messages_request(messages: list[tuple[str, str]]) -> bytes:
+    body = {
+        "model": "m",
+        "max_tokens": 64,
+        "system": [{"type": "text", "text": "You are an agent. " * 50}],
+        "metadata": {"user_id": '{"session_id":"s-compact"}'},
+        "messages": [{"role": r, "content": t} for r, t in messages],
+    }
+    return msgspec.json.encode(body)
+
+
+def test_a_history_that_keeps_the_user_turns_and_drops_the_models_is_a_compaction():
+    """Codex's way (and a rewind's): the user messages kept, the model's turns replaced by
+    a summary. The prefix breaks where the first answer was, and what follows was sent
+    before: a change, of the class that is no breaker."""
+    cap, ch = Capturer(), channel()
+    u1, u2, u3 = (("user", f"task {n} " * 300) for n in (1, 2, 3))
+    before = [u1, ("assistant", "done 1"), u2, ("assistant", "done 2"), u3, ("assistant", "3")]
+    after = [u1, u2, u3, ("user", "Summary: the three tasks are done."), ("user", "task 4")]
+    edited = [u1, ("assistant", "done 1, edited"), *before[2:]]
+    recs = [
+        capture(cap, ch, _messages_request(m), {})
+        for m in (before, [*before, ("user", "next")], after)
+    ]
+    assert recs[1].change is None  # appended
+    change = recs[2].change
+    assert change.cls == "context_compacted" and change.kind == "message"
+    assert change.lost_tokens > 0  # the third task came again, after the break
+    # an answer edited in place keeps the model's turns: that is a content edit
+    cap2 = Capturer()
+    first = capture(cap2, ch, _messages_request([*before, ("user", "next")]), {})
+    again = capture(cap2, ch, _messages_request([*edited, ("user", "next")]), {})
+    assert first.change is None and again.change.cls == "content_edit"
+
+
+def test_a_compaction_that_sends_nothing_again_is_still_said():
+    """Claude Code's way: the history replaced by a summary, nothing after the break sent
+    before: no tokens lost, and the record still says the context was compacted."""
+    cap, ch = Capturer(), channel()
+    u1 = ("user", "task 1 " * 300)
+    before = [u1, ("assistant", "done 1"), ("user", "task 2 " * 300)]
+    after = [("user", "Summary: task 1 done."), ("user", "task 2, again")]
+    first, again = (capture(cap, ch, _messages_request(m), {}) for m in (before, after))
+    assert first.change is None
+    assert again.change.cls == "context_compacted" and again.change.lost_tokens == 0

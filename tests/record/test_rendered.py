@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from prefixgate.engine.rendering import Rendering
 from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import first_changed, segments_openai
-from prefixgate.upstream.rendering import Rendering
 
 TOOLS = [{"type": "function", "function": {"name": "Read", "parameters": {}}}]
 HOISTS = Rendering("system_first", "hoisted", "dropped", "test")

@@ -502,8 +502,8 @@ def _cut_checked(body: dict, api: str, previous=None):
 
 
 def test_a_cut_lent_the_previous_turn_equals_a_fresh_one_through_a_claude_code_session():
-    from prefixgate.traffic.claude_code import ClaudeCodeSession
-    from prefixgate.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
+    from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
+    from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
 
     spec = TrafficSpec(
         sessions=1, turns=12, titles=False, compact_chars=60_000, mix={AGENT_CLAUDE_CODE: 1.0}

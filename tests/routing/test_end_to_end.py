@@ -11,9 +11,9 @@ import anthropic
 import pytest
 
 from prefixgate.config import parse_config
+from prefixgate.lab.upstream_sim import SimSettings, start_upstreams_in_thread
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.upstream_sim import SimSettings, start_upstreams_in_thread
 from tests.conftest import ListRecorder, settled
 
 SYSTEM = "You are a careful coding agent working in a large repository. " * 40

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from prefixgate.config import parse_config
+from prefixgate.lab.upstream_sim import SimSettings, SimUpstream
 from prefixgate.routing import ChannelRouter, health_url
-from prefixgate.upstream_sim import SimSettings, SimUpstream
 
 
 def test_health_url_is_the_root_plus_the_path():

@@ -16,12 +16,12 @@ import openai
 import pytest
 
 from prefixgate.config import parse_config
-from prefixgate.events.publisher import PublisherSettings
+from prefixgate.lab.events.publisher import PublisherSettings
+from prefixgate.lab.upstream_sim import SimSettings, start_upstreams_in_thread
 from prefixgate.routing.policies import order_session
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
-from prefixgate.upstream_sim import SimSettings, start_upstreams_in_thread
 from tests.conftest import ListRecorder, settled
 from tests.events.streams import wait_until
 

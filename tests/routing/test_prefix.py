@@ -4,8 +4,8 @@ template drops it; the same blocks as before for a template that changes nothing
 
 from __future__ import annotations
 
+from prefixgate.engine.rendering import Rendering
 from prefixgate.routing.prefix import engine_messages, prompt_blocks
-from prefixgate.upstream.rendering import Rendering
 
 HOISTING = Rendering("system_first", "hoisted", "dropped", "tokenize")
 IN_PLACE = Rendering("tools_first", "in_place", "kept", "tokenize")

@@ -5,6 +5,7 @@ and the dashboard's key filter works."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 import httpx
 import pytest
@@ -97,3 +98,40 @@ def test_the_dashboard_key_filter_is_a_filter(guarded):
         )
         assert r.status_code == 400 and "never accepted in a URL" in r.text, credential
         assert credential not in r.text
+
+
+def test_the_bound_holds_across_workers(tmp_path, upstream):
+    """``serve --workers 2`` on one store: the failures are counted where both workers see
+    them, so an address gets 5 wrong admin keys in all, not 5 on each worker (new
+    connections each time: the kernel spreads them over both, which the scrapes with the
+    right key from another address show)."""
+    from tests.serve.served import Served
+
+    cfg = {
+        "embedded_upstream": False,
+        "channels": [{"name": "main", "base_url": upstream.url}],
+        "keys": [{"name": "alice", "key_sha256": hashlib.sha256(b"client-key").hexdigest()}],
+        "admin_key_sha256": hashlib.sha256(ADMIN.encode()).hexdigest(),
+        "store": {"dsn": f"sqlite:///{tmp_path / 'records.db'}", "journal_path": None},
+        "server": {"trusted_proxies": ["127.0.0.1"], "admin_failures_per_minute": 5},
+    }
+    close = {"connection": "close"}
+    with Served(tmp_path, cfg, "--workers", "2") as gw:
+        pids = set()
+        for _ in range(20):
+            r = httpx.get(gw.url + "/metrics", headers={**close, "authorization": f"Bearer {ADMIN}",
+                                                        "x-forwarded-for": ADMIN_ADDR})  # fmt: skip
+            assert r.status_code == 200
+            pids |= set(re.findall(r'prefixgate_worker_info\{pid="(\d+)"\}', r.text))
+        assert len(pids) == 2  # both workers answer new connections
+        statuses = [
+            httpx.get(gw.url + "/metrics", headers={**close, "authorization": f"Bearer g{i}",
+                                                    "x-forwarded-for": ATTACKER}).status_code
+            for i in range(12)
+        ]  # fmt: skip
+        assert statuses == [401] * 5 + [429] * 7
+        for path in ("/metrics", "/healthz?details", "/dashboard/api/meta"):
+            r = get(gw, path, ADMIN, ATTACKER)
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, path
+        assert get(gw, "/metrics", ADMIN, ADMIN_ADDR).status_code == 200
+    assert gw.returncode == 0, gw.output

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from prefixgate.cli import main
 from prefixgate.config import ConfigError, parse_config
 from prefixgate.doctor.diagnose import _safe_dsn
+from prefixgate.lab.upstream_sim.app import create_upstream_app
+from prefixgate.lab.upstream_sim.settings import SimSettings
 from prefixgate.record.redact import redact
 from prefixgate.serve.process import ServerThread
-from prefixgate.upstream_sim.app import create_upstream_app
-from prefixgate.upstream_sim.settings import SimSettings
 
 
 @pytest.mark.parametrize(

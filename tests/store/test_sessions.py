@@ -50,3 +50,34 @@ def test_racing_login_attempts_are_counted_exactly(dsn: str) -> None:
         assert store.login_attempt("10.9.9.9", T0, window=60, limit=5)
         assert not store.login_attempt("10.1.2.3", T0 + 59, window=60, limit=5)
         assert store.login_attempt("10.1.2.3", T0 + 60, window=60, limit=5)
+
+
+def test_racing_admin_checks_are_counted_exactly(dsn: str) -> None:
+    """Admin credential checks (admin_attempts.py) from separate connections, as from
+    several workers: 5 wrong keys from an address in all; a check that proved right is
+    taken back and makes its address trusted past the bound of every address together."""
+    with open_store(dsn) as first:
+        first.migrate()
+    waits: list[float | None] = []
+    start = threading.Barrier(12)
+    bounds = {"window": 60.0, "per_address": 5, "in_all": 8, "trusted_since": T0 - 86400}
+
+    def check(i: int) -> None:
+        with open_store(dsn) as own:
+            start.wait()
+            waits.append(own.admin_attempt(f"a{i}", "10.1.2.3", T0, **bounds))
+
+    threads = [threading.Thread(target=check, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert waits.count(None) == 5 and all(w == 60.0 for w in waits if w is not None)
+    with open_store(dsn) as store:
+        assert store.admin_attempt("ok", "10.7.7.7", T0 + 1, **bounds) is None
+        store.admin_success("ok", "10.7.7.7", T0 + 1, forget=86400)  # no failure: taken back
+        for i in range(3):  # 8 in all now
+            assert store.admin_attempt(f"b{i}", f"10.2.0.{i}", T0 + 2, **bounds) is None
+        assert store.admin_attempt("c", "10.3.0.1", T0 + 3, **bounds) == 57.0  # a stranger
+        assert store.admin_attempt("d", "10.7.7.7", T0 + 3, **bounds) is None  # the admin's
+        assert store.admin_attempt("e", "10.1.2.3", T0 + 61, **bounds) is None  # aged out

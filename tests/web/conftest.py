@@ -13,8 +13,8 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from prefixgate import incident
 from prefixgate.config import parse_config
+from prefixgate.lab import incident
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store

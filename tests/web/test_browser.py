@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from prefixgate.events.publisher import EventPublisher, PublisherSettings
+from prefixgate.lab.events.publisher import EventPublisher, PublisherSettings
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.events.streams import free_port

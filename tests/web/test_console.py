@@ -6,6 +6,7 @@ never a key."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator
 
@@ -26,10 +27,10 @@ from tests.web.test_browser import browser as browser  # the Chromium fixture
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
-@pytest.fixture
-def console(tmp_path) -> Iterator[tuple[str, str]]:
-    """A gateway with store keys and an admin key, over a scripted upstream: (URL, the
-    store's DSN)."""
+@contextlib.contextmanager
+def console_gateway(tmp_path, **extra) -> Iterator[tuple[str, str]]:
+    """A gateway with store keys and an admin key (and ``extra`` config), over a scripted
+    upstream (100 prompt and 7 output tokens a request): (URL, the store's DSN)."""
     with scripted_upstream() as up:
         up.script = lambda body: Reply(text="ok", prompt_tokens=100, completion_tokens=7)
         raw = {
@@ -37,9 +38,27 @@ def console(tmp_path) -> Iterator[tuple[str, str]]:
             "store": {"dsn": f"sqlite:///{tmp_path / 'console.db'}", "journal_path": None},
             "store_keys": True,
             "admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
+            **extra,
         }
         with ServerThread(build_app(parse_config(raw))) as srv:
             yield srv.url, raw["store"]["dsn"]
+
+
+@pytest.fixture
+def console(tmp_path) -> Iterator[tuple[str, str]]:
+    with console_gateway(tmp_path) as served:
+        yield served
+
+
+def signed_in(browser, url: str, path: str, key: str, ready: str) -> Page:
+    """A Chromium page at ``path``, signed in with ``key`` on the login form, once
+    ``ready`` (a selector) shows."""
+    p = Page(browser, url)
+    p.page.goto(url + path)
+    p.page.fill("input[name=key]", key)
+    p.page.click("button[type=submit]")
+    p.page.wait_for_selector(ready)
+    return p
 
 
 def _chat(url: str, key: str) -> int:
@@ -151,8 +170,9 @@ def test_the_console_in_chromium(browser, console):
 
 
 def test_a_rotation_takes_effect_at_once_on_every_worker(tmp_path, upstream):
-    """``serve --workers 2``: a key created, rotated and revoked through one worker is
-    known, refused and refused on both at once (40 requests on new connections each time:
+    """``serve --workers 2``: a key created, rotated and revoked (and its owner given a
+    budget and none) through one worker is known, refused and refused (refused, served) on
+    both at once (40 requests on new connections each time:
     the kernel spreads them over both workers), not at the next periodic refresh."""
     from tests.serve.served import Served
 
@@ -165,24 +185,135 @@ def test_a_rotation_takes_effect_at_once_on_every_worker(tmp_path, upstream):
         "admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
     }
 
-    def statuses(url: str, key: str) -> set[int]:
-        out = set()
+    def each(url: str, key: str) -> list[int]:
+        out = []
         for _ in range(40):
             r = httpx.post(
                 url + "/v1/chat/completions",
                 headers={"authorization": f"Bearer {key}", "connection": "close"},
                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
             )
-            out.add(r.status_code)
+            out.append(r.status_code)
         return out
+
+    def statuses(url: str, key: str) -> set[int]:
+        return set(each(url, key))
 
     with Served(tmp_path, cfg, "--workers", "2") as gw:
         api = gw.url + "/dashboard/api/keys"
-        key = httpx.post(api, headers=ADMIN, json={"name": "carol"}).json()["key"]
+        body = {"name": "carol", "owner": "team-w"}
+        key = httpx.post(api, headers=ADMIN, json=body).json()["key"]
         assert statuses(gw.url, key) == {200}
         new = httpx.post(api + "/carol/rotate", headers=ADMIN).json()["key"]
         assert statuses(gw.url, key) == {401}
         assert statuses(gw.url, new) == {200}
+        # An owner's budget smaller than one request, then none: applied on both at once.
+        # (Without `budgets.shared`, each worker counts on its own: each lets one request
+        # through while the budget still has room, then refuses.)
+        owner = gw.url + "/dashboard/api/owners/team-w/budgets"
+        assert httpx.post(owner, headers=ADMIN, json={"budgets": ["1 tokens/day"]}).is_success
+        got = each(gw.url, new)
+        assert got.count(200) <= 2 and got.count(429) == len(got) - got.count(200)
+        assert httpx.post(owner, headers=ADMIN, json={"budgets": []}).is_success
+        assert statuses(gw.url, new) == {200}
         assert httpx.post(api + "/carol/revoke", headers=ADMIN).status_code == 200
         assert statuses(gw.url, new) == {401}
     assert gw.returncode == 0, gw.output
+
+
+def test_a_script_gives_an_owner_budgets(console):
+    """``POST /dashboard/api/owners/{owner}/budgets``: every key of the owner fits them
+    together; shown with what is used and left; an empty list hands the owner back to the
+    config; bad input is the caller's error; each change is in the audit log."""
+    url, _ = console
+    api = url + "/dashboard/api"
+    a = httpx.post(api + "/keys", headers=ADMIN, json={"name": "a1", "owner": "team-b"})
+    b = httpx.post(api + "/keys", headers=ADMIN, json={"name": "a2", "owner": "team-b"})
+    k1, k2 = a.json()["key"], b.json()["key"]
+    assert httpx.post(api + "/owners/team-b/budgets", json={"budgets": []}).status_code == 401
+    bad = httpx.post(api + "/owners/team-b/budgets", headers=ADMIN, json={"budgets": ["lots"]})
+    assert bad.status_code == 400 and "lots" in bad.json()["error"]
+    assert httpx.post(api + "/owners/a%20b/budgets", headers=ADMIN, json={}).status_code == 400
+    r = httpx.post(
+        api + "/owners/team-b/budgets", headers=ADMIN, json={"budgets": "200 tokens/day"}
+    )
+    assert r.status_code == 200 and r.json() == {"owner": "team-b", "budgets": ["200 tokens/day"]}
+    # 107 tokens a request: the owner's two keys share 200 tokens.
+    assert _chat(url, k1) == 200 and _chat(url, k2) == 200
+    assert {_chat(url, k1), _chat(url, k2)} == {429}
+    [owner] = httpx.get(api + "/keys", headers=ADMIN).json()["owners"]
+    assert owner["owner"] == "team-b" and owner["source"] == "console"
+    assert owner["keys"] == ["a1", "a2"] and owner["budgets"][0]["budget"] == "200 tokens/day"
+    cleared = httpx.post(api + "/owners/team-b/budgets", headers=ADMIN, json={"budgets": []})
+    assert cleared.status_code == 200
+    assert _chat(url, k1) == 200  # no owner's budget left (none in the config)
+    [owner] = httpx.get(api + "/keys", headers=ADMIN).json()["owners"]
+    assert owner["source"] is None and owner["budgets"] == []
+    audit = httpx.get(api + "/audit", headers=ADMIN).json()["entries"]
+    changes = [(e["action"], e["target"], e["detail"]) for e in audit[:2]]
+    assert changes == [
+        ("owner budgets", "owner team-b", "none (the config's apply)"),
+        ("owner budgets", "owner team-b", "200 tokens/day"),
+    ]
+
+
+def test_the_consoles_owner_budget_takes_the_place_of_the_configs(tmp_path):
+    """An owner with a budget in the config and one set in the console: the console's
+    applies; cleared, the config's applies again."""
+    owners = {"owners": {"team-c": ["100 tokens/day"]}}
+    with console_gateway(tmp_path, budgets=owners) as (url, _):
+        api = url + "/dashboard/api"
+        r = httpx.post(api + "/keys", headers=ADMIN, json={"name": "c1", "owner": "team-c"})
+        key = r.json()["key"]
+        assert _chat(url, key) == 200 and _chat(url, key) == 429  # the config's
+        [owner] = httpx.get(api + "/keys", headers=ADMIN).json()["owners"]
+        assert owner["source"] == "config" and owner["budgets"][0]["left"] == 0
+        body = {"budgets": ["1M tokens/day"]}
+        assert httpx.post(api + "/owners/team-c/budgets", headers=ADMIN, json=body).is_success
+        assert _chat(url, key) == 200  # the console's
+        [owner] = httpx.get(api + "/keys", headers=ADMIN).json()["owners"]
+        assert owner["source"] == "console" and owner["budgets"][0]["budget"] == "1M tokens/day"
+        body = {"budgets": []}
+        assert httpx.post(api + "/owners/team-c/budgets", headers=ADMIN, json=body).is_success
+        assert _chat(url, key) == 429  # the config's again
+
+
+def test_an_owners_budget_in_chromium(browser, console):
+    """The admin gives an owner a budget in the console; the owner's two keys, used through
+    the SDK, are refused once they have spent it together; the audit log shows it."""
+    url, _ = console
+    api = url + "/dashboard/api"
+    keys = [
+        httpx.post(api + "/keys", headers=ADMIN, json={"name": n, "owner": "team-d"}).json()["key"]
+        for n in ("d1", "d2")
+    ]
+    p = signed_in(browser, url, "/dashboard/keys", ADMIN_KEY, "form[data-owner-budgets=team-d]")
+    pg = p.page
+    pg.fill("form[data-owner-budgets=team-d] input[name=budgets]", "300 tokens/day")
+    pg.click("form[data-owner-budgets=team-d] button[type=submit]")
+    pg.wait_for_selector("#owners .budget[data-budget='300 tokens/day']")
+    assert "console" in pg.locator("table.owners").inner_text()
+    # 107 tokens a request, alternating keys: refused once the owner has spent 300.
+    statuses = [_chat(url, keys[i % 2]) for i in range(4)]
+    assert statuses[:3] == [200, 200, 200] and statuses[3] == 429
+    assert _chat(url, keys[0]) == 429 and _chat(url, keys[1]) == 429
+
+    def owner_left() -> str:
+        pg.reload()
+        pg.wait_for_selector("#owners .budget[data-budget='300 tokens/day']")
+        return pg.locator("#owners .budget[data-budget='300 tokens/day'] .left").inner_text()
+
+    until(pg, lambda: owner_left() == "0 left")
+    assert "used 321" in pg.locator("#owners .budget[data-budget='300 tokens/day']").inner_text()
+    # A new owner's budget from the form at the top.
+    pg.fill("#owner-budgets input[name=owner]", "team-e")
+    pg.fill("#owner-budgets input[name=budgets]", "5M tokens/month")
+    pg.click("#owner-budgets button[type=submit]")
+    pg.wait_for_selector("form[data-owner-budgets=team-e]")
+    audit = pg.locator("#audit table").inner_text()
+    assert "owner team-d" in audit and "300 tokens/day" in audit and "owner team-e" in audit
+    assert not any(k in audit for k in keys)
+    p.shot("console-owners")
+    pg.close()
+    p.errors = [e for e in p.errors if "401" not in e and "429" not in e]
+    assert p.errors == []

@@ -1,7 +1,8 @@
 """A key holder's own view: ``GET /v1/me`` with their key (scripts) and ``/dashboard/me``
 after signing in with it (Chromium). Two holders, alice and bob, each with sessions of
-their own: each sees their usage, budgets, hit rate, sessions and prefix breaks, and
-never the other's, by URL or by API; a rotated key ends its sessions."""
+their own: each sees their usage, budgets, hit rate, sessions, prefix breaks and the
+doctor's findings about their requests, and never the other's, by URL or by API; a
+rotated key ends its sessions."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import httpx
 import openai
 
 from tests.web.conftest import ADMIN_KEY
-from tests.web.test_browser import Page
 from tests.web.test_browser import browser as browser  # the Chromium fixture
-from tests.web.test_console import ADMIN
+from tests.web.test_console import ADMIN, signed_in
 from tests.web.test_console import console as console  # the gateway with store keys
 
 
@@ -89,7 +89,13 @@ def test_each_holder_sees_their_own_through_the_api(console):
     # The clock in the system prompt broke the prefix of two of the session's requests.
     assert {b["session"] for b in me["prefix_breaks"]} == {"alice-clock"}
     assert sum(b["requests"] for b in me["prefix_breaks"]) == 2
-    assert _recorded(url, bob, 2)["sessions"][0]["session"] == "bob-s1"
+    # The doctor's findings about her requests: the clock, found in her records alone.
+    [found] = me["findings"]
+    assert found["kind"] == "prefix_broken" and "date and time" in found["title"]
+    assert "messages[0]" in found["title"] and found["facts"]["tokens_lost"] > 0
+    bobs_view = _recorded(url, bob, 2)
+    assert bobs_view["sessions"][0]["session"] == "bob-s1"
+    assert bobs_view["findings"] == [] and "alice" not in str(bobs_view)
     # Nothing in the URL chooses whose records are read.
     assert _me(url, alice, "/v1/me?key_name=bob&key=bob")["key"] == "alice"
     assert _me(url, alice, "/dashboard/api/me")["key"] == "alice"
@@ -111,18 +117,19 @@ def test_a_holder_signs_in_and_sees_only_their_own(browser, console):
     alice = _key(url, "alice")
     bob = _key(url, "bob")
     _use(url, alice, "alice-s1", 2)
+    _clocked(url, alice, "alice-clock", 3)
+    _clocked(url, bob, "bob-clock", 3)  # a finding of bob's, never shown to alice
     bobs = _use(url, bob, "bob-s1", 1)
-    _recorded(url, alice, 2)
-    _recorded(url, bob, 1)
-    p = Page(browser, url)
+    _recorded(url, alice, 5)
+    assert _recorded(url, bob, 4)["findings"]
+    p = signed_in(browser, url, "/dashboard/login", alice, "#me[data-key=alice]")
     pg = p.page
-    pg.goto(url + "/dashboard/login")
-    pg.fill("input[name=key]", alice)
-    pg.click("button[type=submit]")
-    pg.wait_for_selector("#me[data-key=alice]")
     assert pg.url == url + "/dashboard/me"
     sessions = pg.locator("table.my-sessions").inner_text()
     assert "alice-s1" in sessions and "bob" not in pg.content()
+    [card] = pg.locator("#my-findings .finding").all()
+    assert card.get_attribute("data-kind") == "prefix_broken"
+    assert "date and time" in card.inner_text()
     assert alice not in pg.content()
     assert pg.locator("nav a").all_inner_texts() == ["My usage"]
     assert "null" not in pg.locator("#content").inner_text()

@@ -295,7 +295,7 @@ class JinjaChatTemplate:
         return f"JinjaChatTemplate({len(self.source)} chars)"
 
 
-def vllm_messages(messages: Sequence[dict]) -> list[dict]:
+def vllm_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as vLLM hands them to a chat template ("string" content format): text
     parts joined by newlines, ``reasoning`` (or ``reasoning_content``) under both names, and tool-call
     arguments decoded from their JSON string (an object; ``{}`` when not one)."""
@@ -347,7 +347,7 @@ def _call(call: Any) -> Any:
     return {**_in_order(call, ("id", "function", "type")), "function": fn}
 
 
-def _in_order(d: dict, keys: tuple[str, ...]) -> dict:
+def _in_order(d: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     out = {k: d[k] for k in keys if k in d}
     out.update((k, v) for k, v in d.items() if k not in out)
     return out

@@ -62,7 +62,8 @@ class ApproxTokenizer:
     name = "approx"
 
     def encode(self, text: str) -> list[int]:
-        return self.encode_array(text).tolist()
+        ids: list[int] = self.encode_array(text).tolist()
+        return ids
 
     def encode_array(self, text: str) -> np.ndarray:
         """The token ids as a numpy ``uint32`` array (no Python int objects)."""
@@ -173,7 +174,7 @@ class RemoteTokenizer:
         if resp.status_code != 200:
             raise TokenizerError(f"POST {url} returned HTTP {resp.status_code}")
         try:
-            body = resp.json()
+            body: dict[str, Any] = resp.json()
             tokens = body["tokens"]
         except (ValueError, KeyError, TypeError) as exc:
             raise TokenizerError(f"POST {url} returned an unexpected body") from exc

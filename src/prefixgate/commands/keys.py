@@ -98,7 +98,7 @@ def keys_list(as_json, store_dsn, config_path) -> None:
     import json
     import time
 
-    from prefixgate.spend.budgets import parse_budget
+    from prefixgate.spend.budgets import owner_lines, parse_budget
     from prefixgate.spend.prices import fmt_money
     from prefixgate.spend.standing import standing
 
@@ -110,7 +110,8 @@ def keys_list(as_json, store_dsn, config_path) -> None:
         budgets = {}
         for _, r in rows:
             budgets[("key", r.name)] = tuple(parse_budget(b, currency) for b in r.budgets)
-        for owner, lines in config.budgets.owners.items() if config is not None else ():
+        config_owners = config.budgets.owners if config is not None else {}
+        for owner, (_, lines) in owner_lines(config_owners, store.list_owner_budgets()).items():
             budgets[("owner", owner)] = tuple(parse_budget(b, currency) for b in lines)
         shared = config.budgets_shared if config is not None else None
         left = standing(store, budgets, currency, time.time(), shared)

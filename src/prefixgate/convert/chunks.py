@@ -10,14 +10,23 @@ the expected type (a choice that is not an object, a text that is not a string, 
 call that is not an object) is skipped.
 
 The walk runs once per chunk of every converted stream: it allocates nothing beyond the
-list the converter's events are gathered in.
+list the converter's events are gathered in. Most chunks need not even be decoded: once a
+chunk that was one piece of text and nothing else has been walked, :meth:`ChunkWalk.learn`
+keeps its bytes around the piece (``template.py``), and :meth:`ChunkWalk.quick` gives the
+events of a read that is that chunk with another piece, from its bytes.
 """
 
 from __future__ import annotations
 
+import msgspec
+
+from prefixgate.convert.template import Template, cut
 from prefixgate.usage import Usage
 
-__all__ = ["ChunkWalk", "fold_tool_delta"]
+__all__ = ["ChunkWalk", "fold_tool_delta", "sole_piece"]
+
+_decode = msgspec.json.decode
+_PROBE = "#"
 
 _NO_DELTA: dict = {}  # a choice without a delta (never written to)
 
@@ -47,13 +56,75 @@ def matched_stop(choice: dict) -> object:
     return choice.get("matched_stop") if got is None else got
 
 
+def sole_piece(chunk: dict) -> tuple[str, str] | None:
+    """(kind, delta key) of the one piece of text a chunk is, when it is nothing else (no
+    usage, one choice, no tool call, no finish): what :meth:`ChunkWalk.feed` reads of it
+    is that piece alone."""
+    if isinstance(chunk.get("usage"), dict):
+        return None
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    if choice.get("finish_reason") or not isinstance(delta, dict) or delta.get("tool_calls"):
+        return None
+    first, text = delta.get("reasoning_content"), delta.get("content")
+    reasoning = first or delta.get("reasoning")
+    if reasoning:
+        if text or not isinstance(reasoning, str):
+            return None
+        return "reasoning", "reasoning_content" if first else "reasoning"
+    return ("text", "content") if text and isinstance(text, str) else None
+
+
 class ChunkWalk:
     """Base of the stream converters: :meth:`feed` and what it keeps (``usage``,
-    ``finish_reason``, ``matched_stop``); a subclass defines the hooks."""
+    ``finish_reason``, ``matched_stop``); a subclass defines the hooks. ``templates``:
+    the chunks learned (one per kind of piece); ``learning``: how many more one-piece
+    chunks that matched none may be tried."""
 
     usage: Usage
     finish_reason: str | None
     matched_stop: object
+    templates: tuple[Template, ...] = ()
+    learning = 3
+
+    def quick(self, read: bytes) -> bytes | None:
+        """The events of a read that is a learned chunk with another (non-empty) piece;
+        None when it is not one (then it is decoded and fed)."""
+        for t in self.templates:
+            piece = t.piece(read)
+            if piece:
+                out: list[bytes] = []
+                self._piece(out, t.kind, piece)
+                return b"".join(out)
+        return None
+
+    def learn(self, data: bytes, chunk: dict) -> None:
+        """After :meth:`feed` of ``chunk`` (``data``, its JSON): when it was one piece of
+        a kind not learned yet, its template. The cut is checked: the same bytes with
+        another string in its place decode to that string as the same piece."""
+        sole = sole_piece(chunk)
+        if sole is None:
+            return
+        self.learning -= 1
+        if any(t.kind == sole[0] for t in self.templates):
+            return
+        key = b'"%b":' % sole[1].encode()
+        ends = cut(data, key)
+        if ends is None:
+            return
+        head, tail = ends
+        try:
+            probe = _decode(b'%b"%b"%b' % (head[6:], _PROBE.encode(), tail[:-2]))
+        except msgspec.DecodeError:
+            return
+        if not isinstance(probe, dict) or sole_piece(probe) != sole:
+            return
+        if probe["choices"][0]["delta"][sole[1]] != _PROBE:
+            return
+        self.templates = (*self.templates, Template(head, tail, sole[0], key))
 
     def feed(self, chunk: dict) -> bytes:
         """The events one chunk becomes (``b""`` when none)."""

@@ -10,7 +10,10 @@ The same rules that protect the upstream prefix cache on the Messages path:
   message (what Codex sends at the head of every request); a system or developer message
   later in the conversation stays where it is, never hoisted into the system prompt;
 - the items of one assistant turn (reasoning, text, function calls) become one assistant
-  message, so a turn the gateway answered comes back the same way on the next request.
+  message, so a turn the gateway answered comes back the same way on the next request;
+- a ``compaction`` item (one this gateway made) becomes a user message holding its summary,
+  and a closing ``compaction_trigger`` a user message asking for one, with the same tools
+  and ``tool_choice: none`` (``convert/compaction.py``).
 
 Tool names: a ``namespace`` tool's functions are sent as ``<namespace>__<name>`` and a
 ``custom`` tool (free-form text input) as a function taking ``{"input": string}``;
@@ -22,8 +25,9 @@ from __future__ import annotations
 import msgspec
 from msgspec import Raw
 
+from prefixgate.convert import compaction
 from prefixgate.convert.request import ConvertOptions, Text, _empty, _join, _truthy, dumps
-from prefixgate.protocol.responses import Item, Part, Request, Tool
+from prefixgate.protocol.responses import TRIGGER, Item, Part, Request, Tool
 
 SEP = "__"  # between a namespace and a function name in a chat function name
 _EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
@@ -76,7 +80,9 @@ def convert(req: Request, opts: ConvertOptions) -> dict:
     tools = _tools(req.tools)
     if tools:
         out["tools"] = tools
-        if req.tool_choice is not None:
+        if type(items) is list and items[-1].type == TRIGGER:
+            out["tool_choice"] = "none"  # a summary, in text
+        elif req.tool_choice is not None:
             out["tool_choice"] = _tool_choice(req.tool_choice)
         if req.parallel_tool_calls is not None:
             out["parallel_tool_calls"] = req.parallel_tool_calls
@@ -158,6 +164,14 @@ class _Turns:
                 self._assistant()
             parts = item.content or item.summary or ()
             self.reasoning.extend(p.text for p in parts if p.text)
+        elif kind == "compaction" or kind == TRIGGER:
+            self._assistant()
+            text = (
+                compaction.SUMMARY_HEAD + (compaction.unseal(item.encrypted_content) or "")
+                if kind == "compaction"
+                else compaction.SUMMARY_REQUEST
+            )
+            self.out.append({"role": "user", "content": text})
         elif kind == "function_call":
             args = item.arguments
             self.calls.append(_call(item.call_id, chat_name(item.namespace, item.name), args))

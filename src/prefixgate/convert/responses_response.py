@@ -17,6 +17,7 @@ import time
 
 import msgspec
 
+from prefixgate.convert.compaction import compaction_item
 from prefixgate.convert.responses_request import tool_map
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.usage import Usage
@@ -142,10 +143,14 @@ def chat_to_response(resp: dict, body: ResponsesBody) -> tuple[dict, Usage]:
     msg = choice.get("message") or {}
     status, incomplete = status_of(choice.get("finish_reason"))
     output: list[dict] = []
+    text = msg.get("content")
+    if body.compacting:  # one compaction item, whatever else the engine said
+        status, incomplete = "completed", None
+        output.append(compaction_item(text if isinstance(text, str) else ""))
+        text, msg = None, {}
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         output.append(reasoning_item(new_id("rs"), reasoning))
-    text = msg.get("content")
     if isinstance(text, str) and text:
         output.append(message_item(new_id("msg"), text, status))
     tools = tool_map(body.typed)

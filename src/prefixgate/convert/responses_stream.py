@@ -15,6 +15,10 @@ calls may come in any order and the client still reads the Responses sequence:
     response.output_item.done,
     response.completed (or response.incomplete when the output hit its limit)
 
+A compaction (the request ended with a ``compaction_trigger``) is one item: the text is
+kept, not sent, and at the end goes out as a ``compaction`` item (added, then done) before
+``response.completed``; reasoning and tool calls are dropped (``convert/compaction.py``).
+
 Tool calls stay open until the answer ends or text follows them (a chat stream may send a
 call's arguments in pieces between other calls' pieces). A failure after the start is a
 ``response.failed`` event, whose ``error.code`` says what went wrong. Every event carries
@@ -30,6 +34,7 @@ from collections.abc import Callable
 import msgspec
 
 from prefixgate.convert.chunks import ChunkWalk, fold_tool_delta
+from prefixgate.convert.compaction import compaction_item
 from prefixgate.convert.responses_response import (
     ToolMap,
     call_item,
@@ -71,9 +76,10 @@ class _Text:
 
 
 class ResponsesStream(ChunkWalk):
-    def __init__(self, base: dict, tools: ToolMap) -> None:
+    def __init__(self, base: dict, tools: ToolMap, *, compacting: bool = False) -> None:
         self.base = base  # response_base(): ids, model, the request's echoed fields
         self.tools = tools
+        self.summary: list[str] | None = [] if compacting else None  # a compaction's text
         self.usage = Usage()
         self.finish_reason: str | None = None
         self.matched_stop: object = None
@@ -107,6 +113,10 @@ class ResponsesStream(ChunkWalk):
         status, incomplete = status_of(self.finish_reason)
         self._close_text(out, status)
         self._close_calls(out)
+        if self.summary is not None:
+            # a summary cut at max_output_tokens is still the compaction asked for
+            status, incomplete = "completed", None
+            self._compaction(out, "".join(self.summary))
         response = {
             **self.base,
             "status": status,
@@ -136,8 +146,23 @@ class ResponsesStream(ChunkWalk):
         self.finished = True
         return b"".join(out)
 
+    def _compaction(self, out: list[bytes], summary: str) -> None:
+        index = len(self.output)
+        item = compaction_item(summary)
+        self.output.append(item)
+        self._event(
+            out,
+            "response.output_item.added",
+            {"type": "response.output_item.added", "output_index": index, "item": item},
+        )
+        self._item_done(out, index, item)
+
     # -- text and reasoning items ---------------------------------------------------------
     def _piece(self, out: list[bytes], kind: str, piece: str) -> None:
+        if self.summary is not None:
+            if kind == "text":
+                self.summary.append(piece)
+            return
         cur = self._open
         if cur is None or cur.kind != kind:
             self._close_text(out)
@@ -215,6 +240,8 @@ class ResponsesStream(ChunkWalk):
 
     # -- tool calls -------------------------------------------------------------------------
     def _tool_delta(self, out: list[bytes], delta: dict) -> None:
+        if self.summary is not None:
+            return
         call, idx, args = fold_tool_delta(self._calls, delta, _Call)
         if call.index is None:
             if args:

@@ -87,6 +87,7 @@ class AnthropicStream(ChunkWalk):
         self.saw_content = False
         self._index = -1  # index of the last opened block
         self._open: str | None = None  # "text" | "reasoning" (thinking) | "tool" | None
+        self._delta_head = b""  # the bytes before the value of the open block's deltas
         self._open_tool: int | None = None  # OpenAI tool-call index of the open tool block
         self._tools: dict[int, _PendingTool] = {}
         self.finished = False
@@ -148,15 +149,15 @@ class AnthropicStream(ChunkWalk):
     def _delta(self, kind: str, value: str) -> bytes:
         """A ``content_block_delta`` of the open block (of ``kind``) carrying ``value``."""
         self.saw_content = True
-        return b"".join(
-            (_DELTA_HEAD, b"%d" % self._index, _DELTA_KINDS[kind], _encode(value), _DELTA_TAIL)
-        )
+        return b"".join((self._delta_head, _encode(value), _DELTA_TAIL))
 
     def _switch(self, out: list[bytes], kind: str, block: dict) -> None:
         """Close the open block, open the next (of ``kind``, starting as ``block``)."""
         self._close(out)
         self._index += 1
         self._open = kind
+        # Every delta of this block begins the same: made once.
+        self._delta_head = b"".join((_DELTA_HEAD, b"%d" % self._index, _DELTA_KINDS[kind]))
         out.append(
             sse(
                 "content_block_start",

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import msgspec
 
 from prefixgate.diagnostics.compare import Divergence, diverge, engine_order, tokens
+from prefixgate.record.compaction import compacted
 from prefixgate.record.model import Record
 from prefixgate.record.rendered import AT_HEAD
 
@@ -133,8 +134,9 @@ def judge(
         if changed(name):
             return Verdict(f"{name}_changed", whole, 0, found_in=found_in)
     if at is not None:
-        compacted = at.segment is not None and at.segment.endswith(":compaction")
-        return verdict("context_compacted" if compacted else "input_changed")
+        # a compaction item, or the model's turns dropped (record/compaction.py)
+        restarted = compacted(prev.segments_in, cur.segments_in)
+        return verdict("context_compacted" if restarted else "input_changed")
     if changed("service_tier"):
         return Verdict("service_tier_changed", whole, 0, found_in=found_in)
     return Verdict(NONE, 0, whole, found_in=found_in)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
 from prefixgate.doctor.slices import Cell, load_cells
+from prefixgate.record.compaction import COMPACTED
 from prefixgate.record.model import Change
 from prefixgate.record.shape import CLASSES
 from prefixgate.store import Store
@@ -151,7 +152,9 @@ def load(
         "SELECT channel, upstream_model, client, compared, change_segment, change_class,"
         f" COUNT(*), COUNT(DISTINCT session_id), SUM({lost}),"
         " SUM(prompt_tokens * change_at), MAX(CAST(change AS TEXT))"
-        f" FROM requests WHERE {query.OK} AND change_class IS NOT NULL{where}"
+        f" FROM requests WHERE {query.OK} AND change_class IS NOT NULL"
+        # a compacted context is a new history by design, not a breaker
+        f" AND change_class <> '{COMPACTED}'{where}"
         " GROUP BY channel, upstream_model, client, compared, change_segment, change_class"
     )
     merged: dict[tuple, Breaker] = {}

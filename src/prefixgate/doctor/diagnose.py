@@ -25,6 +25,7 @@ from prefixgate.doctor import ledger as ledger_mod
 from prefixgate.doctor import predict as pred_mod
 from prefixgate.doctor import segments as seg_mod
 from prefixgate.doctor import slices as slice_mod
+from prefixgate.doctor.holder import HolderRecords
 from prefixgate.doctor.model import (
     CRITICAL,
     INFO,
@@ -68,6 +69,7 @@ def diagnose(
     channel_metrics: dict[str, str] | None = None,
     probes: dict[str, cache_report.Evidence] | None = None,
     policies: dict[str, str] | None = None,
+    key: str | None = None,
 ) -> Diagnosis:
     """Diagnose the records in ``store_dsn`` received in ``[since, until)``.
 
@@ -79,8 +81,11 @@ def diagnose(
     tokens a day. ``channel_metrics`` names the metrics URL of each channel (among
     ``metrics_urls``) and ``probes`` holds active probes' evidence per channel: both tell
     a cache report that is off from one with nothing to report.
-    ``policies``: each channel's routing policy (what the routing finding improves on)."""
-    with open_store(store_dsn) as store:
+    ``policies``: each channel's routing policy (what the routing finding improves on).
+    ``key``: only the records of the key of that name are read (a key holder's own view:
+    :mod:`.holder`)."""
+    with open_store(store_dsn) as opened:
+        store = opened if key is None else HolderRecords(opened, key, since or 0.0)
         d = Diagnosis(
             store=_safe_dsn(store_dsn),
             since=since,

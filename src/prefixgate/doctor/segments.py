@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
+from prefixgate.record.compaction import compacted
 from prefixgate.record.model import Segment
 from prefixgate.record.segments import first_changed, prefix_tokens
 from prefixgate.store import Store
@@ -250,7 +251,8 @@ def classify(
     if seg.kind == "message":
         msgs_prev = [s.hash for s in prev.seg_in if s.kind == "message"]
         msgs_cur = [s.hash for s in cur.seg_in if s.kind == "message"]
-        if msgs_prev and msgs_cur and msgs_prev[0] != msgs_cur[0] or len(msgs_cur) < len(msgs_prev):
+        restarted = msgs_prev and msgs_cur and msgs_prev[0] != msgs_cur[0]
+        if restarted or len(msgs_cur) < len(msgs_prev) or compacted(prev.seg_in, cur.seg_in):
             brk.cause = COMPACTION
             brk.detail = (
                 f"history restarted ({len(msgs_prev)} → {len(msgs_cur)} messages, "

@@ -11,9 +11,9 @@ Modules, one concept each:
 - :mod:`.status`: one replica's stream for ``/healthz`` and ``/metrics``; stale or not;
 - :mod:`.subscriber`: one replica's SUB socket: order, gaps and replay, restarts;
 - :mod:`.hub`: :class:`EngineEvents`, every channel's subscribers and index, for the app;
-- :mod:`.publisher`: the engines' side of the wire, for the simulated upstream.
 
-- :mod:`.emitter`: a cache model's stores and evictions as the events an engine sends.
+The engines' side of the wire (a publisher, and a cache model's stores and evictions as
+the events an engine sends) is the simulated upstream's: :mod:`prefixgate.lab.events`.
 
 Every name is imported on first use: the config reads :mod:`.endpoints` without loading
 pyzmq, numpy or the cache model.
@@ -25,11 +25,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .emitter import CacheEventEmitter
     from .endpoints import Endpoints, engine_binds, subscriber_endpoints
     from .hub import ChannelEvents, EngineEvents
     from .index import GPU, EventIndex, IndexCounters, PrefixHit, ReplicaIndex, content_keys
-    from .publisher import EventPublisher, PublisherSettings
     from .status import ReplicaStatus
     from .subscriber import Subscriber
     from .wire import (
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "CacheEventEmitter": "emitter",
     "Endpoints": "endpoints",
     "engine_binds": "endpoints",
     "subscriber_endpoints": "endpoints",
@@ -57,8 +54,6 @@ _WHERE = {
     "PrefixHit": "index",
     "ReplicaIndex": "index",
     "content_keys": "index",
-    "EventPublisher": "publisher",
-    "PublisherSettings": "publisher",
     "ReplicaStatus": "status",
     "Subscriber": "subscriber",
     "ENCODINGS": "wire",
@@ -76,18 +71,15 @@ __all__ = [
     "Batch",
     "BlockRemoved",
     "BlockStored",
-    "CacheEventEmitter",
     "ChannelEvents",
     "ENCODINGS",
     "Encoding",
     "Endpoints",
     "EngineEvents",
     "EventIndex",
-    "EventPublisher",
     "GPU",
     "IndexCounters",
     "PrefixHit",
-    "PublisherSettings",
     "ReplicaIndex",
     "ReplicaStatus",
     "Subscriber",

@@ -295,8 +295,8 @@ class ReplicaIndex:
             if count > 1:
                 resident[k] = count - 1  # type: ignore[index]
                 continue
-            del resident[k]  # type: ignore[arg-type]
-            self.history.removed(medium, k, self._now)  # type: ignore[arg-type]
+            del resident[k]
+            self.history.removed(medium, k, self._now)
             if not any(k in r for r in self._media.values()):
                 del by_hash[h]
 

@@ -59,7 +59,7 @@ from prefixgate.cache import (
 from prefixgate.cache.blocks import Tokens, hash_blocks
 from prefixgate.cache.render import vllm_messages
 from prefixgate.config import ChannelConfig
-from prefixgate.upstream.order import render_order
+from prefixgate.engine.order import render_order
 
 if TYPE_CHECKING:
     from prefixgate.upstream import Upstream

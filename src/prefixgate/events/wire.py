@@ -205,7 +205,7 @@ class WireDecoder:
             if layout != self._order[0]:
                 self._order.remove(layout)
                 self._order.insert(0, layout)
-            return Batch(got.ts, got.events, got.data_parallel_rank, layout)  # type: ignore[arg-type]
+            return Batch(got.ts, got.events, got.data_parallel_rank, layout)
         return self._decode_loose(payload, batch_kind)
 
     def _decode_loose(self, payload: bytes | memoryview, batch_kind: str) -> Batch:

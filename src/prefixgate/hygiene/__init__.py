@@ -54,7 +54,7 @@ def keeps_system_in_place(ch: ChannelConfig) -> bool:
         return False
     if ch.system_in_place is True:
         return True
-    from prefixgate.upstream.order import rendering_of
+    from prefixgate.engine.order import rendering_of
 
     return rendering_of(ch).hoists_system
 

@@ -2,9 +2,10 @@
 
 An :class:`~.exchange.Exchange` (and with it the request's record) is opened when the
 request arrives; the steps below run in this order on it; the relay's answer goes out;
-then :meth:`~.exchange.Exchange.finish` closes the record, once. Any step may refuse the
+then :meth:`~.exchange.Exchange.finish` closes the record, once, by the steps of
+:data:`FINISH_STEPS` (the way out, :mod:`.finish`). Any step may refuse the
 request by raising an error, answered in the client's protocol. ``docs/architecture.md``
-lists these tuples as :func:`describe` prints them (a test keeps the two equal).
+lists these tuples, both ways, as :func:`describe` prints them (a test keeps the two equal).
 
 The steps live in :mod:`.steps` and :mod:`.relays`; the hygiene steps are
 :data:`prefixgate.hygiene.STEPS`.
@@ -17,10 +18,13 @@ from prefixgate.convert.request import plain
 from prefixgate.pipeline.count import count_tokens, decode_count_tokens
 from prefixgate.pipeline.diagnose import diagnose
 from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, run
+from prefixgate.pipeline.finish import FINISH_STEPS, close
 from prefixgate.pipeline.relays import relay_chat, relay_messages
 from prefixgate.pipeline.responses import (
     convert_responses,
+    decode_compact,
     decode_responses,
+    relay_compact,
     relay_responses,
     upstream_chat_of_responses,
 )
@@ -78,6 +82,19 @@ RESPONSES_STEPS = (
     plan,
     Failover(convert_responses, capture, send, diagnose),
     relay_responses,
+)
+
+# A compaction (``POST /v1/responses/compact``): the conversation summarised by the engine.
+COMPACT_STEPS = (
+    authenticate,
+    read,
+    decode_compact,
+    admit,
+    queue,
+    budget,
+    plan,
+    Failover(convert_responses, capture, send),
+    relay_compact,
 )
 
 COUNT_TOKENS_STEPS = (
@@ -144,10 +161,22 @@ RESPONSES = Endpoint(
     steps=RESPONSES_STEPS,
 )
 
+COMPACT = Endpoint(
+    name="responses",  # recorded, captured and compared as a Responses request
+    error_bytes=openai_proto.error_bytes,
+    request_id_header="x-request-id",
+    kinds=("openai",),
+    prompt=_responses_prompt,
+    steps=COMPACT_STEPS,
+)
+
 
 def describe(steps: tuple) -> str:
     """The steps as one line: ``authenticate → read → … → relay_messages → finish``; a
-    failover loop's own steps in brackets, hygiene with its transforms."""
+    failover loop's own steps in brackets, hygiene with its transforms. The way out,
+    :data:`FINISH_STEPS`, as ``close → charge → … → ledger``."""
+    if steps is FINISH_STEPS:
+        return " → ".join(step.__name__ for step in (close, *steps))
     names = []
     for step in steps:
         if isinstance(step, Failover):
@@ -161,7 +190,9 @@ def describe(steps: tuple) -> str:
 
 __all__ = [
     "CHAT",
+    "COMPACT",
     "COUNT_TOKENS",
+    "FINISH_STEPS",
     "MESSAGES",
     "RESPONSES",
     "Endpoint",

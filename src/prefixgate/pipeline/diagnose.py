@@ -18,10 +18,10 @@ import asyncio
 from prefixgate.diagnostics import verdict as vd
 from prefixgate.diagnostics.lookup import LookupFailed
 from prefixgate.diagnostics.request import request_id_of
+from prefixgate.engine.order import rendering_of
 from prefixgate.hygiene import keeps_system_in_place
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.record.model import Diagnosis
-from prefixgate.upstream.order import rendering_of
 from prefixgate.usage import Usage
 
 _API = {"messages": "anthropic", "responses": "responses", "chat": "chat"}

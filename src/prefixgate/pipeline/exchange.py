@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from prefixgate.errors import GatewayError
 from prefixgate.identify import client_of
+from prefixgate.pipeline.finish import FINISH_STEPS, close
 from prefixgate.record import Record
 from prefixgate.record.reason import failed
 
@@ -158,58 +159,19 @@ class Exchange:
         return error_response(err, self.endpoint.error_bytes, self.id_headers())
 
     def finish(self, usage: Usage | None = None) -> None:
-        """Close the record, once: timings, usage, its cost, the rate limiter's slot and the
-        budgets' hold, the in-flight count of the replica, metrics, the writer and the
-        trace. A record still without a status was left by its client."""
+        """Close the record, once: :func:`~.finish.close`, then the steps of
+        :data:`~.finish.FINISH_STEPS` in order (the way out; a failing one is logged and
+        the rest skipped), then the configuration generation let go."""
         rec = self.record
         if rec.done_at is not None:
             return
-        gw = self.gateway
-        gw.open_records -= 1
-        if rec.status == 0:
-            rec.status, rec.error_type = 499, "client_disconnected"
-            rec.error_message = "the client left before the answer was complete"
-        if gw.capture_pending:
-            gw.capture_now(rec.request_id)
-        live = self.live
-        live.router.release(rec.request_id)
-        rec.done_at = time.time()
-        rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
-        if self.gate is not None:  # admission slots (admission.py)
-            self.gate.give(rec.done_at - rec.received_at)
-        if self.channel_gate is not None:
-            self.release_channel()
-        if rec.first_byte_at is not None:
-            rec.ttft_ms = (rec.first_byte_at - rec.received_at) * 1000.0
-        if usage is not None:
-            rec.prompt_tokens = usage.prompt_tokens
-            rec.cached_tokens = usage.cached_tokens
-            rec.completion_tokens = usage.completion_tokens
-            rec.cache_creation_tokens = usage.cache_creation_tokens
+        close(self, usage)
         try:
-            if live.prices is not None:
-                live.prices.charge(rec)
-            if self.admitted:
-                gw.limits_done(self.principal, rec)
-            if self.hold is not None:
-                live.budgets.settle(self.hold, rec)
-            gw.metrics.observe(rec)
-            gw.recorder.submit(rec)
-            # The ledger is computed later, off the request path; the span waits for it.
-            span = None
-            if gw.telemetry is not None:
-                span = gw.telemetry.exporter_of(rec, self.request.headers.get("traceparent"))
-            blocks = self.target.blocks if self.target is not None else None
-            if rec.diagnosis is not None:  # its ledger is kept for GET /v1/diagnostics/{id}
-                span = gw.fingerprints.ledger_then(rec, span)
-            if self.ledger is not None:  # fed already (settle): those waiting hear of it
-                if span is not None:
-                    self.ledger.add_done_callback(_then(span, gw))
-            else:
-                gw.ledger.feed(rec, self.out, span, blocks=blocks)
+            for step in FINISH_STEPS:
+                step(self, rec)
         except Exception:  # the record must never break the request path
-            gw.log.exception("recorder refused a record")
-        gw.done_with(live)
+            self.gateway.log.exception("recorder refused a record")
+        self.gateway.done_with(self.live)
 
     async def settle(self, usage: Usage, wait: float | None = None) -> None:
         """For a request that asked why its cache missed: its miss ledger computed now,
@@ -251,18 +213,6 @@ class Exchange:
         if self.upstream is not None:
             await self.upstream.aclose()
         self.finish(usage)
-
-
-def _then(then: Callable, gw: Gateway) -> Callable[[asyncio.Future], None]:
-    """A ledger future's callback that hands its ledger to ``then``."""
-
-    def call(fut: asyncio.Future) -> None:
-        try:
-            then(fut.result())
-        except Exception:  # whoever waits must never break the request path
-            gw.log.exception("a ledger's callback failed")
-
-    return call
 
 
 def error_response(

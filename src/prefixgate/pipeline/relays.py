@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from prefixgate.convert.response import openai_to_anthropic
 from prefixgate.convert.stream import AnthropicStream
+from prefixgate.convert.template import KEYS, Template, cut
 from prefixgate.diagnostics.request import message_id
 from prefixgate.diagnostics.verdict import EXTENSION, anthropic_diagnostics
 from prefixgate.errors import GatewayError, UpstreamError
@@ -42,6 +43,7 @@ from prefixgate.usage import Usage
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _DONE_EVENT = b"data: [DONE]\n\n"
+_LOOKED_FOR = frozenset(("usage", "error", "model"))
 
 
 async def relay_messages(x: Exchange) -> Response:
@@ -249,6 +251,12 @@ class Converted(Relay):
         return self.conv.usage
 
     def feed(self, chunk: bytes) -> bytes:
+        conv = self.conv
+        if conv.templates and not self.held and not self.dec.pending:
+            out = conv.quick(chunk)  # a chunk like one seen: read from its bytes
+            if out is not None:
+                self._first_byte()
+                return out
         self._events(self.dec.feed(chunk))
         return self._take()
 
@@ -263,6 +271,8 @@ class Converted(Relay):
             if err is not None:
                 raise err
             out = conv.feed(obj)
+            if conv.learning > 0:
+                conv.learn(data, obj)
             if out:
                 self._first_byte()
                 held.append(out)
@@ -287,7 +297,10 @@ class ChatRelay(Relay):
     ``"error"`` key and names the upstream's model as the upstream writes it (compact
     JSON) goes out as it came, the model's name swapped in its bytes; only the others
     are decoded: the usage kept for the record (and its chunk dropped when the client did
-    not ask for it), an error raised, an unusual model field rewritten."""
+    not ask for it), an error raised, an unusual model field rewritten. A read that is a
+    chunk seen before with another piece of text (``convert/template.py``) is not even
+    searched: its ends, as the client gets them, are known (``templates``: each with the
+    ends as sent)."""
 
     def __init__(self, x: Exchange) -> None:
         super().__init__(x)
@@ -296,19 +309,30 @@ class ChatRelay(Relay):
         self._usage = Usage()
         theirs, ours = b'"model":' + _encode(x.out["model"]), b'"model":' + _encode(public)
         self.theirs, self.ours = theirs, ours
+        self.templates: tuple[tuple[Template, bytes, bytes], ...] = ()
+        self.learning = 3  # plain one-event reads that may yet be cut into a template
 
     @property
     def usage(self) -> Usage:
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.held and not self.dec.pending and single(chunk) and chunk != _DONE_EVENT:
-            # One event in this read: out as it came, not even re-framed (the framing holds
-            # none of the keys looked for).
-            plain = self._plain(chunk)
-            if plain is not None:
-                self._first_byte()
-                return plain
+        if not self.held and not self.dec.pending:
+            for t, head, tail in self.templates:
+                piece = t.piece(chunk)
+                # (a piece that is one of the keys looked for would be found by a search)
+                if piece is not None and piece not in _LOOKED_FOR:
+                    self._first_byte()
+                    return chunk if head is t.head else b"".join((head, chunk[t._h : t._t], tail))
+            if single(chunk) and chunk != _DONE_EVENT:
+                # One event in this read: out as it came, not even re-framed (the framing
+                # holds none of the keys looked for).
+                plain = self._plain(chunk)
+                if plain is not None:
+                    self._first_byte()
+                    if self.learning > 0:
+                        self._learn(chunk)
+                    return plain
         held = self.held
         for _, data in self.dec.feed(chunk):
             if data == b"[DONE]":
@@ -323,6 +347,26 @@ class ChatRelay(Relay):
                     continue
             held += (b"data: ", out, b"\n\n")
         return self._take()
+
+    def _learn(self, chunk: bytes) -> None:
+        """A plain one-event read cut into a template, if it is one piece's chunk: its
+        ends as sent are the read's with the model's name swapped (the name cannot reach
+        into the piece: it begins with ``"model":`` and the cut with ``"<key>":``)."""
+        self.learning -= 1
+        data, theirs, ours = chunk[6:-2], self.theirs, self.ours
+        for kind, keys in KEYS.items():
+            if any(t.kind == kind for t, _, _ in self.templates):
+                continue
+            for key in keys:
+                ends = cut(data, key)
+                if ends is not None:
+                    t = Template(*ends, kind, key)
+                    if theirs == ours:
+                        sent = (t.head, t.tail)
+                    else:
+                        sent = (t.head.replace(theirs, ours), t.tail.replace(theirs, ours))
+                    self.templates = (*self.templates, (t, *sent))
+                    return
 
     def _plain(self, data: bytes) -> bytes | None:
         """``data`` as the client gets it when it need not be decoded (no usage, no error,

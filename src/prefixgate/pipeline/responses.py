@@ -1,5 +1,6 @@
-"""The steps of ``POST /v1/responses`` that differ from the other endpoints' (their order
-is in :mod:`prefixgate.pipeline`): decode, convert, relay.
+"""The steps of ``POST /v1/responses`` (and ``POST /v1/responses/compact``) that differ
+from the other endpoints' (their order is in :mod:`prefixgate.pipeline`): decode, convert,
+relay.
 
 For a channel with ``responses_api: convert`` (the default: any OpenAI-compatible server)
 the request goes upstream as Chat Completions (``convert/responses_request.py``) and the
@@ -40,7 +41,7 @@ from prefixgate.pipeline.relays import (
 )
 from prefixgate.pipeline.steps import _decoded
 from prefixgate.protocol import openai as openai_proto
-from prefixgate.protocol.responses import decode_responses_body
+from prefixgate.protocol.responses import TRIGGER, Item, decode_responses_body
 from prefixgate.upstream.channel import bearer, secret_of, stream_error
 from prefixgate.usage import Usage
 
@@ -57,6 +58,22 @@ async def decode_responses(x: Exchange) -> None:
         if x.ask is not None:
             x.params = responses_params(typed)
             look_up(x)
+
+
+async def decode_compact(x: Exchange) -> None:
+    """A compaction asked for by ``POST /v1/responses/compact`` (the conversation in
+    ``input``): served as a Responses request whose input ends with a
+    ``compaction_trigger``, answered whole (``convert/compaction.py``)."""
+    _decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
+    typed = x.body.typed
+    items = typed.input
+    if type(items) is str:
+        items = [Item(role="user", content=items)]
+    if items[-1].type != TRIGGER:
+        items.append(Item(type=TRIGGER))
+    typed.input, typed.stream = items, None
+    x.body.compacting = True
+    x.record.stream = False
 
 
 def upstream_chat_of_responses(x: Exchange, ch) -> dict:
@@ -86,7 +103,8 @@ async def convert_responses(x: Exchange) -> None:
         )
     if ch.responses_api == "passthrough":
         x.out = {**x.body.whole(), "model": ch.upstream_model(x.body["model"])}
-        x.url = target.base_url + "/responses"
+        compact = x.endpoint.steps[-1] is relay_compact
+        x.url = target.base_url + ("/responses/compact" if compact else "/responses")
     else:
         x.out = upstream_chat_of_responses(x, ch)
         x.url = target.base_url + "/chat/completions"
@@ -105,6 +123,36 @@ async def relay_responses(x: Exchange) -> Response:
     return responses_once(x)
 
 
+async def relay_compact(x: Exchange) -> Response:
+    """The ``response.compaction`` object: the conversation's user messages as they came,
+    then one ``compaction`` item holding the engine's summary, and the engine's usage."""
+    if x.channel.responses_api == "passthrough":  # the upstream compacts itself
+        return passthrough(x, _responses_usage, _failed_event)
+    rec = x.record
+    try:
+        resp, usage = _whole(x)
+    except GatewayError as e:
+        return x.fail(e)
+    given = x.body.plain().get("input")
+    if isinstance(given, str):
+        given = [{"role": "user", "content": given}]
+    kept = [
+        {"type": "message", **i}
+        for i in given
+        if i.get("type", "message") == "message" and i.get("role") == "user"
+    ]
+    body = {
+        "id": response_id(rec.request_id),
+        "object": "response.compaction",
+        "created_at": resp["created_at"],
+        "output": [*kept, *resp["output"]],
+        "usage": resp["usage"],
+    }
+    rec.status = 200
+    _reported_responses(rec, body["usage"])
+    return Answer(_encode(body), x, usage)
+
+
 def _reported_responses(rec, usage: dict) -> None:
     details = usage.get("input_tokens_details") or {}
     _reported(
@@ -117,13 +165,18 @@ def _reported_responses(rec, usage: dict) -> None:
     )
 
 
+def _whole(x: Exchange) -> tuple[dict, Usage]:
+    """The upstream's whole chat answer as a Responses answer (its error raised)."""
+    err = stream_error(x.first, secret_of(x.channel))
+    if err is not None:
+        raise err
+    return chat_to_response(x.first, x.body)
+
+
 def responses_once(x: Exchange) -> Response:
     rec = x.record
     try:
-        err = stream_error(x.first, secret_of(x.channel))
-        if err is not None:
-            raise err
-        resp, usage = chat_to_response(x.first, x.body)
+        resp, usage = _whole(x)
     except GatewayError as e:
         return x.fail(e)
     resp.update(_named(x))
@@ -136,7 +189,11 @@ def responses_once(x: Exchange) -> Response:
 
 def responses_stream(x: Exchange) -> Stream:
     rec = x.record
-    conv = ResponsesStream({**response_base(x.body), **_named(x)}, tool_map(x.body.typed))
+    conv = ResponsesStream(
+        {**response_base(x.body), **_named(x)},
+        tool_map(x.body.typed),
+        compacting=x.body.compacting,
+    )
     if x.verdict is not None:
         conv.base[EXTENSION] = extension_head(x)
         conv.tail = lambda u: {EXTENSION: extension_tail(x, u)}

@@ -25,6 +25,7 @@ import msgspec
 from msgspec import Raw, Struct
 
 from prefixgate.config import Limits
+from prefixgate.convert.compaction import unseal
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep
 from prefixgate.protocol.messages_body import is_string
@@ -127,6 +128,7 @@ _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_IN = frozenset(("input_text", "input_image", "input_file"))
 _TEXT_SYSTEM = frozenset(("input_text",))
 _TEXT_OUT = frozenset(("output_text", "refusal", "input_text"))
+TRIGGER = "compaction_trigger"
 _UNSTORED = {
     "item_reference": "this gateway keeps no items; send the item itself",
 }
@@ -134,15 +136,18 @@ _UNSTORED = {
 
 class ResponsesBody(dict):
     """A checked Responses request: a dict of its small top-level fields, the whole
-    request typed in ``typed``, its bytes in ``raw``, and whether it holds an image."""
+    request typed in ``typed``, its bytes in ``raw``, whether it holds an image, and
+    whether it asks for a compaction (its last item a ``compaction_trigger``)."""
 
-    __slots__ = ("typed", "raw", "images")
+    __slots__ = ("typed", "raw", "images", "compacting")
 
     def __init__(self, typed: Request, raw: bytes, images: bool) -> None:
         super().__init__((k, v) for k in _PLAIN_FIELDS if (v := getattr(typed, k)) is not None)
         self.typed = typed
         self.raw = raw
         self.images = images
+        items = typed.input
+        self.compacting = type(items) is list and items[-1].type == TRIGGER
 
     def whole(self) -> dict:
         """Every top-level field as it came (what a Responses upstream receives): the
@@ -228,16 +233,18 @@ def check_request(req: Request, limits: Limits) -> bool:
             f"input: at most {limits.max_messages} items are accepted", param="input"
         )
     state = _Walk(limits)
+    state.last = f"input[{len(items) - 1}]"
     for i, item in enumerate(items):
         _check_item(item, f"input[{i}]", state)
     return state.images
 
 
 class _Walk:
-    __slots__ = ("limits", "parts", "calls", "images")
+    __slots__ = ("limits", "parts", "calls", "images", "last")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
+        self.last = ""  # where the last item is
         self.parts = 0
         self.calls: dict[str, str] = {}  # call id -> the kind of its call, seen so far
         self.images = False
@@ -294,7 +301,7 @@ def _check_item(item: Item, where: str, state: _Walk) -> None:
     elif kind == "function_call_output" or kind == "custom_tool_call_output":
         _need(item.call_id, str, f"{where}.call_id", "a string")
         call = kind.removesuffix("_output")
-        if state.calls.get(item.call_id) != call:  # type: ignore[arg-type]
+        if state.calls.get(item.call_id) != call:
             raise InvalidRequest(
                 f"{where}.call_id: no earlier {call} item has call_id {item.call_id!r}",
                 param=f"{where}.call_id",
@@ -307,12 +314,27 @@ def _check_item(item: Item, where: str, state: _Walk) -> None:
             if type(item.content) is not list:
                 raise InvalidRequest(f"{where}.content: must be an array", param=f"{where}.content")
             _check_parts(item.content, f"{where}.content", frozenset(("reasoning_text",)), state)
+    elif kind == "compaction":
+        _need(item.encrypted_content, str, f"{where}.encrypted_content", "a string")
+        if unseal(item.encrypted_content) is None:
+            raise InvalidRequest(
+                f"{where}.encrypted_content: not a compaction this gateway made (it cannot"
+                " read another server's); send the conversation itself, or compact it here",
+                param=f"{where}.encrypted_content",
+            )
+    elif kind == TRIGGER:
+        if where != state.last:
+            raise InvalidRequest(
+                f"{where}.type: a compaction_trigger must be the last input item",
+                param=f"{where}.type",
+            )
     elif kind in _UNSTORED:
         raise InvalidRequest(f"{where}.type: {kind}: {_UNSTORED[kind]}", param=f"{where}.type")
     else:
         raise InvalidRequest(
             f"{where}.type: unsupported item type {kind!r} (accepted: message, function_call,"
-            " function_call_output, custom_tool_call, custom_tool_call_output, reasoning)",
+            " function_call_output, custom_tool_call, custom_tool_call_output, reasoning,"
+            " compaction, compaction_trigger)",
             param=f"{where}.type",
         )
 

@@ -10,6 +10,7 @@ import msgspec
 
 from prefixgate.config import ChannelConfig
 from prefixgate.convert.request import plain
+from prefixgate.engine.order import rendering_of
 from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
@@ -23,7 +24,6 @@ from prefixgate.record.segments import (
     segments_openai,
 )
 from prefixgate.record.segments_responses import segments_responses, segments_responses_from_bytes
-from prefixgate.upstream.order import rendering_of
 
 # The protocol a request came in, by the record's endpoint.
 _API_IN = {"chat": "openai", "responses": "responses"}

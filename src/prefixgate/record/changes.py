@@ -31,6 +31,7 @@ import msgspec
 
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
+from prefixgate.record.compaction import COMPACTED, compacted
 from prefixgate.record.model import Change, Record, Segment
 from prefixgate.record.segments import _strip, pieces_of
 
@@ -211,15 +212,21 @@ def _break(prev: _Cut, cur: _Cut, i: int) -> tuple[int, int, int]:
 
 def compare(prev: _Cut, cur: _Cut, scope: str, *, whole: _Cut | None = None) -> Change | None:
     """Where ``cur`` stops extending ``prev`` upstream, and what changed (None when it
-    extends it, or when nothing after the break had been sent before: no loss)."""
+    extends it, or when nothing after the break had been sent before: no loss; but a
+    compacted context is always said, loss or not: the record shows the restart)."""
     i = _first_difference(prev.out, cur.out)
     if i is None:
         return None
     at, lost, _ = _break(prev, cur, i)
-    if lost <= 0:
-        return None
     sb = cur.out[i][0]
+    # a compaction restarts the context wherever the client rewrote it (Codex re-sends
+    # its instructions in another order, Claude Code's billing header changes with it)
+    restarted = compacted((s for s, _ in prev.into), (s for s, _ in cur.into))
+    if lost <= 0 and not restarted:
+        return None
     segment, kind, shape, known = _culprit(prev.into, cur.into, sb)
+    if restarted:
+        shape = sh.Shape(cls=COMPACTED, detail="the history restarted from a summary")
     full = whole if whole is not None else cur
     return Change(
         scope=scope,

@@ -4,7 +4,7 @@ the cache model's replay are those of the prompt the engine caches.
 
 :func:`rendered_segments` takes a chat request's segments in request order (tools placed
 by the template's ``tools`` fact: ``segments_openai`` / ``segments_of_chat``) and the
-upstream's :class:`~prefixgate.upstream.rendering.Rendering`, and returns them as the
+upstream's :class:`~prefixgate.engine.rendering.Rendering`, and returns them as the
 template renders them:
 
 - a template that gathers every system message at the head (``system: hoisted``): each
@@ -27,9 +27,9 @@ from typing import Any
 
 import msgspec
 
+from prefixgate.engine.rendering import Rendering
 from prefixgate.record.model import Segment
 from prefixgate.record.segments import _segment, _sink, _strip, canonical_json
-from prefixgate.upstream.rendering import Rendering
 
 __all__ = ["AT_HEAD", "NO_REASONING", "hoisted", "rendered_segments"]
 

@@ -298,6 +298,8 @@ class _Shape(msgspec.Struct):
     tools: msgspec.Raw = msgspec.Raw(b"null")  # the whole list: looked up as one piece
     messages: list[msgspec.Raw] | None = None
     system: msgspec.Raw = msgspec.Raw(b"null")
+    input: msgspec.Raw = msgspec.Raw(b"null")  # a Responses request (only pieces_of reads it)
+    instructions: msgspec.Raw = msgspec.Raw(b"null")
 
 
 _SHAPE = msgspec.json.Decoder(_Shape)
@@ -415,6 +417,8 @@ def pieces_of(raw: bytes, segs: list[Segment]) -> list[tuple[Segment, bytes]] | 
         tools = [bytes(t) for t in _ITEMS.decode(tools_raw)] if tools_raw[:1] == b"[" else []
         system = bytes(shape.system)
         blocks = [bytes(b) for b in _ITEMS.decode(system)] if system[:1] == b"[" else []
+        given = bytes(shape.input)  # a Responses request's input (segments_responses.py)
+        items = [bytes(i) for i in _ITEMS.decode(given)] if given[:1] == b"[" else []
     except (msgspec.DecodeError, RecursionError):
         return None
     messages = shape.messages or []
@@ -434,6 +438,12 @@ def pieces_of(raw: bytes, segs: list[Segment]) -> list[tuple[Segment, bytes]] | 
                 data = system
             elif name.startswith("system["):
                 data = blocks[int(name[7:-1])]
+            elif name.startswith("input["):
+                data = items[int(name[6 : name.index("]")])]
+            elif name == "input:user":
+                data = given
+            elif name == "instructions":
+                data = bytes(shape.instructions)
             else:
                 return None
             out.append((seg, data))

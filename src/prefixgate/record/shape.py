@@ -33,6 +33,7 @@ REORDERED = "reordered_list"
 WHITESPACE = "whitespace"
 SERIALIZATION = "serialization"
 CONTENT = "content_edit"
+COMPACTED = "context_compacted"  # not a breaker: record/compaction.py
 
 # Every class, with what a person calls it.
 CLASSES: dict[str, str] = {
@@ -47,6 +48,7 @@ CLASSES: dict[str, str] = {
     WHITESPACE: "whitespace",
     SERIALIZATION: "JSON serialization (key order or number format)",
     CONTENT: "a content edit",
+    COMPACTED: "a compacted context (a new history by design)",
 }
 
 

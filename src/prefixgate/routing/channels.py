@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prefixgate.config import ChannelConfig
+from prefixgate.engine.order import rendering_of
 from prefixgate.logthrottle import LogThrottle
-from prefixgate.upstream.order import rendering_of
 
 from .health import HealthChecker
 

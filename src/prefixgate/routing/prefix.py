@@ -42,7 +42,7 @@ def prompt_blocks(
     request: dict, block_size: int = 16, order: str = "tools_first", rendering=None
 ) -> PromptBlocks:
     """Render an OpenAI chat request as the cache model does and hash its full blocks;
-    with the upstream's ``rendering`` (:class:`~prefixgate.upstream.rendering.Rendering`),
+    with the upstream's ``rendering`` (:class:`~prefixgate.engine.rendering.Rendering`),
     in the order its template renders the pieces (:func:`engine_messages`)."""
     messages = request.get("messages") or []
     if rendering is not None:

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from prefixgate.auth import refresh_keys
 from prefixgate.config import Config
+from prefixgate.engine import order as render_orders
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway
 from prefixgate.pipeline import error_response
@@ -24,7 +25,6 @@ from prefixgate.protocol import openai as openai_proto
 from prefixgate.reload import config_state
 from prefixgate.serve.browsers import BrowserGuard
 from prefixgate.serve.edge import send_refusal
-from prefixgate.upstream import order as render_orders
 
 log = logging.getLogger("prefixgate")
 
@@ -50,7 +50,7 @@ def create_app(
         if "details" not in request.query_params:
             return JSONResponse({"status": "ok"})
         try:
-            gateway.auth.check_admin(request.headers, request.scope)
+            await gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
@@ -60,12 +60,18 @@ def create_app(
 
     async def metrics(request: Request) -> Response:
         try:
-            gateway.auth.check_admin(request.headers, request.scope)
+            await gateway.auth.check_admin(request.headers, request.scope)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         return Response(
             gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
+
+    holders = None
+    if config.store is not None:  # the doctor's findings for key holders, kept a while
+        from prefixgate.web.me import HolderFindings
+
+        holders = HolderFindings(config.store.dsn)
 
     async def me(request: Request) -> Response:
         """The caller's own usage, budgets, sessions and prefix breaks (web/me.py), for
@@ -76,7 +82,8 @@ def create_app(
                 raise NotFound("nothing is recorded here: the gateway has no store")
             from prefixgate.web.routes import me_of
 
-            return JSONResponse(await me_of(gateway, config.store.dsn, principal, request))
+            out = await me_of(gateway, config.store.dsn, principal, request, holders)
+            return JSONResponse(out)
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
 
@@ -146,6 +153,7 @@ def create_app(
             await gateway.upstream.aclose()
             await gateway.limiter.aclose()
             await asyncio.to_thread(gateway.fingerprints.close)  # its store connection
+            await asyncio.to_thread(gateway.auth.attempts.close)  # the admin checks' store
             gateway.metrics.loop.stop()
             if gateway.admission.shed is not None:
                 gateway.admission.shed.stop()
@@ -154,13 +162,20 @@ def create_app(
             if gateway.telemetry is not None:
                 await asyncio.to_thread(gateway.telemetry.shutdown)
 
-    routes = [
+    # The inference entry points: also the hot-route table below, which reaches them
+    # without Starlette's router.
+    inference = [
         Route("/v1/messages", gateway.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
         Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
         Route("/chat/completions", gateway.chat, methods=["POST"]),
         Route("/v1/responses", gateway.responses, methods=["POST"]),
         Route("/responses", gateway.responses, methods=["POST"]),
+        Route("/v1/responses/compact", gateway.compact, methods=["POST"]),
+        Route("/responses/compact", gateway.compact, methods=["POST"]),
+    ]
+    routes = [
+        *inference,
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/me", me, methods=["GET"]),
         Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
@@ -172,19 +187,12 @@ def create_app(
     if config.store is not None:
         from prefixgate.web import dashboard_routes
 
-        routes += dashboard_routes(gateway, config.store.dsn)
+        routes += dashboard_routes(gateway, config.store.dsn, holders)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     app.state.events = events  # EngineEvents, or None when no channel has kv_events
     app.state.ledger = ledger  # LedgerWorker, or None without a store or events
-    hot = {
-        "/v1/messages": gateway.messages,
-        "/v1/messages/count_tokens": gateway.count_tokens,
-        "/v1/chat/completions": gateway.chat,
-        "/chat/completions": gateway.chat,
-        "/v1/responses": gateway.responses,
-        "/responses": gateway.responses,
-    }
+    hot = {route.path: route.endpoint for route in inference}
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
     if config.open_access:  # no key to ask for: refuse what only a web page would send
         outer = BrowserGuard(outer, config.server.host, _shape_of)

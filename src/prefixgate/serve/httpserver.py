@@ -65,6 +65,9 @@ DRAIN_IDLE_GRACE = 1.0
 # and are then answered (at worst overloaded, by admission), instead of being reset.
 BACKLOG = 65535
 _PIPELINE_PAUSE = 16  # queued requests on one connection before reading pauses
+# The size line of a chunked body's chunk, for the sizes a stream's chunks have: one
+# lookup instead of formatting it (and the chunk) a chunk.
+_SIZE_LINES = tuple(b"%x\r\n" % n for n in range(4096))
 
 _STATUS_LINES = {
     s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode("latin-1") for s in HTTPStatus
@@ -188,7 +191,12 @@ class _Request:
         if self.head_only:
             data = b""
         elif self.chunked:
-            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            n = len(body)
+            if n:
+                size = _SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n
+                data = b"".join((size, body, b"\r\n"))
+            else:
+                data = b""
             if not more:
                 data += b"0\r\n\r\n"
         else:

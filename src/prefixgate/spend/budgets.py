@@ -74,6 +74,17 @@ def parse_budget(text: str, currency: str = "USD") -> Budget:
     return Budget(amount, unit, period, text.strip())
 
 
+def owner_lines(
+    config_owners: dict[str, tuple[str, ...]], console_owners: dict[str, tuple[str, ...]]
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each owner's budget lines and where they come from (``"console"`` or
+    ``"config"``): an owner the console gave budgets has those, in place of the config's
+    ``budgets.owners`` entry; the others keep the config's."""
+    out = {o: ("config", tuple(lines)) for o, lines in config_owners.items()}
+    out.update({o: ("console", tuple(lines)) for o, lines in console_owners.items()})
+    return out
+
+
 def window(period: str, now: float) -> tuple[float, float]:
     """The calendar window (UTC) holding ``now``: its start and end, epoch seconds."""
     t = dt.datetime.fromtimestamp(now, dt.UTC)
@@ -106,6 +117,7 @@ __all__ = [
     "Budget",
     "BudgetSyntaxError",
     "iso",
+    "owner_lines",
     "parse_budget",
     "window",
     "window_label",

@@ -79,17 +79,21 @@ class BudgetKeeper:
         return w
 
     def applied(self, principal, now: float) -> list[Applied]:
-        """The budgets ``principal`` must fit at ``now``; kept per principal until the first
+        """The budgets ``principal`` must fit at ``now`` (its owner's: those the console
+        gave the owner when it did, else the config's); kept per principal until the first
         of their windows ends (a counter's name is built once a window, not per request)."""
         owner = principal.owner
-        key = (principal.name, principal.budgets, owner)
+        owners = principal.owner_budgets  # the console's, in place of the config's
+        key = (principal.name, principal.budgets, owner, owners)
         hit = self._applied.get(key)
         if hit is not None and now < hit[0]:
             return hit[1]
+        if owners is None:
+            owners = self.owners.get(owner, ()) if owner else ()
         out = []
         for scope, name, budgets in (
             ("key", principal.name, principal.budgets),
-            ("owner", owner, self.owners.get(owner, ()) if owner else ()),
+            ("owner", owner, owners),
         ):
             for b in budgets:
                 start, end = self._window(b.period, now)

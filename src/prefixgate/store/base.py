@@ -152,6 +152,15 @@ class Store(abc.ABC):
         there is no active key of that name."""
         raise NotImplementedError(f"{type(self).__name__} has no rotate_key")
 
+    def set_owner_budgets(self, owner: str, budgets: Iterable[str]) -> None:
+        """Give ``owner`` these budgets (none: the owner has no budget of the store's, the
+        config's apply again)."""
+        raise NotImplementedError(f"{type(self).__name__} has no owner budgets")
+
+    def list_owner_budgets(self) -> dict[str, tuple[str, ...]]:
+        """Every owner given budgets in the store: owner -> budget lines."""
+        raise NotImplementedError(f"{type(self).__name__} has no owner budgets")
+
     def add_audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
         """Append one entry to the audit log (never a secret in it)."""
         raise NotImplementedError(f"{type(self).__name__} has no audit log")
@@ -184,6 +193,18 @@ class Store(abc.ABC):
         """Count a login attempt from ``address``; False (and nothing counted) when it
         already made ``limit`` attempts in the last ``window`` seconds."""
         raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    def admin_attempt(
+        self, attempt: str, address: str, now: float, *, window: float, per_address: int,
+        in_all: int, trusted_since: float,
+    ) -> float | None:  # fmt: skip
+        """Count an admin credential check as a failure until it proves right; or, past
+        the bounds, count nothing and return the seconds to wait (admin_attempts.py)."""
+        raise NotImplementedError(f"{type(self).__name__} has no admin attempts")
+
+    def admin_success(self, attempt: str, address: str, now: float, *, forget: float) -> None:
+        """The check counted as ``attempt`` found the right key (admin_attempts.py)."""
+        raise NotImplementedError(f"{type(self).__name__} has no admin attempts")
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -23,6 +23,15 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     Keys managed with ``prefixgate keys``: name, owner, SHA-256 digest, models, revocation,
     budgets (a JSON list of lines such as ``"50 USD/month"``).
 
+``owner_budgets``
+    Budgets an owner (a team or person owning several keys) was given in the console: the
+    owner, its budget lines (JSON, as for a key) and when they were set. They take the
+    place of the config's ``budgets.owners`` for that owner.
+
+``admin_failures``, ``admin_good``
+    Wrong admin keys per client address and when each address last gave the right one
+    (:mod:`prefixgate.admin_attempts`): in the store, so the bound holds across workers.
+
 ``dashboard_sessions``, ``dashboard_logins``
     The dashboard's admin sessions: the SHA-256 digest of each session's random token (never
     the token), a fingerprint of the admin key it was opened with, and its times; and recent
@@ -48,7 +57,7 @@ Migrations are append-only: never edit a released one, add the next.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -231,7 +240,7 @@ LEDGER_COLUMNS_7: list[tuple[str, str, str]] = [
     ("host_hit", "int", "host_hit"),
     ("host_missed", "int", "host_missed"),
 ]
-# Added by migration 11: evicted tokens whose removal was a cache clear.
+# Added by migration 12: evicted tokens whose removal was a cache clear.
 LEDGER_ADDED_COLUMNS: list[tuple[str, str, str]] = [("tokens_cleared", "int", "cleared")]
 LEDGER_COLUMNS = [*LEDGER_COLUMNS_7, *LEDGER_ADDED_COLUMNS]
 
@@ -271,6 +280,18 @@ def _migration_10(dialect: str) -> list[str]:
 
 
 def _migration_11(dialect: str) -> list[str]:
+    # Owners' budgets set in the console (web/console.py), and the admin credential checks'
+    # failures and good addresses (admin_attempts.py), shared by every worker and replica.
+    real = TYPES[dialect]["real_notnull"]
+    return [
+        f"CREATE TABLE owner_budgets (owner TEXT PRIMARY KEY, budgets TEXT NOT NULL, at {real})",
+        f"CREATE TABLE admin_failures (id TEXT PRIMARY KEY, address TEXT NOT NULL, at {real})",
+        "CREATE INDEX admin_failures_address ON admin_failures (address, at)",
+        f"CREATE TABLE admin_good (address TEXT PRIMARY KEY, at {real})",
+    ]
+
+
+def _migration_12(dialect: str) -> list[str]:
     # The ledger's ``cleared``: evicted tokens lost to a cache clear (LEDGER_ADDED_COLUMNS).
     t = TYPES[dialect]
     return [
@@ -292,10 +313,11 @@ MIGRATIONS = [
     _migration_9,
     _migration_10,
     _migration_11,
+    _migration_12,
 ]
 LATEST_VERSION = len(MIGRATIONS)
 LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table
-CLEARED_VERSION = MIGRATIONS.index(_migration_11) + 1  # the first with ``tokens_cleared``
+CLEARED_VERSION = MIGRATIONS.index(_migration_12) + 1  # the first with ``tokens_cleared``
 
 SCHEMA_VERSION_DDL = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at {real})"
@@ -356,7 +378,10 @@ def record_row(record: Record) -> tuple[Any, ...]:
     return tuple(row)
 
 
-def _decoded(decoder: msgspec.json.Decoder, value: str | bytes | None):
+_T = TypeVar("_T")
+
+
+def _decoded(decoder: msgspec.json.Decoder[_T], value: str | bytes | None) -> _T | None:
     """A JSON column as read (text on both backends: Postgres casts it)."""
     if value is None:
         return None

@@ -255,7 +255,7 @@ class SqlStore(SessionQueries, Store):
                 f"UPDATE api_keys SET budgets = {p} WHERE name = {p} AND revoked_at IS NULL",
                 (json.dumps(list(budgets)), name),
             )
-            return cur.rowcount > 0
+            return bool(cur.rowcount > 0)
 
     def list_keys(self) -> list[KeyRow]:
         with self._transaction() as cur:
@@ -272,7 +272,7 @@ class SqlStore(SessionQueries, Store):
                 f"UPDATE api_keys SET revoked_at = {p} WHERE name = {p} AND revoked_at IS NULL",
                 (time.time(), name),
             )
-            return cur.rowcount > 0
+            return bool(cur.rowcount > 0)
 
     def rotate_key(self, name: str, digest: str) -> bool:
         p = self.ph
@@ -281,7 +281,23 @@ class SqlStore(SessionQueries, Store):
                 f"UPDATE api_keys SET digest = {p} WHERE name = {p} AND revoked_at IS NULL",
                 (digest, name),
             )
-            return cur.rowcount > 0
+            return bool(cur.rowcount > 0)
+
+    def set_owner_budgets(self, owner: str, budgets: Iterable[str]) -> None:
+        lines = list(budgets)
+        p = self.ph
+        with self._transaction(exclusive=True) as cur:
+            cur.execute(f"DELETE FROM owner_budgets WHERE owner = {p}", (owner,))
+            if lines:
+                cur.execute(
+                    f"INSERT INTO owner_budgets (owner, budgets, at) VALUES ({p}, {p}, {p})",
+                    (owner, json.dumps(lines), time.time()),
+                )
+
+    def list_owner_budgets(self) -> dict[str, tuple[str, ...]]:
+        with self._transaction() as cur:
+            cur.execute("SELECT owner, budgets FROM owner_budgets ORDER BY owner")
+            return {owner: tuple(json.loads(lines)) for owner, lines in cur.fetchall()}
 
     # -- the console's audit log -----------------------------------------------------------
     def add_audit(self, actor: str, action: str, target: str, detail: str = "") -> None:
@@ -317,7 +333,7 @@ class SqlStore(SessionQueries, Store):
                 (cutoff - schema.LAST_SEEN_GRANULARITY,),
             )
         self._text_seen.clear()
-        return max(deleted, 0)
+        return int(max(deleted, 0))
 
 
 def _key_row(row: Sequence[Any]) -> KeyRow:

@@ -3,19 +3,15 @@ HTTP/1.1 client (:mod:`.http1`), every foreign error mapped once into the error 
 (:mod:`.client`)."""
 
 from prefixgate.upstream.client import (
-    ContextOverflow,
     Upstream,
     UpstreamRejected,
     UpstreamResponse,
     map_status,
-    parse_context_error,
 )
 
 __all__ = [
-    "ContextOverflow",
     "Upstream",
     "UpstreamRejected",
     "UpstreamResponse",
     "map_status",
-    "parse_context_error",
 ]

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import re
 import ssl
-from dataclasses import dataclass
 
 import msgspec
 
 from prefixgate.config import Timeouts, TLSConfig
+from prefixgate.engine.errors import (
+    NO_SUCH_MODEL,
+    ContextOverflow,
+    estimate_prompt_tokens,
+    parse_context_error,
+)
 from prefixgate.errors import (
     GatewayError,
     InvalidRequest,
@@ -29,86 +33,6 @@ from prefixgate.errors import (
 from prefixgate.upstream import http1
 
 _MAX_ERROR_BODY = 64 * 1024
-
-# Context-window errors as vLLM and SGLang word them.
-# SGLang also refuses a prompt its KV cache cannot hold: "Input length (N tokens) exceeds
-# the maximum allowed length (M tokens)".
-_MAXIMUM = re.compile(
-    r"maximum context length (?:is|of) (\d+)|context length \((\d+) tokens\)"
-    r"|max_model_len=(\d+)|maximum allowed length \((\d+) tokens\)"
-)
-_PROMPT = re.compile(
-    r"(\d+) in the messages|request has (\d+) input tokens|input \((\d+) tokens\)"
-    r"|(\d+) tokens from the input messages|prompt contains at least (\d+) input tokens"
-    r"|Input length \((\d+) tokens\)"
-)
-# Only max_tokens is over the window (the prompt not counted): vLLM 0.32 "max_tokens=32000
-# cannot be greater than max_model_len=16384"; SGLang "max_completion_tokens is too large:
-# 32000.This model supports at most 16384 completion tokens."
-_MAX_TOKENS_OVER = re.compile(
-    r"max_tokens=\d+ cannot be greater than max_model_len=(\d+)"
-    r"|max_completion_tokens is too large: \d+\.\s*This model supports at most (\d+)"
-)
-_REQUESTED = re.compile(r"you requested (\d+) tokens|requested a total of (\d+) tokens")
-
-
-# vLLM: "The model `x` does not exist."; SGLang and others: "model ... not found".
-_NO_SUCH_MODEL = re.compile(r"\bmodel\b.*\b(does not exist|not found|unknown)", re.I | re.S)
-
-
-def _first_int(m: re.Match | None) -> int | None:
-    if m is None:
-        return None
-    return next(int(g) for g in m.groups() if g is not None)
-
-
-@dataclass(slots=True)
-class ContextOverflow:
-    """What an upstream said about its context window."""
-
-    maximum: int
-    prompt: int  # input tokens (the total requested when the upstream gives no split)
-    at_least: bool = False  # ``prompt`` is a lower bound: the upstream stopped counting
-
-    @property
-    def prompt_fits(self) -> bool:
-        """The prompt itself fits: only ``max_tokens`` pushed the request over."""
-        return self.prompt < self.maximum
-
-    @property
-    def max_tokens_room(self) -> int:
-        """The largest ``max_tokens`` the upstream will take for this prompt."""
-        return self.maximum - self.prompt
-
-
-def parse_context_error(message: str) -> ContextOverflow | None:
-    m = _MAX_TOKENS_OVER.search(message)
-    if m:  # only max_tokens is over; the upstream stops generating at the window itself
-        return ContextOverflow(_first_int(m), 0)
-    maximum = _first_int(_MAXIMUM.search(message))
-    if maximum is None:
-        return None
-    found = _PROMPT.search(message)
-    prompt = _first_int(found)
-    if prompt is None:
-        prompt = _first_int(_REQUESTED.search(message))
-    if prompt is None:
-        return None
-    return ContextOverflow(maximum, prompt, "at least" in (found.group(0) if found else ""))
-
-
-def estimate_prompt_tokens(request: bytes) -> int | None:
-    """The prompt tokens of an OpenAI chat request, estimated the way the cache model
-    counts without the upstream's tokenizer (its chat rendering, about four characters a
-    token); None for a body of another shape."""
-    from prefixgate.cache import ApproxTokenizer, ChatRenderer
-
-    try:
-        body = msgspec.json.decode(request)
-        messages, tools = body["messages"], body.get("tools")
-        return ApproxTokenizer().count(ChatRenderer().render(messages, tools))
-    except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError):
-        return None
 
 
 def error_message(body: bytes) -> str:
@@ -182,7 +106,7 @@ def map_status(
         return UpstreamError(
             f"upstream refused the gateway's credentials ({status})", upstream_status=status
         )
-    if status == 404 and _NO_SUCH_MODEL.search(msg):
+    if status == 404 and NO_SUCH_MODEL.search(msg):
         # The request named a model the upstream does not serve: the client's error (as
         # Anthropic answers it), never retried elsewhere nor held against the replica.
         return NotFound(f"upstream has no such model: {msg}")
@@ -418,7 +342,7 @@ class Upstream:
         """The refused prompt counted by the upstream's own tokenizer (vLLM's
         ``/tokenize`` with the request's messages and tools) when the upstream's message
         gave only a bound; ``err`` (the gateway's estimate) when that cannot be had."""
-        from prefixgate.upstream.order import tokenize_url
+        from prefixgate.engine.errors import tokenize_url
 
         if not url.endswith("/chat/completions"):
             return err

@@ -1,13 +1,15 @@
-"""The console: the admin's keys and budgets in the dashboard (``/dashboard/keys``) and the
-admin JSON API the page itself uses (``/dashboard/api/keys…``, ``/dashboard/api/audit``),
-so every action can be scripted.
+"""The console: the admin's keys and budgets, and owners' budgets, in the dashboard
+(``/dashboard/keys``) and the admin JSON API the page itself uses (``/dashboard/api/keys…``,
+``/dashboard/api/owners/{owner}/budgets``, ``/dashboard/api/audit``), so every action can
+be scripted.
 
 A key is made here and shown once, in the answer that created (or rotated) it; the store
 keeps its SHA-256 digest. Every change goes into the store's audit log (who, when, what,
 to which key: names, budgets and a digest's first characters, never a key). A POST must
 come from the dashboard's own origin (``login.same_origin``) or carry no browser origin
 at all (a script with the admin key in a header). The worker that made a change applies
-it to its keys at once; the other workers read the store's keys within seconds
+it to its keys at once; the other workers read the store's keys (and owners' budgets)
+before their next request (``auth.KeyEpoch``), other gateways on the store within seconds
 (``auth.refresh_keys``)."""
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 
+from prefixgate.auth import store_keys
 from prefixgate.errors import GatewayError, InvalidRequest, NotFound, PermissionDenied
 from prefixgate.store import StoreError, open_store
 from prefixgate.web.login import COOKIE, same_origin
@@ -45,8 +48,10 @@ class Console:
     # -- reads ---------------------------------------------------------------------------
     async def keys(self, request: Request) -> dict:
         """Every store key (revoked ones too), its budgets with what is used and left in
-        the current windows, its owner's budgets the same way."""
-        from prefixgate.spend.budgets import parse_budget
+        the current windows, its owner's budgets the same way; and every owner (of a key,
+        or given budgets by the config or the console) with its budgets, where they come
+        from, its keys, and what is used and left."""
+        from prefixgate.spend.budgets import owner_lines
         from prefixgate.spend.prices import fmt_money
         from prefixgate.spend.standing import standing
 
@@ -57,13 +62,14 @@ class Console:
             with open_store(self.dsn) as store:
                 store.migrate()
                 rows = store.list_keys()
+                owners = owner_lines(config.budgets.owners, store.list_owner_budgets())
                 budgets = {("key", r.name): _parsed(r.budgets, currency) for r in rows}
-                for owner, lines in config.budgets.owners.items():
-                    budgets[("owner", owner)] = tuple(parse_budget(b, currency) for b in lines)
+                for owner, (_, lines) in owners.items():
+                    budgets[("owner", owner)] = _parsed(lines, currency)
                 left = standing(store, budgets, currency, time.time(), config.budgets_shared)
-                return rows, left
+                return rows, owners, left
 
-        rows, left = await asyncio.to_thread(read)
+        rows, owners, left = await asyncio.to_thread(read)
 
         def view(who) -> list[dict]:
             out = []
@@ -72,6 +78,13 @@ class Console:
                 out.append({"budget": b.text, "used": fmt(used), "left": fmt(rest)})
             return out
 
+        keys_of: dict[str, list[str]] = {}
+        for r in rows:
+            if r.owner:
+                keys_of.setdefault(r.owner, []).append(r.name)
+        for k in config.keys:
+            if k.owner:
+                keys_of.setdefault(k.owner, []).append(k.name)
         return {
             "currency": currency,
             "keys": [
@@ -87,6 +100,15 @@ class Console:
                     "owner_budgets": view(("owner", r.owner)) if r.owner else [],
                 }
                 for r in rows
+            ],
+            "owners": [
+                {
+                    "owner": owner,
+                    "source": owners[owner][0] if owner in owners else None,
+                    "keys": sorted(keys_of.get(owner, ())),
+                    "budgets": view(("owner", owner)),
+                }
+                for owner in sorted(set(keys_of) | set(owners))
             ],
         }
 
@@ -158,6 +180,25 @@ class Console:
         await self._change(write)
         return {"name": name, "budgets": budgets}
 
+    async def set_owner_budgets(self, request: Request, body: dict) -> dict:
+        """Give an owner budgets (every key of that owner must fit them, together), in
+        place of the config's for that owner; none: the config's apply again."""
+        if not self.gateway.config.store_keys:
+            raise InvalidRequest(
+                "owners' budgets set here need `store_keys: true` (the gateway reads them "
+                "from the store with its keys); without it, set `budgets.owners` in the config"
+            )
+        owner = _name(request.path_params["owner"], "owner")
+        budgets = self._budgets(body.get("budgets"))
+
+        def write(store):
+            store.set_owner_budgets(owner, budgets)
+            detail = "; ".join(budgets) or "none (the config's apply)"
+            store.add_audit(_actor(request), "owner budgets", f"owner {owner}", detail)
+
+        await self._change(write)
+        return {"owner": owner, "budgets": budgets}
+
     # -- helpers -------------------------------------------------------------------------
     async def _change(self, write) -> None:
         """Run ``write`` against the store, then give this worker the store's keys now."""
@@ -166,10 +207,9 @@ class Console:
             with open_store(self.dsn) as store:
                 store.migrate()
                 write(store)
-                return store.list_keys()
+                return store_keys(store)
 
-        rows = await asyncio.to_thread(run)
-        self.gateway.auth.set_store_keys(rows)
+        self.gateway.auth.set_store_keys(*await asyncio.to_thread(run))
         if self.gateway.key_epoch is not None:  # the other workers, before their next request
             self.gateway.key_epoch.bump()
 

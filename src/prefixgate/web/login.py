@@ -77,7 +77,7 @@ class AdminGate:
         token = request.cookies.get(COOKIE)
         try:
             if "x-api-key" in headers or "authorization" in headers or self.sessions is None:
-                self.gateway.auth.check_admin(headers, request.scope)
+                await self.gateway.auth.check_admin(headers, request.scope)
                 return None
             if token:
                 owner = await self._owner(token)
@@ -87,7 +87,7 @@ class AdminGate:
                     return PermissionDenied(
                         f"this is the admin's; your own view is at {self.prefix}/me"
                     )
-            self.gateway.auth.check_admin({})
+            await self.gateway.auth.check_admin({})
         except GatewayError as err:
             if token and isinstance(err, AuthenticationFailed):
                 return AuthenticationFailed("your session has ended: log in again")
@@ -177,7 +177,7 @@ class AdminGate:
             # A key holder's own view: their API key, never counted as a wrong admin key.
             holder = self.gateway.auth.principal_of(key) if key else None
             if holder is None:
-                self.gateway.auth.check_admin({"x-api-key": key}, request.scope)
+                await self.gateway.auth.check_admin({"x-api-key": key}, request.scope)
             else:
                 digest = hashlib.sha256(key.encode()).hexdigest()
                 next_url = f"{self.prefix}/me"

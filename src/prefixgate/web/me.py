@@ -1,6 +1,7 @@
 """A key holder's own view: their usage, what is left of their budgets, their hit rate,
-their sessions and the prefix breaks found in them, for the key they signed in with and
-never another's (``/dashboard/me`` and ``/dashboard/api/me`` with a key holder's
+their sessions, the prefix breaks found in them and the doctor's findings about their
+requests (:mod:`prefixgate.doctor.holder`), for the key they signed in with and never
+another's (``/dashboard/me`` and ``/dashboard/api/me`` with a key holder's
 session; ``GET /v1/me`` with the key itself, for scripts).
 
 Every query is bound to the caller's key name, taken from the key they presented (or the
@@ -35,13 +36,13 @@ _BREAKS = (
 )
 
 
-def since_of(value: str | None, now: float) -> float:
-    """``?days=N`` (0 < N <= 366), the last week by default."""
+def days_of(value: str | None) -> float:
+    """``?days=N`` (an hour to 366 days), the last week by default."""
     try:
         days = float(value) if value else DEFAULT_DAYS
     except ValueError:
         days = DEFAULT_DAYS
-    return now - min(max(days, 1 / 24), 366.0) * 86400.0
+    return min(max(days, 1 / 24), 366.0) if days == days else DEFAULT_DAYS  # NaN: default
 
 
 def view(store, principal, *, since: float, budgets: dict, currency: str, shared=None) -> dict:
@@ -105,4 +106,37 @@ def view(store, principal, *, since: float, budgets: dict, currency: str, shared
     }
 
 
-__all__ = ["since_of", "view"]
+class HolderFindings:
+    """The doctor's findings about one key's records (every kind the records make; none
+    from the upstreams' metrics, which are the admin's). A diagnosis is kept ``ttl``
+    seconds while the key's count of records in the window stays the same (a page
+    reloaded, a script polling ``/v1/me``, runs it once), for at most ``size`` keys."""
+
+    def __init__(self, dsn: str, ttl: float = 30.0, size: int = 256) -> None:
+        self.dsn, self.ttl, self.size = dsn, ttl, size
+        self._kept: dict[tuple[str, float], tuple[float, int, list[dict]]] = {}
+
+    def of(self, key_name: str, days: float, records: int, policies: dict[str, str]) -> list:
+        """The findings about ``key_name``'s ``records`` records of the last ``days`` days."""
+        from dataclasses import asdict
+
+        from prefixgate.doctor import diagnose
+
+        now = time.monotonic()
+        hit = self._kept.get((key_name, days))
+        if hit is not None and hit[0] > now and hit[1] == records:
+            return hit[2]
+        since = time.time() - days * 86400.0
+        d = diagnose(self.dsn, since=since, policies=policies, key=key_name)
+        out = [asdict(f) for f in d.findings if f.kind not in QUIET]
+        if len(self._kept) >= self.size:
+            self._kept.pop(next(iter(self._kept)))
+        self._kept[(key_name, days)] = (now + self.ttl, records, out)
+        return out
+
+
+# Findings that say nothing is wrong or describe the predictors, not the holder's requests.
+QUIET = {"no_problem", "calibration"}
+
+
+__all__ = ["QUIET", "HolderFindings", "days_of", "view"]

@@ -26,6 +26,7 @@ from prefixgate.web import pages, queries
 from prefixgate.web import upstream as upstream_mod
 from prefixgate.web.console import Console, check_post, read_json
 from prefixgate.web.login import KEY_IN_URL, AdminGate
+from prefixgate.web.me import HolderFindings
 from prefixgate.web.pages import SECURITY_HEADERS
 from prefixgate.web.scope import BadParam, dimension_of, scope_of
 
@@ -78,7 +79,7 @@ class _TTLCache:
 
 
 class Dashboard:
-    def __init__(self, gateway: Any, store_dsn: str) -> None:
+    def __init__(self, gateway: Any, store_dsn: str, holders: HolderFindings | None = None) -> None:
         self.gateway = gateway
         self.dsn = store_dsn
         self.static = _static_files()
@@ -86,6 +87,7 @@ class Dashboard:
         self._l2 = _TTLCache(L2_TTL)
         self.gate = AdminGate(gateway, store_dsn, PREFIX)
         self.console = Console(gateway, store_dsn)
+        self.holders = holders if holders is not None else HolderFindings(store_dsn)
 
     def page(self, name: str) -> Callable:
         async def handler(request: Request) -> Response:
@@ -151,7 +153,8 @@ class Dashboard:
         if holder is None:
             return _json_response({"error": "sign in with your API key"}, 401)
         try:
-            return _json_response(await me_of(self.gateway, self.dsn, holder, request))
+            out = await me_of(self.gateway, self.dsn, holder, request, self.holders)
+            return _json_response(out)
         except StoreError as exc:
             return _json_response({"error": f"store unavailable: {exc}"}, 503)
 
@@ -294,9 +297,12 @@ class Dashboard:
         )
 
 
-def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
-    """The dashboard's routes, to add to the gateway app's routes."""
-    d = Dashboard(gateway, store_dsn)
+def dashboard_routes(
+    gateway: Any, store_dsn: str, holders: HolderFindings | None = None
+) -> list[BaseRoute]:
+    """The dashboard's routes, to add to the gateway app's routes (``holders``: the key
+    holders' findings, shared with ``GET /v1/me``)."""
+    d = Dashboard(gateway, store_dsn, holders)
     p = PREFIX
     return [
         Route(p, d.page("overview"), methods=["GET"]),
@@ -325,6 +331,11 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
         Route(p + "/api/keys/{name}/rotate", d.change(d.console.rotate), methods=["POST"]),
         Route(p + "/api/keys/{name}/revoke", d.change(d.console.revoke), methods=["POST"]),
         Route(p + "/api/keys/{name}/budgets", d.change(d.console.set_budgets), methods=["POST"]),
+        Route(
+            p + "/api/owners/{owner}/budgets",
+            d.change(d.console.set_owner_budgets),
+            methods=["POST"],
+        ),
         Route(p + "/api/audit", d.api(d.console.audit), methods=["GET"]),
         Route(p + "/me", d.me_page, methods=["GET"]),
         Route(p + "/api/me", d.me_api, methods=["GET"]),
@@ -332,8 +343,10 @@ def dashboard_routes(gateway: Any, store_dsn: str) -> list[BaseRoute]:
     ]
 
 
-async def me_of(gateway: Any, dsn: str, principal: Any, request: Request) -> dict:
-    """A key holder's own figures (web/me.py) since ``?days=`` (a week by default)."""
+async def me_of(gateway: Any, dsn: str, principal: Any, request: Request, findings: Any) -> dict:
+    """A key holder's own figures (web/me.py) since ``?days=`` (a week by default), and
+    the doctor's findings about their records (``findings``: a
+    :class:`~prefixgate.web.me.HolderFindings`)."""
     from prefixgate.spend.budgets import parse_budget
     from prefixgate.web import me
 
@@ -341,15 +354,19 @@ async def me_of(gateway: Any, dsn: str, principal: Any, request: Request) -> dic
     currency = config.prices.currency if config.prices is not None else "USD"
     budgets = {("key", principal.name): principal.budgets}
     owner = principal.owner
-    if owner and owner in config.budgets.owners:
+    if owner and principal.owner_budgets is not None:  # the console's
+        budgets[("owner", owner)] = principal.owner_budgets
+    elif owner and owner in config.budgets.owners:
         lines = config.budgets.owners[owner]
         budgets[("owner", owner)] = tuple(parse_budget(b, currency) for b in lines)
-    since = me.since_of(request.query_params.get("days"), time.time())
+    days = me.days_of(request.query_params.get("days"))
+    since = time.time() - days * 86400.0
+    policies = {c.name: c.routing for c in config.channels}
 
     def read() -> dict:
         with open_store(dsn) as store:
             store.migrate()
-            return me.view(
+            out = me.view(
                 store,
                 principal,
                 since=since,
@@ -357,5 +374,7 @@ async def me_of(gateway: Any, dsn: str, principal: Any, request: Request) -> dic
                 currency=currency,
                 shared=config.budgets_shared,
             )
+        out["findings"] = findings.of(principal.name, days, out["requests"], policies)
+        return out
 
     return await asyncio.to_thread(read)

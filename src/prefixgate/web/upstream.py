@@ -12,8 +12,8 @@ from typing import Any
 
 from prefixgate.doctor import upstream_health
 from prefixgate.doctor.upstream_health import LOAD_KEYS, STORE_KEYS
+from prefixgate.engine.order import order_of, rendering_of
 from prefixgate.hygiene import keeps_system_in_place
-from prefixgate.upstream.order import order_of, rendering_of
 
 
 def replica_state(router: Any, url: str) -> dict[str, Any]:

@@ -260,9 +260,36 @@ const PG = (() => {
       note ? h("div", { class: "note", text: note }) : null);
   }
 
+  // -- the doctor's findings (the doctor's page, a key holder's own view) ------------------
+  const NUMERIC = /^[-+]?[\d.,]+\s?[kMB%]?$/; // 402.4k, 67.27%, 18,048
+  const SEVERITY = { critical: "Critical", warning: "Warning", info: "Info" };
+
+  function evidenceTable(t) {
+    return h("div", { class: "evidence-table" + (t.columns.length > 4 ? " wide" : "") }, h("h4", { text: t.title }),
+      table(t.columns.map((c, i) => ({
+        label: c,
+        num: t.rows.every((r) => r[i] === null || typeof r[i] === "number" || NUMERIC.test(String(r[i]))),
+        cell: (r) => (r[i] === null || r[i] === undefined ? "–" : typeof r[i] === "number" ? fmt.int(r[i]) : String(r[i])),
+      })), t.rows));
+  }
+
+  // Text with `code` spans, as the doctor writes them.
+  function rich(text) {
+    return text.split("`").map((part, i) => (i % 2 ? h("code", { text: part }) : part));
+  }
+
+  function finding(f) {
+    return h("section", { class: `card finding ${f.severity}`, dataset: { kind: f.kind, severity: f.severity } },
+      h("div", { class: "card-head" }, pill(f.severity, SEVERITY[f.severity] || f.severity), h("span", { class: "sub mono", text: f.kind })),
+      h("h2", { text: f.title }),
+      f.summary.length ? h("ul", { class: "summary" }, f.summary.map((s) => h("li", {}, rich(s)))) : null,
+      f.fix.length ? h("div", { class: "fix" }, h("h3", { text: "Suggested fix" }), h("ul", {}, f.fix.map((s) => h("li", {}, rich(s))))) : null,
+      f.evidence.length ? h("div", { class: "evidence" }, f.evidence.map(evidenceTable)) : null);
+  }
+
   function ready(fn) {
     if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fn); else fn();
   }
 
-  return { BASE, h, card, fmt, params, setParams, scopeQuery, link, api, showError, filterBar, segmented, table, rateBar, pill, kpi, ready, CAUSES, swatch };
+  return { BASE, h, card, fmt, params, setParams, scopeQuery, link, api, showError, filterBar, segmented, table, rateBar, pill, kpi, ready, CAUSES, swatch, finding };
 })();

@@ -1,6 +1,7 @@
 /* Keys and budgets: the admin's console. Create a key (shown once), give it budgets,
-   rotate it (a new key, shown once; the old one stops working), revoke it; each key's and
-   owner's budgets with what is used and left; the audit log. Every action is a POST to
+   rotate it (a new key, shown once; the old one stops working), revoke it; give an owner
+   budgets (all its keys together); each key's and owner's budgets with what is used and
+   left; the audit log. Every action is a POST to
    the admin JSON API (same origin), which scripts can call too. */
 "use strict";
 
@@ -83,6 +84,26 @@
       budgets);
   }
 
+  function ownerForm(owner, value, out) {
+    const named = owner === null;
+    const form = h("form", { class: named ? "console-form" : "inline", id: named ? "owner-budgets" : null,
+      dataset: named ? {} : { ownerBudgets: owner } },
+      named ? h("label", {}, "Owner ", h("input", { name: "owner", required: true, autocomplete: "off" })) : null,
+      h("input", { name: "budgets", value, placeholder: "10M tokens/month", "aria-label": `budgets of owner ${owner || ""}` }),
+      h("button", { type: "submit", text: "Set owner's budgets" }));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const f = new FormData(form);
+      const who = named ? f.get("owner") : owner;
+      try {
+        await post(`owners/${encodeURIComponent(who)}/budgets`, { budgets: f.get("budgets") });
+        out.replaceChildren();
+        await load(false);
+      } catch (e) { message(out, e); }
+    });
+    return form;
+  }
+
   async function load(clearOut = true) {
     const content = document.getElementById("content");
     let keys, audit;
@@ -100,16 +121,25 @@
       { label: "owner's budgets", cell: (k) => budgetCell(k.owner_budgets) },
       { label: "", cell: (k) => actions(k, out) },
     ], keys.keys, { class: "keys", rowClass: (k) => (k.active ? "" : "muted") });
+    const owners = PG.table([
+      { label: "owner", cell: (o) => h("b", { text: o.owner }) },
+      { label: "keys", cell: (o) => o.keys.join(", ") || "–" },
+      { label: "budgets from", cell: (o) => o.source || "–" },
+      { label: "budgets (this window, all its keys)", cell: (o) => budgetCell(o.budgets) },
+      { label: "", cell: (o) => ownerForm(o.owner, o.source === "console" ? o.budgets.map((b) => b.budget).join(", ") : "", out) },
+    ], keys.owners, { class: "owners" });
     const log = PG.table([
       { label: "when", cell: (e) => new Date(e.at * 1000).toISOString().replace("T", " ").slice(0, 19) },
       { label: "who", cell: (e) => e.actor },
       { label: "what", cell: (e) => h("b", { text: e.action }) },
-      { label: "key", cell: (e) => e.target },
+      { label: "key or owner", cell: (e) => e.target },
       { label: "detail", cell: (e) => e.detail },
     ], audit.entries, { class: "audit" });
     content.replaceChildren(
       PG.card("New key", "shown once; only its digest is stored", createForm(out), out),
       PG.card("Keys", `${keys.keys.filter((k) => k.active).length} active · budgets in ${keys.currency} or tokens`, rows),
+      PG.card("Owners", "budgets an owner's keys share; set here, they take the place of the config's (empty: the config's again)",
+        h("div", { id: "owners" }, ownerForm(null, "", out), owners)),
       PG.card("Audit log", "every change made here, newest first", h("div", { id: "audit" }, log)));
   }
 

@@ -1,5 +1,6 @@
 /* A key holder's own view: their usage, what is left of their budgets, their hit rate,
-   their sessions and the prefix breaks found in them. Only their own key's records: the
+   their sessions, the prefix breaks found in them and the doctor's findings about their
+   requests. Only their own key's records: the
    API answers for the key the session was opened with. */
 "use strict";
 
@@ -44,6 +45,8 @@
       d.owner ? PG.card(`Budgets of ${d.owner}`, "shared with the owner's other keys", budgets(d.owner_budgets)) : null,
       PG.card("Your sessions", "most recent first", sessions),
       PG.card("What broke your prefix", "the doctor's view of your sessions: what changed between requests while later content was sent again", breaks),
+      PG.card("The doctor's findings about your requests", "from your own records only",
+        h("div", { id: "my-findings" }, d.findings.length ? d.findings.map(PG.finding) : h("p", { class: "muted", text: "Nothing found in your requests." }))),
     ];
     content.replaceChildren(...cards.filter((c) => c !== null));
   }
