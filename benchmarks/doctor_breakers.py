@@ -33,8 +33,8 @@ from pathlib import Path
 
 from prefixgate.doctor import diagnose
 from prefixgate.lab.incident import replay
-from prefixgate.store import open_store
 from prefixgate.lab.traffic import breakers as bk
+from prefixgate.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead as ov  # noqa: E402

@@ -190,10 +190,10 @@ def rss_mb() -> float:
 def gateway():
     """A keyless gateway in front of the simulated upstream, both on loopback ports."""
     from prefixgate.config import parse_config
-    from prefixgate.serve.app import create_app
-    from prefixgate.serve.process import ServerThread
     from prefixgate.lab.upstream_sim.app import create_upstream_app
     from prefixgate.lab.upstream_sim.settings import SimSettings
+    from prefixgate.serve.app import create_app
+    from prefixgate.serve.process import ServerThread
 
     with ServerThread(create_upstream_app(SimSettings())) as sim:
         config = parse_config(

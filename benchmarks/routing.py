@@ -80,14 +80,14 @@ import httpx
 from prefixgate.cache import ApproxTokenizer, ChatRenderer, hash_blocks
 from prefixgate.config import parse_config
 from prefixgate.events import BlockStored, EventIndex, PrefixHit
-from prefixgate.lab.events.publisher import PublisherSettings
 from prefixgate.events.tokens import EngineTokens
+from prefixgate.lab.events.publisher import PublisherSettings
+from prefixgate.lab.traffic.text import code_pool, prose, take
+from prefixgate.lab.upstream_sim import SimSettings, SimUpstream
 from prefixgate.routing import BlockLRU, imbalanced, prompt_blocks
 from prefixgate.routing.policies import Balance
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.lab.traffic.text import code_pool, prose, take
-from prefixgate.lab.upstream_sim import SimSettings, SimUpstream
 
 B = 16  # the replicas' block size
 

@@ -6,14 +6,16 @@ One session of ``agent_turns.py`` (the traffic generator's Claude Code shape) is
 through the request path's stages in one process up to turn ``--turn`` - 1 (so the
 session's memories hold what a gateway's would), then each stage is run ten times on turn
 ``--turn``, under ``valgrind --tool=callgrind --toggle-collect=builtin_exec*`` (only the
-``exec`` that runs the stage is counted, imports done before it); an empty stage's count
-is subtracted. ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
+``exec`` that runs the stage is counted, imports done before it; the session's turns run
+uninstrumented, ``--instr-atstart=no``, instrumentation switched on after them); an empty
+stage's count is subtracted. ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
 does not have are skipped.
 
 Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
 ``convert`` (to Chat, alone), ``convert_lent`` (the same lent by the session's previous
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
-out and the change memory's comparison), ``model_blocks`` (the ledger's cache-model
+out and the change memory's comparison, of the request the gateway builds: converted
+through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the ledger's cache-model
 blocks).
 """
 
@@ -51,11 +53,19 @@ def inner(turn: int, stage: str) -> None:
     ch = ChannelConfig(name="fake", base_url="http://127.0.0.1:9/v1")
     limits, cap, opts = Limits(), Capturer(), ConvertOptions("fake")
 
+    try:  # the gateway's conversion, lent by the session's previous turn
+        from prefixgate.convert.request import SessionTurns
+
+        gateway_turns = SessionTurns(1 << 30)
+        converted = lambda typed, size: gateway_turns.convert(("g", sid), typed, opts, size)  # noqa: E731
+    except ImportError:
+        converted = lambda typed, size: convert(typed, opts)  # noqa: E731
+
     def prep(k: int):
         raw = session[k][0]
         body = decode_messages_body(raw, limits)
         typed = hygiene.apply_typed(body.typed, ch)
-        out = convert(typed, opts)
+        out = converted(typed, len(raw))
         return raw, body, typed, out, msgspec.json.encode(out)
 
     for k in range(turn):
@@ -99,16 +109,31 @@ def inner(turn: int, stage: str) -> None:
         print("missing", flush=True)
         return
     f = stages[stage]
+    _instrument()
     f(), f()  # warm
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
 
 
+def _instrument() -> None:
+    """Valgrind runs the session's turns uninstrumented (``--instr-atstart=no``, several
+    times faster): instrumentation is switched on here, once they are done. The process
+    keeps running Python until ``callgrind_control`` is answered (valgrind reads the
+    command between basic blocks; a process blocked in a wait would never let it)."""
+    if not os.environ.get("TURN_STAGES_UNDER_VALGRIND"):
+        return
+    ctl = subprocess.Popen(["callgrind_control", "-i", "on", str(os.getpid())],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    while ctl.poll() is None:
+        sum(range(1000))
+
+
 def count(turn: int, stage: str, src: Path | None) -> float | None:
-    env = dict(os.environ)
+    env = {**os.environ, "TURN_STAGES_UNDER_VALGRIND": "1"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=builtin_exec*",
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+               "--toggle-collect=builtin_exec*",
                f"--callgrind-out-file={tmp}/out", sys.executable, __file__,
                "--inner", "--turn", str(turn), "--stages", stage]  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from prefixgate.config import parse_config
 from prefixgate.lab.incident import MODEL, _spec, run_phase
+from prefixgate.lab.traffic import generate
 from prefixgate.spend.prices import PriceTable, fmt_money
 from prefixgate.spend.report import render_json, render_text, usage_report
 from prefixgate.store import open_store
-from prefixgate.lab.traffic import generate
 
 DAY = 86400
 FIXED_FROM = 3  # days 0-2: the incident, 3-6: the fix

@@ -4,7 +4,9 @@ bounded."""
 
 from __future__ import annotations
 
+import gc
 import json
+import sys
 
 from prefixgate.config import Limits
 from prefixgate.convert.request import ConvertOptions, SessionTurns, convert, plain
@@ -56,7 +58,7 @@ def test_a_turn_converts_as_alone_and_borrows_only_what_is_equal():
 
 def test_the_memory_keeps_within_its_budget():
     typed, size = _typed(_turn(2))
-    turns = SessionTurns(2 * (size + SessionTurns.ENTRY))
+    turns = SessionTurns(2 * (2 * size + SessionTurns.ENTRY))
     for s in range(5):
         turns.convert(("ch", str(s)), typed, ConvertOptions("u"), size)
         assert turns.bytes <= turns.budget
@@ -64,3 +66,17 @@ def test_the_memory_keeps_within_its_budget():
     none = SessionTurns(0)
     none.convert(("ch", "s"), typed, ConvertOptions("u"), size)
     assert len(none) == 0 and none.bytes == 0
+
+
+def test_what_is_kept_holds_no_earlier_body_alive():
+    # A message's conversion is lent turn after turn: were its texts views of the body
+    # that first sent it, every earlier body of the session would stay in memory.
+    turns, opts = SessionTurns(1 << 20), ConvertOptions("u")
+    raws = [json.dumps(_turn(n)).encode() for n in (3, 4, 5, 6)]
+    alone = sys.getrefcount(raws[0])
+    for raw in raws:
+        turns.convert(("ch", "s"), decode_messages_body(raw, Limits()).typed, opts, len(raw))
+    gc.collect()
+    first, latest = sys.getrefcount(raws[0]), sys.getrefcount(raws[-1])  # (not in an assert:
+    assert first == alone  # pytest's rewriting would hold one more reference)
+    assert latest > alone  # the latest one is kept, its size counted

@@ -9,13 +9,16 @@ import copy
 import json
 
 import httpx
+import msgspec
 
 from prefixgate import hygiene
-from prefixgate.config import parse_config
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.config import Limits, parse_config
+from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert
 from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
 from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
+from prefixgate.protocol.messages_body import decode_messages_body
 from prefixgate.record.capture import Capturer
+from prefixgate.record.model import Record
 from prefixgate.record.segments import segments_anthropic, segments_openai
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
@@ -72,6 +75,20 @@ def test_each_turn_goes_upstream_and_into_the_record_as_if_it_were_alone(upstrea
         assert got == alone
         assert rec.segments_in == segments_anthropic(body)
         assert rec.segments_out == segments_openai(alone, tools_first=True)
+    # the change memory says what it says of the same turns converted and cut alone
+    alone_capture, ch = Capturer(), config.channels[0]
+    for (body, _), rec in zip(turns, recorder.records, strict=True):
+        raw = json.dumps(body).encode()
+        decoded = decode_messages_body(raw, Limits())
+        out = convert(hygiene.apply_typed(decoded.typed, ch), ConvertOptions(upstream_model="m"))
+        fresh = Record(
+            request_id=rec.request_id, received_at=0.0, endpoint="messages",
+            session_id=rec.session_id, client=rec.client, client_version=rec.client_version,
+        )  # fmt: skip
+        alone_capture(fresh, decoded, out, ch, None, raw, msgspec.json.encode(out))
+        assert (fresh.segments_out, fresh.compared, fresh.change) == (
+            rec.segments_out, rec.compared, rec.change,
+        )  # fmt: skip
     # the edited turns broke the prefix where the edit was, and the record says so
     edited = recorder.records[8]
     assert edited.change is not None and edited.change.segment == "messages[0]:user"

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -572,3 +573,58 @@ def test_a_cut_lent_any_previous_request_matches_on_generated_bodies():
         _cut_checked(body, api, None if previous is None else previous[1])
 
     check()
+
+
+# -- the chat request the gateway built, lent by the conversion ----------------------------
+def test_a_chat_cut_lent_by_the_conversion_equals_a_fresh_one_through_edits():
+    from prefixgate.config import Limits
+    from prefixgate.convert.request import ConvertOptions, SessionTurns
+    from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
+    from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
+    from prefixgate.protocol.messages_body import decode_messages_body
+    from prefixgate.record.segments import cut_of_chat
+
+    spec = TrafficSpec(
+        sessions=1, turns=12, titles=False, compact_chars=60_000, mix={AGENT_CLAUDE_CODE: 1.0}
+    )
+    bodies = [req.body for req in ClaudeCodeSession(spec, 5).requests()]
+    edits = [  # turn k: what the client did to its history
+        lambda b: b["messages"][0]["content"].append({"type": "text", "text": "edited"}),
+        lambda b: b["messages"].insert(1, {"role": "system", "content": "moved here"}),
+        lambda b: b["messages"].pop(2),
+        lambda b: b.update(tools=b.get("tools", [])[::-1]),
+        lambda b: b.update(system="another system prompt"),
+        lambda b: b["messages"].insert(0, {"role": "system", "content": "now it leads"}),
+    ]
+    for k, edit in zip(range(3, len(bodies), 2), edits, strict=False):
+        bodies[k] = copy.deepcopy(bodies[k])
+        edit(bodies[k])
+    turns, opts = SessionTurns(1 << 30), ConvertOptions("u")
+    previous, lent = None, 0
+    for body in bodies:
+        out = turns.convert(("ch", "s"), decode_messages_body(json.dumps(body).encode(), Limits()).typed, opts, 1)  # fmt: skip
+        for tools_first in (True, False):
+            segs, pieces, cut = cut_of_chat(out, tools_first=tools_first, previous=previous)
+            fresh = cut_of_chat(out, tools_first=tools_first)
+            assert (segs, pieces) == fresh[:2]
+            assert segs == segments_openai(
+                json.loads(msgspec.json.encode(out)), tools_first=tools_first
+            )
+        if previous is not None:
+            lent += sum(a is b for a, b in zip(previous.pieces, cut.pieces, strict=False))
+        previous = cut
+    assert lent > 50  # what the conversion lent, the cut took as it was
+
+
+def test_a_lent_chat_message_that_leads_now_is_cut_as_a_fresh_one():
+    from prefixgate.record.segments import cut_of_chat
+
+    b = {"role": "system", "content": "b" * 300}
+    tools = [{"type": "function", "function": {"name": "t", "parameters": {}}}]
+    first = {"messages": [{"role": "user", "content": "a"}, b], "tools": tools}
+    now = {"messages": [{"role": "system", "content": "c"}, b], "tools": tools}
+    previous = cut_of_chat(first)[2]
+    got = cut_of_chat(now, previous=previous)
+    assert got[2].pieces[1][0] is previous.pieces[1][0]  # lent
+    assert got[:2] == cut_of_chat(now)[:2]
+    assert got[1][-1] == (got[0][-1], msgspec.json.encode(b))  # its bytes, as it leads

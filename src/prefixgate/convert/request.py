@@ -85,12 +85,17 @@ def plain(out: dict) -> dict:
 
 
 class _Turn:
-    """One session's latest converted request: its typed messages and what each became."""
+    """One session's latest converted request: its typed messages and what each became,
+    its typed tools and what they became."""
 
-    __slots__ = ("messages", "converted", "opts", "size")
+    __slots__ = ("messages", "converted", "tools", "chat_tools", "opts", "size")
 
-    def __init__(self, messages: list, converted: list[list[dict]], opts, size: int) -> None:
-        self.messages, self.converted, self.opts, self.size = messages, converted, opts, size
+    def __init__(self, req: Request, opts: ConvertOptions) -> None:
+        self.messages: list = req.messages
+        self.converted: list[list[dict]] = []
+        self.tools = req.tools
+        self.chat_tools: list[dict] = []
+        self.opts, self.size = opts, 0
 
 
 class SessionTurns:
@@ -99,8 +104,10 @@ class SessionTurns:
     conversation every turn. A message equal to the one at the same place last turn (the
     typed structs compared, raw texts by memcmp) takes its conversion as it was; any other
     is converted afresh, so an edited history converts exactly as without this memory.
-    Bounded by ``budget`` bytes, each session's entry costing its request's size (its raw
-    texts are views of the request's bytes), least recently used out first."""
+    Bounded by ``budget`` bytes, each session's entry costing twice its request's size:
+    its typed messages are views of the request's bytes, and what a message became holds
+    its texts' own copy (a view would keep alive the body of the turn that first sent it,
+    and so every earlier body of the session); least recently used out first."""
 
     ENTRY = 256  # bytes an entry costs beyond its request
 
@@ -116,11 +123,11 @@ class SessionTurns:
             self.bytes -= prev.size
             if prev.opts != opts:
                 prev = None
-        converted: list[list[dict]] = []
-        out = convert(req, opts, prev, converted)
-        size += self.ENTRY
+        turn = _Turn(req, opts)
+        out = convert(req, opts, prev, turn)
+        turn.size = size = 2 * size + self.ENTRY
         if size <= self.budget:
-            self._d[key] = _Turn(req.messages, converted, opts, size)
+            self._d[key] = turn
             self.bytes += size
             while self.bytes > self.budget:
                 _, old = self._d.popitem(last=False)
@@ -135,11 +142,12 @@ def convert(
     req: Request,
     opts: ConvertOptions,
     previous: _Turn | None = None,
-    converted: list[list[dict]] | None = None,
+    turn: _Turn | None = None,
 ) -> dict:
     """The Chat request for a typed Messages request; texts stay raw. ``previous``: the
     session's previous turn (:class:`SessionTurns`), whose conversions are taken for the
-    messages that are equal; ``converted`` is filled with each message's conversion."""
+    messages (and the tools) that are equal; ``turn`` is filled with each message's
+    conversion, its texts copied out of the request's bytes."""
     messages: list[dict] = []
     sys_text = _system(req.system)
     if not _empty(sys_text):
@@ -151,12 +159,21 @@ def convert(
             part = previous.converted[i]
         else:
             part = _convert_message(m, opts)
+            if turn is not None:
+                part = [_owned(p) for p in part]
         messages.extend(part)
-        if converted is not None:
-            converted.append(part)
+        if turn is not None:
+            turn.converted.append(part)
 
     out: dict = {"model": opts.upstream_model, "messages": messages}
-    tools = [_convert_tool(t) for t in req.tools or () if _is_function_tool(t)]
+    if previous is not None and req.tools and previous.tools == req.tools:
+        tools = previous.chat_tools  # the very list: the capture lends its segments too
+    else:
+        tools = [_convert_tool(t) for t in req.tools or () if _is_function_tool(t)]
+        if turn is not None:
+            tools = [_owned(t) for t in tools]
+    if turn is not None:
+        turn.chat_tools = tools
     if tools:
         out["tools"] = tools
     tc = req.tool_choice
@@ -180,6 +197,19 @@ def convert(
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
     return out
+
+
+def _owned(obj):
+    """``obj`` (a converted message or tool: dicts, lists, texts) with each raw text a copy
+    of its own, no longer a view of the request's bytes."""
+    kind = type(obj)
+    if kind is Raw:
+        return Raw(bytes(obj))
+    if kind is dict:
+        return {k: _owned(v) for k, v in obj.items()}
+    if kind is list:
+        return [_owned(v) for v in obj]
+    return obj
 
 
 # -- texts as JSON -------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import msgspec
 
 from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest, RequestTooLarge
-from prefixgate.protocol.validate import check_text
+from prefixgate.protocol.validate import check_text, not_json
 
 _decoder = msgspec.json.Decoder()
 
@@ -30,7 +30,7 @@ def decode_body(raw: bytes, limits: Limits) -> dict:
     try:
         body = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        raise not_json(raw, exc) from None
     except RecursionError:
         raise too_deep(limits) from None
     if not isinstance(body, dict):

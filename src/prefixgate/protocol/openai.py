@@ -10,7 +10,7 @@ import msgspec
 from prefixgate.config import Limits
 from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep, type_name
-from prefixgate.protocol.validate import check_count, check_number
+from prefixgate.protocol.validate import check_count, check_number, not_json
 
 _ERROR_TYPES = {
     "invalid_request_error": ("invalid_request_error", None),
@@ -79,7 +79,7 @@ def decode_chat_body(raw: bytes, limits: Limits) -> dict:
     except msgspec.ValidationError:
         raise InvalidRequest("request body must be a JSON object") from None
     except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        raise not_json(raw, exc) from None
     except RecursionError:
         raise too_deep(limits) from None
     body = {}

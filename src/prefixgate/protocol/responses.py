@@ -29,7 +29,7 @@ from prefixgate.convert.compaction import unseal
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep
 from prefixgate.protocol.messages_body import is_string
-from prefixgate.protocol.validate import MAX_TOKENS, check_count
+from prefixgate.protocol.validate import MAX_TOKENS, check_count, not_json
 
 
 class Part(Struct):
@@ -174,7 +174,7 @@ def decode_responses_body(raw: bytes, limits: Limits) -> ResponsesBody:
     except msgspec.ValidationError as exc:
         raise _shape_error(str(exc)) from None
     except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        raise not_json(raw, exc) from None
     except RecursionError:
         raise too_deep(limits) from None
     images = check_request(typed, limits)

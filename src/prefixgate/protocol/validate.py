@@ -9,8 +9,12 @@ rule as the fields it decodes: what the client got wrong is answered 400 in its 
 never a 500, and never reaches an upstream.
 
 Cost: an ASCII body is one ``bytes.isascii`` pass (no copy); another is decoded once
-(CPython's UTF-8 decoder, about a byte a cycle) and dropped. Surrogate escapes are looked
-for among the ``\\u`` escapes only, found with ``bytes.find``.
+(CPython's UTF-8 decoder, about a byte a cycle) and dropped. Lone surrogate escapes cost
+nothing on the way of a good request: every entry point decodes the whole body with
+msgspec (the fields it keeps raw included: ``msgspec.Raw`` is skipped over, escapes
+checked), and msgspec refuses a lone surrogate escape, in a decoded string or a skipped
+one. Only then, on the error's way, is the body searched for the escape
+(:func:`not_json`), so that the answer names it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ _BACKSLASH = 92
 
 
 def check_text(raw: bytes) -> None:
-    """Refuse a body that is not UTF-8, or whose JSON escapes name half a UTF-16 pair."""
+    """Refuse a body that is not UTF-8 (its escapes are msgspec's to check: :func:`not_json`)."""
     if not raw.isascii():
         try:
             raw.decode()
@@ -36,8 +40,15 @@ def check_text(raw: bytes) -> None:
                 f"request body is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
                 f"{exc.start}); JSON must be sent as UTF-8"
             ) from None
+
+
+def not_json(raw: bytes, exc: Exception) -> InvalidRequest:
+    """The error for a body msgspec refused: a lone UTF-16 surrogate escape named where it
+    is (msgspec refuses those too, with a message that does not say so), else msgspec's
+    own reason."""
     if b"\\u" in raw:
         _check_surrogates(raw)
+    return InvalidRequest(f"request body is not valid JSON: {exc}")
 
 
 def _check_surrogates(raw: bytes) -> None:

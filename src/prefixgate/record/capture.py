@@ -19,8 +19,8 @@ from prefixgate.record.model import Record
 from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import (
     cut_from_bytes,
+    cut_of_chat,
     segments_anthropic,
-    segments_of_chat,
     segments_openai,
 )
 from prefixgate.record.segments_responses import segments_responses, segments_responses_from_bytes
@@ -95,18 +95,18 @@ class Capturer:
             return objects
 
         tracking = rec.session_id is not None and self.changes.budget > 0
-        segs = pieces_in = pieces_out = None
+        segs = pieces_in = pieces_out = lent = None
+        prev = (
+            self.changes.latest(channel.name, body_out.get("model"), rec.session_id)
+            if tracking
+            else None
+        )
         if texts is None and raw_in is not None:
             if api_in == "responses":
                 segs = segments_responses_from_bytes(raw_in)
             else:
                 # one cut gives the segments and their bytes (for the change memory); the
                 # session's previous request lends what it sent the same way
-                prev = (
-                    self.changes.latest(channel.name, body_out.get("model"), rec.session_id)
-                    if tracking
-                    else None
-                )
                 cut = cut_from_bytes(raw_in, api_in, previous=None if prev is None else prev.into)
                 if cut is not None:
                     segs, pieces_in = cut
@@ -136,17 +136,20 @@ class Capturer:
             segs = None
             if api_out == "responses":
                 segs = list(rec.segments_in) if texts is None else None  # sent as it came
-            elif texts is None and raw_out is not None:
-                cut = cut_from_bytes(raw_out, api_out, tools_first=first)
-                if cut is not None:
-                    segs, pieces_out = cut
             elif (
                 texts is None
                 and isinstance(body_in, MessagesBody | ResponsesBody)
                 and api_out == "openai"
             ):
-                # built here from the typed request: its pieces are encoded alone
-                segs = segments_of_chat(body_out, tools_first=first)
+                # built here from the typed request: its pieces are encoded alone, and what
+                # the conversion lent from the previous turn lends its pieces too
+                segs, pieces_out, lent = cut_of_chat(
+                    body_out, tools_first=first, previous=None if prev is None else prev.lent
+                )
+            elif texts is None and raw_out is not None:
+                cut = cut_from_bytes(raw_out, api_out, tools_first=first)
+                if cut is not None:
+                    segs, pieces_out = cut
             if segs is None:
                 if api_out == "responses":
                     segs = segments_responses(decoded()[1], texts=texts, known=known)
@@ -174,6 +177,7 @@ class Capturer:
                 by_bytes=channel.kind == "openai",
                 pieces_in=pieces_in,
                 pieces_out=None if passthrough else pieces_out,
+                lent=lent,
             )
 
 

@@ -33,7 +33,7 @@ from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
 from prefixgate.record.compaction import COMPACTED, compacted
 from prefixgate.record.model import Change, Record, Segment
-from prefixgate.record.segments import _strip, pieces_of
+from prefixgate.record.segments import ChatCut, _strip, pieces_of
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 DEFAULT_BUDGET = 64 * 1024 * 1024
@@ -48,25 +48,32 @@ _encode = msgspec.json.encode
 class _Cut:
     """One request's segments with their bytes: as received (``into``) and as sent
     (``out``; bytes only where compared by bytes: tools and system on an ``openai``
-    channel, messages by hash)."""
+    channel, messages by hash); ``lent``: the chat request the gateway built, as cut
+    (:class:`~prefixgate.record.segments.ChatCut`), for the next turn's capture."""
 
-    __slots__ = ("into", "out", "size")
+    __slots__ = ("into", "out", "lent", "shared", "size")
 
-    def __init__(self, into: list[Piece], out: list[Piece]) -> None:
-        self.into, self.out = into, out
-        seen: set[int] = set()
-        size = 0
-        for _, data in (*into, *out):
-            if data is not None and id(data) not in seen:
-                seen.add(id(data))
-                size += len(data)
-        self.size = size + 64 * (len(into) + len(out))
+    def __init__(
+        self,
+        into: list[Piece],
+        out: list[Piece],
+        lent: ChatCut | None = None,
+        *,
+        shared: bool = False,
+    ) -> None:
+        """``shared``: ``out`` holds ``into``'s bytes (a request sent as it came)."""
+        self.into, self.out, self.lent, self.shared = into, out, lent, shared
+        size = sum([len(d) for _, d in into if d is not None])
+        if not shared:
+            size += sum([len(d) for _, d in out if d is not None])
+        self.size = size + 64 * (len(into) + len(out)) + (lent.size if lent else 0)
 
     def opening(self) -> _Cut:
         """Only what comes before the conversation: tools and system."""
         return _Cut(
             [p for p in self.into if p[0].kind != "message"],
             [p for p in self.out if p[0].kind != "message"],
+            shared=self.shared,
         )
 
 
@@ -93,11 +100,13 @@ class ChangeTracker:
         by_bytes: bool,
         pieces_in: list[tuple[Segment, bytes]] | None = None,
         pieces_out: list[tuple[Segment, bytes]] | None = None,
+        lent: ChatCut | None = None,
     ) -> None:
         """Compare ``rec`` (its segments already captured) with its session's previous
         requests; set ``rec.compared`` and ``rec.change``; keep it for the next.
         ``pieces_in`` / ``pieces_out``: the segments' bytes when the capture cut them
-        already (else they are cut here from ``raw_in`` / ``raw_out``)."""
+        already (else they are cut here from ``raw_in`` / ``raw_out``); ``lent``: the chat
+        request as cut, kept for the next turn's capture to borrow from."""
         if rec.session_id is None or not rec.segments_in or not rec.segments_out:
             return
         into = pieces_in if pieces_in is not None else pieces_of(raw_in, rec.segments_in)
@@ -121,13 +130,13 @@ class ChangeTracker:
         ]
         if kept:
             _share(kept[-1].out, out)
-            cur = _Cut(into, out)
+            cur = _Cut(into, out, lent, shared=raw_out is None)
             rec.compared = "session"
             rec.change = _best(kept, cur)
             self.bytes -= sum(c.size for c in kept)
             kept = [*kept, cur][-KEPT:]
         else:
-            cur = _Cut(into, out)
+            cur = _Cut(into, out, lent, shared=raw_out is None)
             kept = [cur]
             okey = (channel, upstream_model, rec.client, rec.client_version, rec.endpoint)
             opened = self._openings.pop(okey, None)
@@ -164,6 +173,8 @@ class ChangeTracker:
 def _share(prev: list[Piece], cur: list[Piece]) -> None:
     """Where ``cur`` holds the very bytes ``prev`` does, keep one copy."""
     for j in range(min(len(prev), len(cur))):
+        if prev[j] is cur[j]:  # lent by the cut already
+            continue
         (sa, ba), (sb, bb) = prev[j], cur[j]
         if sa.hash == sb.hash and ba is not None and ba == bb:
             cur[j] = (sb, ba)

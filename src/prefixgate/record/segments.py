@@ -456,17 +456,61 @@ def segments_of_chat(body: dict[str, Any], *, tools_first: bool = True) -> list[
     """:func:`segments_from_bytes` of the chat request the gateway built (its texts may be
     ``msgspec.Raw``), without encoding it whole and cutting it up again: each tool and
     message is encoded alone, which gives the very bytes it has in the whole."""
+    return cut_of_chat(body, tools_first=tools_first)[0]
+
+
+class ChatCut(NamedTuple):
+    """A chat request the gateway built, as cut: the objects it was built of (its
+    messages and its tools list) and what each was cut into, for the next turn to
+    borrow. A message's bytes are kept only while it leads as a system message (the
+    change memory compares the conversation by its hashes)."""
+
+    messages: list
+    pieces: list[tuple[Segment, bytes | None]]
+    tools: Any
+    tools_part: list[Piece]
+    size: int  # ≈ bytes the kept objects hold
+
+
+def cut_of_chat(
+    body: dict[str, Any], *, tools_first: bool = True, previous: ChatCut | None = None
+) -> tuple[list[Segment], list[Piece], ChatCut]:
+    """:func:`segments_of_chat` with each piece's bytes (as :func:`cut_from_bytes`, but
+    ``None`` for the messages after the leading system ones), and what the next turn
+    borrows from. ``previous``: the session's previous request as cut.
+    The conversion lends a message it converted before as the very object
+    (:class:`~prefixgate.convert.request.SessionTurns`): the same object at the same
+    place is the same bytes, so its piece is taken as it was, without encoding it; any
+    other is encoded alone and cut as if nothing came before."""
     tools = body.get("tools")
-    cut = _cut(
-        "openai",
-        _encode(tools) if tools else b"null",
-        [_encode(m) for m in body["messages"]],
-        None,
-        tools_first,
-        None,
-    )
-    assert cut is not None  # (a list of tools, or none)
-    return cut[0]
+    messages = body["messages"]
+    before = previous.messages if previous is not None else ()
+    n, size = len(before), 0
+    msgs: list[Any] = []
+    for i, m in enumerate(messages):
+        if i < n and before[i] is m:
+            piece = previous.pieces[i]  # type: ignore[union-attr]
+            msgs.append(piece)
+            size += piece[0].chars
+            continue
+        data = _encode(m)
+        got = _piece("message", data, _role)
+        msgs.append((_seg("message", f"messages[{i}]:{got[2]}", got), data))
+        size += len(data)
+    if previous is not None and tools and tools is previous.tools:
+        tools_part = previous.tools_part
+    else:
+        tools_part = _tools_part("openai", _encode(tools) if tools else b"null", [])
+    assert tools_part is not None  # (a list of tools, or none)
+    leading = _leading(msgs)
+    for i in range(leading):  # a lent message that leads now: its bytes
+        if msgs[i][1] is None:
+            msgs[i] = (msgs[i][0], _encode(messages[i]))
+    # the conversation's bytes are not kept: the change memory compares it by its hashes
+    msgs[leading:] = [p if p[1] is None else (p[0], None) for p in msgs[leading:]]
+    whole = _chat_order(tools_part, msgs, tools_first, leading)
+    size += 64 * len(msgs) + sum(len(d or b"") for _, d in tools_part)
+    return [p[0] for p in whole], _pieces(whole), ChatCut(messages, msgs, tools, tools_part, size)
 
 
 _encode = msgspec.json.encode
@@ -488,6 +532,43 @@ def _seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
     return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
 
 
+def _tools_part(api: str, tools_list: bytes, prev_tools: list[Piece]) -> list[Piece] | None:
+    """The ``tools`` segment and each tool's piece (``None``: not a list)."""
+    tools = _tools_of_list(tools_list, api)
+    if tools is None:
+        return None
+    if tools and prev_tools and _same_list(tools_list, prev_tools):
+        tool_pieces = [(seg, p[1]) for seg, p in zip(tools[1:], prev_tools, strict=True)]
+    elif tools:
+        tool_pieces = [
+            (seg, bytes(t)) for seg, t in zip(tools[1:], _ITEMS.decode(tools_list), strict=True)
+        ]
+    else:
+        tool_pieces = []
+    return [(tools[0], b""), *tool_pieces] if tools else []
+
+
+def _leading(msgs: list[Piece]) -> int:
+    """How many of a chat request's messages lead as system or developer messages."""
+    leading = 0
+    while leading < len(msgs) and msgs[leading][0].name.endswith((":system", ":developer")):
+        leading += 1
+    return leading
+
+
+def _chat_order(
+    tools_part: list[Piece], msgs: list[Piece], tools_first: bool, leading: int
+) -> list[Piece]:
+    """A chat request's pieces in request order, its leading messages of kind ``system``."""
+    lead = [(_as(s, "system"), d) for s, d in msgs[:leading]]
+    rest = [(_as(s, "message"), d) for s, d in msgs[leading:]]
+    return tools_part + lead + rest if tools_first else lead + tools_part + rest
+
+
+def _pieces(whole: list[Piece]) -> list[Piece]:
+    return [p for p in whole if p[0].kind != "tools"]
+
+
 def _cut(
     api: str,
     tools_list: bytes,
@@ -507,18 +588,9 @@ def _cut(
             prev_messages[name[: name.index("]") + 1]] = p
         elif kind == "system":
             prev_blocks.append(p)
-    tools = _tools_of_list(tools_list, api)
-    if tools is None:
+    tools_part = _tools_part(api, tools_list, prev_tools)
+    if tools_part is None:
         return None
-    if tools and prev_tools and _same_list(tools_list, prev_tools):
-        tool_pieces = [(seg, p[1]) for seg, p in zip(tools[1:], prev_tools, strict=True)]
-    elif tools:
-        tool_pieces = [
-            (seg, bytes(t)) for seg, t in zip(tools[1:], _ITEMS.decode(tools_list), strict=True)
-        ]
-    else:
-        tool_pieces = []
-    tools_part: list[Piece] = [(tools[0], b""), *tool_pieces] if tools else []
 
     msgs: list[Piece] = []
     for i, m in enumerate(messages_raw or ()):
@@ -553,13 +625,8 @@ def _cut(
         whole = tools_part + head if tools_first else head + tools_part
         whole += msgs
     else:
-        leading = 0
-        while leading < len(msgs) and msgs[leading][0].name.endswith((":system", ":developer")):
-            leading += 1
-        lead = [(_as(s, "system"), d) for s, d in msgs[:leading]]
-        rest = [(_as(s, "message"), d) for s, d in msgs[leading:]]
-        whole = tools_part + lead + rest if tools_first else lead + tools_part + rest
-    return [p[0] for p in whole], [p for p in whole if p[0].kind != "tools"]
+        whole = _chat_order(tools_part, msgs, tools_first, _leading(msgs))
+    return [p[0] for p in whole], _pieces(whole)
 
 
 def _as(seg: Segment, kind: str) -> Segment:
