@@ -50,6 +50,7 @@ from prefixgate.lab.traffic.template_sessions import (
 )
 
 MODEL = "claude-haiku-4-5"
+_FOUND = ("template", "kv", "cache_cleared")  # the doctor's findings a row shows
 
 
 def _causes(ledgers) -> str:
@@ -59,7 +60,11 @@ def _causes(ledgers) -> str:
         for cause, n in x.parts().items():
             if cause not in ("hit", "partial_block") and n:
                 total[cause] = total.get(cause, 0) + n
-    return ", ".join(f"{c} {n:,}" for c, n in sorted(total.items(), key=lambda kv: -kv[1]))
+    cleared = sum(x.cleared for x in ledgers)  # of evicted: lost to a cache clear (a flush)
+    return ", ".join(
+        f"{c} {n:,}" + (f" (cleared {cleared:,})" if c == "evicted" and cleared else "")
+        for c, n in sorted(total.items(), key=lambda kv: -kv[1])
+    )
 
 
 def _row(case: str, engine: str, hit: float, prompt: int, ledgers, found) -> dict:
@@ -75,7 +80,11 @@ def _row(case: str, engine: str, hit: float, prompt: int, ledgers, found) -> dic
 
 
 def _played_row(case: str, engine: str, played, start: int, end) -> dict:
-    found = [f.kind for f in played.diagnosis.findings if f.kind.startswith(("template", "kv"))]
+    found = [
+        f.kind
+        for f in played.diagnosis.findings
+        if f.kind.startswith(("template", "kv", "cache_cleared"))
+    ]
     new = played.usage[start:end]
     prompt = sum(p for p, _ in new)
     return _row(case, engine, played.hit_rate(start, end), prompt, played.ledgers[start:end], found)
@@ -107,7 +116,7 @@ def claude_run(case: str, engine: str, where: dict, flush=None) -> dict:
             s.wait_stored()
         recs = model_calls(s)
         ledgers = s.ledgers(recs)
-        found = [f.kind for f in diagnose(s.dsn).findings if f.kind.startswith(("template", "kv"))]
+        found = [f.kind for f in diagnose(s.dsn).findings if f.kind.startswith(_FOUND)]
     prompt = sum(r.prompt_tokens for r in recs[1:])
     return _row(
         f"Claude Code {harness.CLAUDE_CODE_VERSION}, reminder on, {case}",
@@ -172,7 +181,7 @@ def sglang_rows(claude: bool, only: str) -> list[dict]:
                     continue
                 flush()
                 # a session of its own per row: the flush removes the earlier rows' blocks,
-                # and SGLang's events report that as a removal (the ledger's `evicted`)
+                # and SGLang's events report that as a clear (the ledger's `cleared`)
                 played = through_gateway(
                     reminder_session(MODEL, seed=len(rows) + 1),
                     Path(tmp) / str(len(rows)),

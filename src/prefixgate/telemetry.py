@@ -22,7 +22,8 @@ reads it as the generation's cost) with ``session.id`` and ``user.id`` (the key)
 where the prompt broke against the session's previous one (``prefixgate.prefix.*``, from
 the segment capture); and the request's miss ledger when the gateway computes one
 (``prefixgate.ledger.<cause>_tokens`` for hit, prefix_changed, evicted, elsewhere,
-partial_block, cold and unknown, with ``prefixgate.ledger.source``, ``changed_segment`` and
+partial_block, cold and unknown, ``cleared_tokens`` when some evicted ones were lost to a
+cache clear, with ``prefixgate.ledger.source``, ``changed_segment`` and
 ``elsewhere_replica``): the span then waits for the ledger, which is computed after the
 answer, off the request path.
 """
@@ -195,6 +196,8 @@ def ledger_attributes(ledger) -> dict:
     ``prefixgate.ledger.<cause>_tokens``, with its source and what it names."""
     out = {f"prefixgate.ledger.{cause}_tokens": n for cause, n in ledger.parts().items()}
     out["prefixgate.ledger.source"] = ledger.source
+    if ledger.cleared:  # the evicted tokens lost to a cache clear (a sub-count)
+        out["prefixgate.ledger.cleared_tokens"] = ledger.cleared
     if ledger.changed_segment is not None:
         out["prefixgate.ledger.changed_segment"] = ledger.changed_segment
     if ledger.elsewhere_replica is not None:

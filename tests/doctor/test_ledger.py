@@ -11,6 +11,8 @@ from prefixgate.store import open_store
 
 from .test_upstream_health import snapshot
 
+_NOT_CAUSES = ("host", "pred", "at", "cleared")  # figures beside the causes
+
 
 def write(
     dsn: str,
@@ -24,7 +26,7 @@ def write(
     records, ledgers = [], []
     for i, (channel, replica, parts) in enumerate(rows):
         rid = f"{key or 'r'}-{channel}-{i:04d}"
-        prompt = sum(v for k, v in parts.items() if not k.startswith(("host", "pred", "at")))
+        prompt = sum(v for k, v in parts.items() if not k.startswith(_NOT_CAUSES))
         cached = parts.get("hit", 0)
         records.append(
             Record(
@@ -47,13 +49,14 @@ def write(
                 source=source,
                 prompt_tokens=prompt,
                 block_size=16,
-                **{k: v for k, v in parts.items() if not k.startswith(("host", "pred", "at"))},
+                **{k: v for k, v in parts.items() if not k.startswith(_NOT_CAUSES)},
                 elsewhere_replica="http://b/v1" if parts.get("elsewhere") else None,
                 engine_cached=cached,
                 index_predicted=parts.get("pred", cached),
                 model_predicted=cached + 16 * (i % 2),
                 host_hit=parts.get("host_hit", 0),
                 host_missed=parts.get("host_missed", 0),
+                cleared=parts.get("cleared", 0),
                 changed_segment=changed(i) if changed else None,
             )
         )
@@ -116,6 +119,31 @@ def test_no_capacity_finding_without_eviction_evidence(tmp_path) -> None:
           source="model")  # fmt: skip
     kinds = {f.kind for f in diagnose(dsn).findings}
     assert "kv_capacity" not in kinds
+
+
+def test_a_cache_clear_is_no_capacity_finding(tmp_path) -> None:
+    """Tokens lost to the engine clearing its cache (a flush, a restart) are their own
+    finding, with their own fix; only the evictions that were not clears count as capacity."""
+    dsn = f"sqlite:///{tmp_path / 'c.db'}"
+    flushed = {"hit": 600, "evicted": 380, "cleared": 380, "partial_block": 20}
+    write(dsn, [("flushed", "http://a/v1", flushed)] * 10)
+    by_kind = {f.kind: f for f in diagnose(dsn).findings}
+    assert "kv_capacity" not in by_kind
+    f = by_kind["cache_cleared"]
+    assert f.facts == {"channel": "flushed", "cleared_tokens": 3800, "share": 0.38}
+    assert f.severity == "warning" and "flush_cache" in " ".join(f.fix)
+    assert "KV memory" not in " ".join(f.fix)
+    assert f.evidence[0].rows[1:3] == [
+        ["evicted", "3,800", "38.00%"],
+        ["evicted of which cleared", "3,800", "38.00%"],
+    ]
+    # the same channel with evictions beside the clears: capacity counts only those
+    mixed = {"hit": 600, "evicted": 380, "cleared": 80, "partial_block": 20}
+    dsn = f"sqlite:///{tmp_path / 'm.db'}"
+    write(dsn, [("mixed", "http://a/v1", mixed)] * 10)
+    by_kind = {f.kind: f for f in diagnose(dsn).findings}
+    assert by_kind["kv_capacity"].facts["evicted_tokens"] == 3000
+    assert by_kind["cache_cleared"].severity == "info"
 
 
 def test_the_templates_findings_name_the_moved_segment_and_the_loss(tmp_path) -> None:

@@ -60,6 +60,31 @@ def test_host_tier_and_clears() -> None:
     assert idx.replica("a").blocks_at(KEYS, 2.5)[0].host  # still answerable for the past
 
 
+def test_a_removal_by_a_cache_clear_is_told_from_an_eviction() -> None:
+    idx, hashes, r = _stored_then_removed(5, 4, 1.0, 2.0)  # blocks 4, 5 evicted at 2
+    idx.apply("a", [AllBlocksCleared()], now=3.0)  # blocks 0-3 cleared at 3
+    at = r.blocks_at(KEYS, 4.0)
+    assert [b.removed_at for b in at] == [3.0] * 4 + [2.0] * 2
+    assert [b.cleared for b in at] == [True] * 4 + [False] * 2
+    # stored again and evicted later: the latest removal is an eviction
+    idx.apply("a", [stored(hashes[:1], None, TOKENS[:4])], now=5.0)
+    idx.apply("a", [BlockRemoved(hashes[:1], medium="GPU")], now=6.0)
+    first = r.blocks_at(KEYS, 7.0)[0]
+    assert (first.removed_at, first.cleared) == (6.0, False)
+    assert r.blocks_at(KEYS, 4.0)[0].cleared  # at 4, its removal was the clear
+    idx.clear("a")  # the stream lost: the clears are forgotten with the rest
+    assert not r.history.clears
+
+
+def test_clear_times_are_bounded() -> None:
+    h = BlockHistory(max_clears=2)
+    for t in (1.0, 2.0, 3.0):
+        h.cleared({}, t)
+    assert list(h.clears) == [2.0, 3.0] and not h.was_clear(1.0) and h.was_clear(3.0)
+    with pytest.raises(ValueError):
+        BlockHistory(max_clears=0)
+
+
 def test_losing_the_stream_forgets_the_history() -> None:
     idx = EventIndex()
     _, events = engine_events(TOKENS, seed=4)

@@ -70,6 +70,20 @@ def test_a_block_removed_while_the_request_waited_is_evicted() -> None:
     assert s.index_predicted == 48  # the index had them when the request was sent
 
 
+def test_blocks_lost_to_a_cache_clear_are_evicted_and_counted_as_cleared() -> None:
+    flushed = BlockAt(False, False, 5.0, True)  # removed by AllBlocksCleared at 5
+    s = events(100, 16, [HELD, flushed, flushed, GONE, NEVER, NEVER])
+    assert s.parts == {"hit": 16, "evicted": 48, "cold": 32, "partial_block": 4}
+    assert s.cleared == 32  # the two flushed blocks; the third was an eviction
+    # flushed on another replica too; and while the request waited for the engine
+    s = events(50, 0, [NEVER] * 3, {"b": [flushed] * 3})
+    assert s.parts == {"evicted": 48, "partial_block": 2} and s.cleared == 48
+    s = events(50, 16, [HELD, BlockAt(True, False, 11.0, True), HELD])
+    assert s.parts["evicted"] == 32 and s.cleared == 32
+    # nothing cleared: no sub-count
+    assert events(50, 0, [GONE] * 3).cleared == 0
+
+
 def test_the_engine_missing_what_the_index_held_is_unknown() -> None:
     s = events(50, 16, [HELD, HELD, HELD])
     assert s.parts == {"hit": 16, "unknown": 32, "partial_block": 2}
@@ -143,7 +157,8 @@ def test_model_split() -> None:
 
 
 blocks = st.lists(
-    st.builds(BlockAt, st.booleans(), st.booleans(), st.none() | st.floats(0, 20)), max_size=40
+    st.builds(BlockAt, st.booleans(), st.booleans(), st.none() | st.floats(0, 20), st.booleans()),
+    max_size=40,
 )
 
 
@@ -160,6 +175,7 @@ def test_events_parts_sum_to_the_prompt(L, cached, mine, others, previous, chang
     s = events(L, cached, mine, others, previous, changed)
     assert sum(s.parts.values()) == L
     assert all(v > 0 for v in s.parts.values()) and set(s.parts) <= set(CAUSES)
+    assert 0 <= s.cleared <= s.parts.get("evicted", 0)  # a sub-count of evicted
 
 
 @settings(max_examples=300, deadline=None)
@@ -187,7 +203,8 @@ def test_model_parts_sum_to_the_prompt(L, cached, here, best, previous, changed_
 
 
 _SHARED = [BlockAt(True, False, None), BlockAt(False, False, None), BlockAt(False, True, None),
-           BlockAt(False, False, 5.0), BlockAt(True, False, 15.0)]  # fmt: skip
+           BlockAt(False, False, 5.0), BlockAt(True, False, 15.0),
+           BlockAt(False, False, 5.0, True)]  # fmt: skip
 
 
 @given(
@@ -214,6 +231,6 @@ def test_runs_of_shared_states_split_as_block_by_block(
             others={"b": states(other)}, t=10.0, t_end=20.0, previous_tokens=previous,
             changed=changed,
         )  # fmt: skip
-        return out.parts, out.elsewhere_replica, out.host_hit, out.host_missed
+        return out.parts, out.elsewhere_replica, out.host_hit, out.host_missed, out.cleared
 
     assert split(False) == split(True)

@@ -1,6 +1,7 @@
 """Engine truth from a REAL SGLang 0.5.23: its KV events (maps, signed 64-bit block hashes,
 pages of 32 tokens, its own replay protocol) read by ``events/``, the index against its
-``cached_tokens``, the miss ledger, ``AllBlocksCleared`` on ``/flush_cache`` and
+``cached_tokens``, the miss ledger, ``AllBlocksCleared`` on ``/flush_cache`` (the index
+emptied; through the gateway, the loss booked ``cleared``, no capacity finding) and
 ``routing: precise`` over two SGLang replicas.
 
 Two servers with a KV cache of 48 pages of 32 tokens (``SGLANG_KV_TOKENS``), so that
@@ -22,6 +23,7 @@ import time
 import httpx
 
 from prefixgate.config import parse_config
+from prefixgate.doctor import diagnose
 from prefixgate.events import EngineEvents, content_keys
 from tests.real import harness, harness_sglang
 from tests.real.engine_gateway import (
@@ -31,8 +33,13 @@ from tests.real.engine_gateway import (
     gateway,
     precise_channel,
     say_ledgers,
+    send,
     send_turns,
     stored,
+    tokenize,
+    until_held,
+    until_listening,
+    until_written,
 )
 from tests.real.test_kv_events import session_prompt, turn
 
@@ -148,6 +155,45 @@ async def _replay_and_flush(server, events: dict) -> dict:
         finally:
             await hub.aclose()
     return out
+
+
+def test_a_flush_is_booked_cleared_not_capacity(sglang_events, say, tmp_path) -> None:
+    """A prompt through the gateway, SGLang's ``/flush_cache``, the same prompt again: the
+    repeat misses, and its ledger books the lost pages ``evicted`` with all of them
+    ``cleared`` (the engine's ``AllBlocksCleared``, not an eviction for room); the doctor
+    names the clear (``cache_cleared``), not the KV cache's size (``kv_capacity``)."""
+    server, events = sglang_events
+    messages = [
+        {"role": "system", "content": session_prompt(secrets.token_hex(4), 5)},
+        {"role": "user", "content": "Which file first?"},
+    ]
+    replicas = (server.base_url,)
+    with gateway(tmp_path, _channel(server, events), "flush") as gw:
+        index = until_listening(gw.app, replicas)
+        counters = index.replica(server.base_url).counters
+        with httpx.Client(timeout=120) as http:
+            keys = content_keys(tokenize(http, server, messages), PAGE)
+            sent = [send(http, gw.url, server, "flushed", messages)]
+            until_held(index, replicas, keys)
+            before = counters.clears
+            flushed = http.post(server.url + "/flush_cache")
+            assert flushed.status_code == 200, flushed.text
+            asyncio.run(_until(lambda: counters.clears > before))
+            sent.append(send(http, gw.url, server, "flushed", messages))
+            until_held(index, replicas, keys)
+        until_written(gw.app, len(sent))
+    records, ledgers = stored(gw.dsn, sent)
+    say_ledgers(say, records, ledgers)
+    first, repeat = ledgers
+    assert repeat.total() == records[repeat.request_id].prompt_tokens
+    lost = (repeat.prompt_tokens - 1) // PAGE * PAGE
+    assert repeat.hit == 0 and repeat.engine_cached == 0
+    assert repeat.evicted == repeat.cleared == lost > 0, repeat
+    assert first.cleared == 0
+    kinds = {f.kind: f for f in diagnose(gw.dsn).findings}
+    say(f"doctor: {sorted(kinds)}")
+    assert "kv_capacity" not in kinds
+    assert kinds["cache_cleared"].facts["cleared_tokens"] == lost
 
 
 async def _until(condition, limit: float = 60.0) -> None:

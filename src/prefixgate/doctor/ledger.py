@@ -4,7 +4,9 @@ findings, one per kind of loss, each with its figure and the fix that fits it,
 - **capacity** (``kv_capacity``): tokens the engine had computed and evicted before they
   were asked for again, as the engine's KV events show (a shortfall of the hit alone is
   no evidence: a template the gateway does not know, a model's estimate): more KV memory,
-  a host tier, or fewer concurrent sessions;
+  a host tier, or fewer concurrent sessions; the tokens lost because the engine cleared its
+  whole cache (the ledger's ``cleared``: a ``/flush_cache``, a reset, a restart) are no
+  such evidence and have their own finding (``cache_cleared``);
 - **routing** (``routing_loss``): tokens cached on another replica of the channel when the
   request was sent: which routing policy would have kept them;
 - **host tier** (``l2_write_only``): blocks the engine's own events show in its host
@@ -29,9 +31,10 @@ from prefixgate.doctor.model import CRITICAL, INFO, WARNING, Finding, Table
 from prefixgate.doctor.report import pct, tokens
 from prefixgate.ledger import CAUSES
 from prefixgate.store import Store
-from prefixgate.store.schema import LEDGER_VERSION
+from prefixgate.store.schema import CLEARED_VERSION, LEDGER_VERSION
 
 CAPACITY_SHARE = 0.05  # evicted tokens worth a finding, as a share of prompt tokens
+CLEARED_SHARE = 0.05  # tokens lost to cache clears worth a finding
 ROUTING_SHARE = 0.02
 CRITICAL_SHARE = 0.20
 
@@ -63,12 +66,14 @@ def findings(
     if store.schema_version() < LEDGER_VERSION:
         return [], False
     where, params = _window(since, until)
+    cleared = "l.tokens_cleared" if store.schema_version() >= CLEARED_VERSION else "0"
     rows = store.query(
         "SELECT r.channel, COUNT(*), SUM(l.prompt_tokens), "
         f"{_SUMS}, SUM(l.host_hit), SUM(l.host_missed), "
         f"{_AGREE.format(p='index')}, {_AGREE.format(p='model')},"
         " SUM(CASE WHEN l.source = 'events' THEN 1 ELSE 0 END),"
-        " SUM(CASE WHEN l.source = 'events' THEN l.tokens_evicted ELSE 0 END)"
+        " SUM(CASE WHEN l.source = 'events' THEN l.tokens_evicted ELSE 0 END),"
+        f" SUM({cleared})"
         " FROM ledgers l JOIN requests r ON r.request_id = l.request_id"
         f" WHERE 1 = 1{where} GROUP BY r.channel ORDER BY r.channel",
         params,
@@ -91,12 +96,19 @@ def findings(
             "model_agree": int(row[15] or 0),
             "events_requests": int(row[16] or 0),
             # evictions the engine's own events show: the only evidence a capacity
-            # finding stands on (a cache model's shortfall alone is no eviction)
-            "evicted_seen": int(row[17] or 0),
+            # finding stands on (a cache model's shortfall alone is no eviction, nor is
+            # a cache clear: a flush, a restart)
+            "evicted_seen": int(row[17] or 0) - int(row[18] or 0),
+            "cleared": int(row[18] or 0),
         }
         channels.append(ch)
         policy = (policies or {}).get(ch["channel"])
-        for f in (_capacity(ch), _routing(store, ch, policy, where, params), _host_tier(ch)):
+        for f in (
+            _capacity(ch),
+            _cleared(ch),
+            _routing(store, ch, policy, where, params),
+            _host_tier(ch),
+        ):
             if f is not None:
                 out.append(f)
     out.extend(
@@ -114,10 +126,39 @@ def _share(ch: dict, cause: str) -> float:
 
 
 def _causes_table(ch: dict) -> Table:
+    rows = []
+    for c in CAUSES:
+        if ch[c]:
+            rows.append([c, tokens(ch[c]), pct(_share(ch, c))])
+        if c == "evicted" and ch.get("cleared"):  # its sub-count, beside it
+            rows.append(
+                ["evicted of which cleared", tokens(ch["cleared"]), pct(_share(ch, "cleared"))]
+            )
     return Table(
         f"prompt tokens of channel {ch['channel']} by where they went",
         ["cause", "tokens", "share"],
-        [[c, tokens(ch[c]), pct(_share(ch, c))] for c in CAUSES if ch[c]],
+        rows,
+    )
+
+
+def _recomputed(ch: dict, figure: str, fact: str, kind: str, severity: str, because: str, *,
+                summary: str, fix: list[str]) -> Finding:  # fmt: skip
+    """A finding on the prompt tokens of ``ch[figure]``, recomputed ``because``."""
+    share, name = _share(ch, figure), ch["channel"]
+    return Finding(
+        kind=kind,
+        severity=severity,
+        title=(
+            f"channel {name}: {tokens(ch[figure])} prompt tokens ({pct(share)}) recomputed "
+            f"because the engine had {because}"
+        ),
+        summary=[
+            f"{ch['requests']:,} requests, {tokens(ch['prompt_tokens'])} prompt tokens: the "
+            f"serving replica had computed {tokens(ch[figure])} of them before and {summary}"
+        ],
+        fix=fix,
+        evidence=[_causes_table(ch)],
+        facts={"channel": name, fact: ch[figure], "share": round(share, 6)},
     )
 
 
@@ -125,20 +166,15 @@ def _capacity(ch: dict) -> Finding | None:
     share = _share(ch, "evicted_seen")
     if share < CAPACITY_SHARE:
         return None
-    name = ch["channel"]
-    return Finding(
-        kind="kv_capacity",
-        severity=CRITICAL if share >= CRITICAL_SHARE else WARNING,
-        title=(
-            f"channel {name}: {tokens(ch['evicted_seen'])} prompt tokens ({pct(share)}) recomputed "
-            "because the engine had evicted them"
-        ),
-        summary=[
-            f"{ch['requests']:,} requests, {tokens(ch['prompt_tokens'])} prompt tokens: the "
-            f"serving replica had computed {tokens(ch['evicted_seen'])} of them before and "
-            "removed them before the request came, as its KV events show (its KV cache is too "
-            "small for the sessions it holds)",
-        ],
+    return _recomputed(
+        ch,
+        "evicted_seen",
+        "evicted_tokens",
+        "kv_capacity",
+        CRITICAL if share >= CRITICAL_SHARE else WARNING,
+        "evicted them",
+        summary="removed them before the request came, as its KV events show (its KV cache "
+        "is too small for the sessions it holds)",
         fix=[
             "add KV memory: a higher `--gpu-memory-utilization`, a shorter `--max-model-len`, "
             "a larger GPU or more replicas",
@@ -147,8 +183,31 @@ def _capacity(ch: dict) -> Finding | None:
             "or hold fewer concurrent sessions per replica (`max_concurrency` per key, more "
             "replicas)",
         ],
-        evidence=[_causes_table(ch)],
-        facts={"channel": name, "evicted_tokens": ch["evicted_seen"], "share": round(share, 6)},
+    )
+
+
+def _cleared(ch: dict) -> Finding | None:
+    share = _share(ch, "cleared")
+    if share < CLEARED_SHARE:
+        return None
+    return _recomputed(
+        ch,
+        "cleared",
+        "cleared_tokens",
+        "cache_cleared",
+        INFO if share < CRITICAL_SHARE else WARNING,
+        "cleared its cache",
+        summary="lost them when it cleared its whole prefix cache (its KV events' "
+        "AllBlocksCleared: a `/flush_cache` or `/reset_prefix_cache` call, an engine "
+        "restart), not by evicting them for room: no sign that its KV cache is too small",
+        fix=[
+            "find what clears the cache: a script or operator calling the engine's "
+            "`/flush_cache` (SGLang) or `/reset_prefix_cache` (vLLM), a weight or LoRA "
+            "update, restarts by a supervisor or an autoscaler; clear only when the model "
+            "changes",
+            "a restart loses the cache by design: restart replicas one at a time, out of "
+            "busy hours",
+        ],
     )
 
 

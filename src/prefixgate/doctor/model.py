@@ -28,7 +28,7 @@ class Finding:
     ``kind`` is a stable machine name (``prefix_broken``, ``per_session_prefix``,
     ``l2_write_only``, ``cache_report_off``, ``usage_includes_cache``,
     ``context_overflow``, ``unknown_model``, ``upstream_unreachable``, ``rate_limited``,
-    ``errors``, ``kv_capacity``, ``routing_loss``, ``template_hoisting``,
+    ``errors``, ``kv_capacity``, ``cache_cleared``, ``routing_loss``, ``template_hoisting``,
     ``template_reasoning``, ``calibration``, ``no_problem``);
     ``facts`` holds the figures behind the text (also machine-readable)."""
 

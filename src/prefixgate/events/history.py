@@ -10,6 +10,10 @@ it lacked had been there and was removed. So, per replica and medium, the index 
   stored, when removed): a block may come and go several times while a request waits for
   its ledger (what the caps push out is counted; a block removed longer ago than the
   oldest kept removal reads as never seen);
+- the times of the engine's last ``max_clears`` cache clears (``AllBlocksCleared``: a
+  flush, a reset, a restart): a removal at one of them was the clear, not an eviction
+  (:attr:`BlockAt.cleared`; a block the engine evicted in the very batch that cleared
+  reads as cleared too);
 - ``since``: from when on the history is continuous (the first batch applied after the
   subscriber started or lost track of the stream). A question about an earlier time has
   no answer (the ledger's ``unknown``).
@@ -21,7 +25,7 @@ routed against, without a snapshot taken on the request path.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,17 +33,21 @@ __all__ = ["BlockHistory", "BlockAt"]
 
 ContentKey = bytes
 RESIDENCIES = 4  # past residencies kept per removed block
+CLEARS = 64  # cache clears whose times are kept
 
 
 class BlockAt(tuple):
     """One block at one time: ``gpu`` (resident in the GPU medium), ``host`` (resident in
     another medium: a host tier), ``removed_at`` (its latest removal known, before or after
-    the time asked; ``None``: none kept)."""
+    the time asked; ``None``: none kept), ``cleared`` (that removal was the engine clearing
+    its cache, not an eviction)."""
 
     __slots__ = ()
 
-    def __new__(cls, gpu: bool, host: bool, removed_at: float | None) -> BlockAt:
-        return tuple.__new__(cls, (gpu, host, removed_at))
+    def __new__(
+        cls, gpu: bool, host: bool, removed_at: float | None, cleared: bool = False
+    ) -> BlockAt:
+        return tuple.__new__(cls, (gpu, host, removed_at, cleared))
 
     @property
     def gpu(self) -> bool:
@@ -54,6 +62,10 @@ class BlockAt(tuple):
         return self[2]
 
     @property
+    def cleared(self) -> bool:
+        return self[3]
+
+    @property
     def held(self) -> bool:
         return self[0] or self[1]
 
@@ -61,10 +73,11 @@ class BlockAt(tuple):
 class BlockHistory:
     """Store and removal times of one replica's blocks, per medium; bounded."""
 
-    def __init__(self, max_removals: int = 100_000) -> None:
-        if max_removals < 1:
-            raise ValueError("max_removals must be >= 1")
+    def __init__(self, max_removals: int = 100_000, max_clears: int = CLEARS) -> None:
+        if max_removals < 1 or max_clears < 1:
+            raise ValueError("max_removals and max_clears must be >= 1")
         self.max_removals = max_removals
+        self.clears: deque[float] = deque(maxlen=max_clears)  # clear times, oldest first
         self.since: float | None = None
         self.forgotten = 0  # removals pushed out by the cap
         self._stored: dict[str, dict[ContentKey, float]] = {}
@@ -114,6 +127,8 @@ class BlockHistory:
 
     def cleared(self, resident: dict[str, Iterable[ContentKey]], now: float) -> None:
         """The engine cleared its cache: every resident block was removed at ``now``."""
+        if not self.clears or self.clears[-1] != now:
+            self.clears.append(now)
         for medium, keys in resident.items():
             for k in list(keys):
                 self.removed(medium, k, now)
@@ -125,6 +140,7 @@ class BlockHistory:
         self.since = None
         self._stored.clear()
         self._removed.clear()
+        self.clears.clear()
 
     # -- queries --------------------------------------------------------------------------
 
@@ -158,6 +174,10 @@ class BlockHistory:
             if removed_at <= t:
                 before = removed_at
         return False, past[-1][1] if before is None else before
+
+    def was_clear(self, removed_at: float | None) -> bool:
+        """Whether a removal at ``removed_at`` was a cache clear (one of the kept clears)."""
+        return removed_at is not None and removed_at in self.clears
 
     def stored_times(self, medium: str) -> dict[ContentKey, float]:
         """When each resident key of ``medium`` became resident (read only)."""

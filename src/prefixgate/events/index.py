@@ -169,7 +169,7 @@ class ReplicaIndex:
                     out.append(cold)
                     continue
                 held, gone = hist.at(GPU, k, t, k in resident)
-                out.append(BlockAt(held, False, gone))
+                out.append(BlockAt(held, False, gone, hist.was_clear(gone)))
             return out
         media = [(m, self._media.get(m, empty)) for m in names]
         out = []
@@ -185,7 +185,7 @@ class ReplicaIndex:
                         host = True
                 if gone is not None and (removed_at is None or gone > removed_at):
                     removed_at = gone
-            out.append(BlockAt(gpu, host, removed_at))
+            out.append(BlockAt(gpu, host, removed_at, hist.was_clear(removed_at)))
         return out
 
     # -- updates --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ Causes, in the order the ledger shows them (each a count of prompt tokens; they 
   changed): those blocks were never computed in this form;
 - ``evicted``: the serving replica had computed those blocks and removed them before this
   request was served (or, never held there, another replica had and removed them): a
-  capacity loss;
+  capacity loss, except its sub-count ``cleared``;
 - ``elsewhere``: cached on another replica when the request was sent: a routing loss;
 - ``partial_block``: vLLM's rule that the last, partial block never hits (at least one
   token is always computed: at most ``floor((L - 1) / B) * B`` tokens can hit);
@@ -17,6 +17,11 @@ Causes, in the order the ledger shows them (each a count of prompt tokens; they 
   prompt);
 - ``unknown``: no engine events cover that time (the replica's stream was down, stale or
   not yet read), or the index and the engine disagree about a block.
+
+Beside the causes, sub-counts of them: ``host_hit`` and ``host_missed`` (a host tier's part
+of ``hit`` and of what did not hit) and ``cleared``: the ``evicted`` tokens whose removal was
+the engine clearing its whole cache (its ``AllBlocksCleared`` event: a ``/flush_cache``, a
+reset, a restart), not an eviction for room: no evidence that the cache is too small.
 
 ``source`` says how the ledger was made: ``events`` (the engines' KV events, read as of the
 request's time) or ``model`` (the cache model replayed on the recorded segments, for a
@@ -57,6 +62,7 @@ class Ledger(msgspec.Struct, kw_only=True):
     model_predicted: int | None = None
     host_hit: int = 0  # hit tokens held only in a host tier (loaded back)
     host_missed: int = 0  # tokens not hit that a host tier held (never loaded back)
+    cleared: int = 0  # evicted tokens whose removal was a cache clear (flush, restart)
 
     def parts(self) -> dict[str, int]:
         return {c: getattr(self, c) for c in CAUSES}

@@ -18,6 +18,10 @@ The rules (``B`` the block size, ``L`` the prompt tokens, ``cap = floor((L-1)/B)
   replica before ``t``: ``evicted``; held by another replica at ``t``: ``elsewhere``;
   removed from another replica before ``t``: ``evicted``; within the previous prompt of
   the session, which changed: ``prefix_changed``; else ``cold``.
+
+An ``evicted`` block whose removal was the engine clearing its cache (``AllBlocksCleared``:
+a flush, a reset, a restart; :attr:`BlockAt.cleared`) is also counted in ``cleared``, a
+sub-count of ``evicted`` like ``host_hit`` of ``hit``: the sum rule is unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from prefixgate.events.history import BlockAt
 
 __all__ = ["Split", "split_events", "split_model"]
 
+_CLEARED = "cleared"  # internal: ``evicted`` by a cache clear (booked as both)
+
 
 @dataclass
 class Split:
@@ -39,9 +45,13 @@ class Split:
     elsewhere_replica: str | None = None
     host_hit: int = 0
     host_missed: int = 0
+    cleared: int = 0  # evicted tokens whose removal was a cache clear
 
     def add(self, cause: str, tokens: int) -> None:
         if tokens > 0:
+            if cause == _CLEARED:
+                self.cleared += tokens
+                cause = "evicted"
             self.parts[cause] = self.parts.get(cause, 0) + tokens
 
 
@@ -158,21 +168,26 @@ def _cause(
     b = mine[i]
     if b.held:
         if b.removed_at is not None and t < b.removed_at <= t_end:
-            return "evicted", None  # removed while the request waited for the engine
+            return _gone(b), None  # removed while the request waited for the engine
         return broke or "unknown", None
     if b.removed_at is not None and b.removed_at <= t:
-        return "evicted", None
-    gone_elsewhere = False
+        return _gone(b), None
+    gone_elsewhere: str | None = None
     for name, blocks in others.items():
         if i < len(blocks):
             o = blocks[i]
             if o.held:
                 return "elsewhere", name
             if o.removed_at is not None and o.removed_at <= t:
-                gone_elsewhere = True
+                gone_elsewhere = gone_elsewhere or _gone(o)
     if gone_elsewhere:
-        return "evicted", None
+        return gone_elsewhere, None
     return ("prefix_changed" if i < prev_blocks else "cold"), None
+
+
+def _gone(b: BlockAt) -> str:
+    """The cause of a block removed before it was asked for: by a clear or an eviction."""
+    return _CLEARED if b.cleared else "evicted"
 
 
 def split_model(

@@ -372,6 +372,7 @@ class LedgerWorker:
             model_predicted=model_predicted,
             host_hit=split.host_hit,
             host_missed=split.host_missed,
+            cleared=split.cleared,
         )
 
     def _block_size(self, ch: ChannelConfig) -> int:

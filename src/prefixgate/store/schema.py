@@ -223,8 +223,8 @@ def _migration_6(dialect: str) -> list[str]:
     return [f"ALTER TABLE requests ADD COLUMN route_source {TYPES[dialect]['text']}"]
 
 
-# The ``ledgers`` table: (column, logical type, Ledger field).
-LEDGER_COLUMNS: list[tuple[str, str, str]] = [
+# The ``ledgers`` table as migration 7 created it: (column, logical type, Ledger field).
+LEDGER_COLUMNS_7: list[tuple[str, str, str]] = [
     ("request_id", "text_notnull", "request_id"),
     ("request_at", "real_notnull", "received_at"),
     ("source", "text_notnull", "source"),
@@ -240,12 +240,15 @@ LEDGER_COLUMNS: list[tuple[str, str, str]] = [
     ("host_hit", "int", "host_hit"),
     ("host_missed", "int", "host_missed"),
 ]
+# Added by migration 12: evicted tokens whose removal was a cache clear.
+LEDGER_ADDED_COLUMNS: list[tuple[str, str, str]] = [("tokens_cleared", "int", "cleared")]
+LEDGER_COLUMNS = [*LEDGER_COLUMNS_7, *LEDGER_ADDED_COLUMNS]
 
 
 def _migration_7(dialect: str) -> list[str]:
     # The miss ledger of each request (ledger/), written after its record.
     t = TYPES[dialect]
-    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind, _ in LEDGER_COLUMNS)
+    cols = ",\n  ".join(f"{name} {t[kind]}" for name, kind, _ in LEDGER_COLUMNS_7)
     return [
         f"CREATE TABLE ledgers (\n  {cols}\n)",
         "CREATE UNIQUE INDEX ledgers_request_id ON ledgers (request_id)",
@@ -288,6 +291,14 @@ def _migration_11(dialect: str) -> list[str]:
     ]
 
 
+def _migration_12(dialect: str) -> list[str]:
+    # The ledger's ``cleared``: evicted tokens lost to a cache clear (LEDGER_ADDED_COLUMNS).
+    t = TYPES[dialect]
+    return [
+        f"ALTER TABLE ledgers ADD COLUMN {name} {t[kind]}" for name, kind, _ in LEDGER_ADDED_COLUMNS
+    ]
+
+
 # Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
 # first were; later ones add to them.
 MIGRATIONS = [
@@ -302,9 +313,11 @@ MIGRATIONS = [
     _migration_9,
     _migration_10,
     _migration_11,
+    _migration_12,
 ]
 LATEST_VERSION = len(MIGRATIONS)
 LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table
+CLEARED_VERSION = MIGRATIONS.index(_migration_12) + 1  # the first with ``tokens_cleared``
 
 SCHEMA_VERSION_DDL = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at {real})"
@@ -443,6 +456,6 @@ def row_ledger(row: Sequence[Any]) -> Ledger:
     for _, kind, name in LEDGER_COLUMNS:
         if kind == "int" and values[name] is not None:
             values[name] = int(values[name])
-    for name in ("host_hit", "host_missed", *LEDGER_CAUSES):
+    for name in ("host_hit", "host_missed", "cleared", *LEDGER_CAUSES):
         values[name] = values[name] or 0
     return Ledger(**values)

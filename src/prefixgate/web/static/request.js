@@ -143,6 +143,7 @@
       L.changed_segment ? `The prompt first changed at segment #${L.changed_index} ${L.changed_segment}.` : null,
       L.elsewhere_replica ? `Tokens lost to routing were cached on ${L.elsewhere_replica}.` : null,
       L.host_missed ? `${fmt.int(L.host_missed)} tokens were in the replica's host tier and were not loaded back.` : null,
+      L.cleared ? `${fmt.int(L.cleared)} of the evicted tokens were lost when the engine cleared its whole cache (a flush, a reset, a restart), not evicted for room.` : null,
     ].filter(Boolean);
     return h("section", { class: "card", id: "ledger" },
       h("div", { class: "card-head" }, h("h2", { text: "Where the prompt tokens went" }), h("span", { class: "sub", text: `source: ${L.source}` })),
