@@ -134,9 +134,8 @@ class StoredAttempts:
         self.clock = clock
         self.fallback = AdminAttempts(per_address, in_all, window)
         self.failures = LogThrottle(log, interval=60.0)
-        self._store: Store | None = (
-            None  # opened at the first check, kept (thread-safe, reconnects)
-        )
+        # opened at the first check, kept (thread-safe, reconnects)
+        self._store: Store | None = None
 
     def _run(self, fn):
         if self._store is None:
