@@ -26,10 +26,6 @@ def _not_a_breaker(rec) -> None:
     assert rec.change is None or rec.change.cls == "context_compacted", rec.change
 
 
-@pytest.mark.skip(
-    reason="open defect (issue 32): after the merge of the session's other branches the run "
-    "through the real vLLM fails; to be found and fixed before this test is back"
-)
 def test_claude_code_compacts_after_prompt_is_too_long_and_goes_on(
     claude_exe, vllm_agent_small, tmp_path
 ):
@@ -61,16 +57,7 @@ def test_claude_code_compacts_after_prompt_is_too_long_and_goes_on(
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "azure",
-        pytest.param(
-            "prefixgate",
-            marks=pytest.mark.skip(
-                reason="open defect (issue 32): the doctor books Codex's own summary turn as a "
-                "breaker ('system removed' at input[1]:developer) instead of a compacted context"
-            ),
-        ),
-    ],
+    ["azure", "prefixgate"],
 )
 def test_codex_compacts_through_the_gateway_and_goes_on(
     codex_exe, vllm_agent_small, tmp_path, name

@@ -9,12 +9,15 @@ import pytest
 
 from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, convert
-from prefixgate.identify import session_of_messages
+from prefixgate.convert.responses_request import convert as convert_responses
+from prefixgate.identify import session_of_messages, session_of_responses
 from prefixgate.lab.traffic import breakers as bk
 from prefixgate.protocol.messages_body import decode_messages_body
 from prefixgate.protocol.openai import decode_chat_body
+from prefixgate.protocol.responses import decode_responses_body
 from prefixgate.record.capture import Capturer
 from prefixgate.record.changes import ChangeTracker
+from prefixgate.record.compaction import summary_request
 from prefixgate.record.model import Record
 
 
@@ -246,3 +249,132 @@ def test_a_compaction_that_sends_nothing_again_is_still_said():
     first, again = (capture(cap, ch, _messages_request(m), {}) for m in (before, after))
     assert first.change is None
     assert again.change.cls == "context_compacted" and again.change.lost_tokens == 0
+
+
+# -- Codex's own compaction (Responses, converted to chat): what the pinned Codex sends ---
+_TOOL = {
+    "type": "function",
+    "name": "exec_command",
+    "description": "Runs a command. " * 40,
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+}
+_DEV = ("developer", "You are Codex, a coding agent. " * 60)
+_ENV = ("user", "<environment_context>cwd /work</environment_context>")
+_CHECKPOINT = ("user", "You are performing a CONTEXT CHECKPOINT COMPACTION. " * 8)
+
+
+def _codex_request(
+    items: list[tuple[str, str]], *, summary: bool = False, named: bool = True
+) -> bytes:
+    """A Codex request: its items, tools (none in its own summary request), and the turn
+    metadata it puts in ``client_metadata`` (``request_kind``; left out: not ``named``)."""
+    kind = "compaction" if summary else "turn"
+    body = {
+        "model": "m",
+        "input": [
+            {"type": "message", "role": r, "content": [{"type": "input_text", "text": t}]}
+            if r != "assistant"
+            else {"type": "message", "role": r, "content": [{"type": "output_text", "text": t}]}
+            for r, t in items
+        ],
+        "tools": [] if summary else [_TOOL],
+        "stream": True,
+        "prompt_cache_key": "s-codex",
+    }
+    if named:
+        meta = {"session_id": "s-codex", "request_kind": kind, "window_number": 0}
+        body["client_metadata"] = {"x-codex-turn-metadata": msgspec.json.encode(meta).decode()}
+    return msgspec.json.encode(body)
+
+
+def capture_responses(cap: Capturer, ch, raw: bytes) -> Record:
+    """One Responses request through the capture step (converted to chat)."""
+    limits = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]}).limits
+    body = decode_responses_body(raw, limits)
+    out = convert_responses(body.typed, ConvertOptions(upstream_model="m"))
+    rec = Record(request_id="r", received_at=0.0, endpoint="responses", client="codex_exec")
+    rec.session_id, _ = session_of_responses(body, {})
+    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out))
+    return rec
+
+
+def _codex_session(cap: Capturer, *, named: bool = True) -> list[Record]:
+    """Three turns with a compaction by Codex's own summary turn before each later one,
+    as the pinned Codex sends them through the gateway: the turn after the second one
+    re-sends the developer messages split around the first task."""
+    ch = channel("system_first")
+    n1, n2, n3 = (("user", f"notes {n} " * 300) for n in (1, 2, 3))
+    s1, s2 = (("user", f"Another model wrote this summary: {n}") for n in (1, 2))
+    skills = ("developer", "<skills_instructions>the skills</skills_instructions>")
+    turns = [
+        ([_DEV, skills, _ENV, n1], False),
+        ([_DEV, skills, _ENV, n1, ("assistant", "OK"), _CHECKPOINT], True),
+        ([_DEV, skills, _ENV, n1, s1, n2], False),
+        ([_DEV, skills, _ENV, n1, s1, n2, ("assistant", "OK 2"), _CHECKPOINT], True),
+        ([_DEV, n1, skills, _ENV, n2, s2, n3], False),
+    ]
+    return [
+        capture_responses(cap, ch, _codex_request(items, summary=summary, named=named))
+        for items, summary in turns
+    ]
+
+
+def test_codex_own_summary_turn_and_the_turns_after_it_are_a_compaction_not_a_breaker():
+    """Its summary request (named ``request_kind: compaction``) leaves the tools out: the
+    prefix breaks after the system prompt, a step of the compaction. The turn after the
+    second compaction holds no more of the model's turns than the turn before it, but fewer
+    than the summary request just before it, whose user messages it keeps: compacted."""
+    recs = _codex_session(Capturer())
+    summaries, after = (recs[1], recs[3]), recs[4]
+    for rec in summaries:
+        assert rec.change is not None and rec.change.cls == "context_compacted", rec.change
+        assert rec.change.shape.detail == "the client's summary request of a compaction"
+    assert recs[2].change is None or recs[2].change.cls == "context_compacted"
+    assert after.change is not None and after.change.lost_tokens > 0
+    assert after.change.cls == "context_compacted", after.change
+    assert after.change.shape.detail == "the history restarted from a summary"
+
+
+def test_a_summary_request_the_client_does_not_name_is_a_change_of_the_tools():
+    """Without Codex's turn metadata the request without tools is what it is: the tools
+    left out (named as the tools, not as the message that came next upstream)."""
+    recs = _codex_session(Capturer(), named=False)
+    change = recs[1].change
+    assert change is not None and change.cls == "content_edit"
+    assert (change.segment, change.kind) == ("tools", "tools")
+    assert change.shape.detail == "1 tools left out"
+    assert change.upstream == "exec_command"
+
+
+def test_a_side_thread_with_more_model_turns_does_not_hide_a_break_of_the_main_thread():
+    """The latest request of the session is another thread's (a sub-agent's, with more of
+    the model's turns): the main thread's next turn shares none of its messages, so a
+    change it makes is still a breaker."""
+    cap, ch = Capturer(), channel("system_first")
+    n1 = ("user", "main task " * 300)
+    sub = [("user", "sub-agent task " * 200), ("assistant", "a"), ("user", "b"), ("assistant", "c")]
+    main = [_DEV, n1, ("assistant", "done")]
+    edited = [("developer", _DEV[1] + " Now at 10:42."), n1, ("assistant", "done")]
+    recs = [
+        capture_responses(cap, ch, _codex_request(m))
+        for m in (main, [_DEV, *sub, ("user", "d")], [*edited, ("user", "next")])
+    ]
+    change = recs[2].change
+    assert change is not None and change.cls != "context_compacted", change
+
+
+@pytest.mark.parametrize(
+    ("meta", "named"),
+    [
+        ({"x-codex-turn-metadata": '{"request_kind":"compaction"}'}, True),
+        ({"x-codex-turn-metadata": '{"request_kind":"turn"}'}, False),
+        ({"x-codex-turn-metadata": '{"compaction":{"trigger":"auto"}}'}, False),
+        ({"x-codex-turn-metadata": "not json: compaction"}, False),
+        ({"x-codex-turn-metadata": '"compaction"'}, False),
+        ({"request_kind": "compaction"}, False),
+        ("compaction", False),
+        (None, False),
+    ],
+)
+def test_the_summary_request_is_named_only_by_codex_turn_metadata(meta, named):
+    assert summary_request(meta) is named

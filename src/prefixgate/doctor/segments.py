@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
-from prefixgate.record.compaction import compacted
+from prefixgate.record.compaction import COMPACTED, compacted
 from prefixgate.record.model import Segment
 from prefixgate.record.segments import first_changed, prefix_tokens
 from prefixgate.store import Store
@@ -70,6 +70,7 @@ class Captured:
     seg_in: list[Segment]
     seg_out: list[Segment]
     captured: bool
+    change_class: str | None = None  # the record's (record/changes.py)
 
     @property
     def claude(self) -> bool:
@@ -91,13 +92,14 @@ def load(
         params += p
     sql = (
         "SELECT request_id, session_id, received_at, client, session_kind, prompt_tokens,"
-        " COALESCE(cached_tokens, 0), segments_in, segments_out, segments_out_same, captured"
+        " COALESCE(cached_tokens, 0), segments_in, segments_out, segments_out_same, captured,"
+        " change_class"
         f" FROM requests WHERE {query.OK} AND segments_in IS NOT NULL{where}"
         f" ORDER BY received_at DESC, id DESC LIMIT {int(limit)}"
     )
     out = []
     for row in reversed(query.run(store, sql, params)):
-        rid, sid, at, client, kind, prompt, cached, s_in, s_out, same, captured = row
+        rid, sid, at, client, kind, prompt, cached, s_in, s_out, same, captured, cls = row
         seg_in = query.segments(s_in) or []
         seg_out = seg_in if same or s_out is None else (query.segments(s_out) or [])
         out.append(
@@ -112,6 +114,7 @@ def load(
                 seg_in,
                 seg_out,
                 bool(captured),
+                cls,
             )
         )
     return out
@@ -229,12 +232,21 @@ def classify(
     if fc is None:
         return None
     seg = cur.seg_out[fc.index]
+    if fc.index < len(prev.seg_out) and prev.seg_out[fc.index].kind in ("tools", "tool"):
+        seg = prev.seg_out[fc.index]  # the tools left out: what follows did not change
     if not same_session and seg.kind == "message":
         return None
     brk = PairBreak(
         fc.index, seg.name, seg.kind, _scaled_offset(cur, fc.offset), None, None, None, UNKNOWN
     )
     prev_in, cur_in = _by_name(prev.seg_in), _by_name(cur.seg_in)
+    if same_session and COMPACTED in (prev.change_class, cur.change_class):
+        # the capture saw a compaction step on either side (a summary request the client
+        # named, which the turn after does not extend, or the history rewritten against a
+        # request this pair does not hold): a compaction boundary here too
+        brk.cause = COMPACTION
+        brk.detail = f"the record: a compaction (prompt {prev.prompt_tokens} → {cur.prompt_tokens})"
+        return brk
     if seg.kind in ("tools", "tool"):
         a = [s.hash for s in prev.seg_out if s.kind == "tool"]
         b = [s.hash for s in cur.seg_out if s.kind == "tool"]

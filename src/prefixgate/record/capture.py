@@ -15,6 +15,7 @@ from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
+from prefixgate.record.compaction import summary_request
 from prefixgate.record.model import Record
 from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import (
@@ -178,6 +179,7 @@ class Capturer:
                 pieces_in=pieces_in,
                 pieces_out=None if passthrough else pieces_out,
                 lent=lent,
+                summary=summary_request(_client_metadata(body_in)),
             )
 
 
@@ -186,3 +188,10 @@ def _raw(body) -> bytes:
     if isinstance(body, MessagesBody):
         return bytes(body.raw)
     return msgspec.json.encode(body)
+
+
+def _client_metadata(body_in) -> object:
+    """A Responses request's ``client_metadata`` (None on the other protocols)."""
+    if isinstance(body_in, ResponsesBody):
+        return body_in.typed.client_metadata
+    return body_in.get("client_metadata") if isinstance(body_in, dict) else None

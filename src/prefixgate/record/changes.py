@@ -31,7 +31,7 @@ import msgspec
 
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
-from prefixgate.record.compaction import COMPACTED, compacted
+from prefixgate.record.compaction import COMPACTED, compacted, rewritten
 from prefixgate.record.model import Change, Record, Segment
 from prefixgate.record.segments import ChatCut, _strip, pieces_of
 
@@ -101,12 +101,15 @@ class ChangeTracker:
         pieces_in: list[tuple[Segment, bytes]] | None = None,
         pieces_out: list[tuple[Segment, bytes]] | None = None,
         lent: ChatCut | None = None,
+        summary: bool = False,
     ) -> None:
         """Compare ``rec`` (its segments already captured) with its session's previous
         requests; set ``rec.compared`` and ``rec.change``; keep it for the next.
         ``pieces_in`` / ``pieces_out``: the segments' bytes when the capture cut them
         already (else they are cut here from ``raw_in`` / ``raw_out``); ``lent``: the chat
-        request as cut, kept for the next turn's capture to borrow from."""
+        request as cut, kept for the next turn's capture to borrow from; ``summary``: the
+        client named the request a compaction's summary request
+        (:func:`~prefixgate.record.compaction.summary_request`)."""
         if rec.session_id is None or not rec.segments_in or not rec.segments_out:
             return
         into = pieces_in if pieces_in is not None else pieces_of(raw_in, rec.segments_in)
@@ -132,7 +135,7 @@ class ChangeTracker:
             _share(kept[-1].out, out)
             cur = _Cut(into, out, lent, shared=raw_out is None)
             rec.compared = "session"
-            rec.change = _best(kept, cur)
+            rec.change = _best(kept, cur, summary)
             self.bytes -= sum(c.size for c in kept)
             kept = [*kept, cur][-KEPT:]
         else:
@@ -180,12 +183,31 @@ def _share(prev: list[Piece], cur: list[Piece]) -> None:
             cur[j] = (sb, ba)
 
 
-def _best(kept: list[_Cut], cur: _Cut) -> Change | None:
+def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
     """The change against the kept request ``cur`` shares the most tokens with (its
-    predecessor in the same thread of the session)."""
+    predecessor in the same thread of the session); a compaction's when ``cur`` is its
+    summary request, or rewrites that predecessor's or the latest request's history."""
     found = [(_sharing(prev, cur), prev) for prev in kept]
     (shared, _, _), prev = max(found, key=lambda x: x[0][0])
-    return compare(prev, cur, "session")
+    latest = kept[-1]
+    if summary:
+        why: str | None = SUMMARY_REQUEST
+    elif compacted(_segs(prev.into), _segs(cur.into)) or (
+        latest is not prev
+        and rewritten(_segs(latest.into), _segs(latest.out), _segs(cur.into), _segs(cur.out))
+    ):
+        why = RESTARTED
+    else:
+        why = None
+    return compare(prev, cur, "session", compaction=why)
+
+
+RESTARTED = "the history restarted from a summary"
+SUMMARY_REQUEST = "the client's summary request of a compaction"
+
+
+def _segs(pieces: list[Piece]) -> list[Segment]:
+    return [s for s, _ in pieces]
 
 
 def _sharing(prev: _Cut, cur: _Cut) -> tuple[int, int | None, int]:
@@ -221,23 +243,30 @@ def _break(prev: _Cut, cur: _Cut, i: int) -> tuple[int, int, int]:
     return before + within // 4, lost, within
 
 
-def compare(prev: _Cut, cur: _Cut, scope: str, *, whole: _Cut | None = None) -> Change | None:
+def compare(
+    prev: _Cut,
+    cur: _Cut,
+    scope: str,
+    *,
+    whole: _Cut | None = None,
+    compaction: str | None = None,
+) -> Change | None:
     """Where ``cur`` stops extending ``prev`` upstream, and what changed (None when it
     extends it, or when nothing after the break had been sent before: no loss; but a
-    compacted context is always said, loss or not: the record shows the restart)."""
+    compaction, ``compaction`` saying which step, is always said, loss or not: the record
+    shows the restart)."""
     i = _first_difference(prev.out, cur.out)
     if i is None:
         return None
     at, lost, _ = _break(prev, cur, i)
-    sb = cur.out[i][0]
-    # a compaction restarts the context wherever the client rewrote it (Codex re-sends
-    # its instructions in another order, Claude Code's billing header changes with it)
-    restarted = compacted((s for s, _ in prev.into), (s for s, _ in cur.into))
-    if lost <= 0 and not restarted:
+    if lost <= 0 and compaction is None:
         return None
+    sb = _broken(prev.out, cur.out, i)
     segment, kind, shape, known = _culprit(prev.into, cur.into, sb)
-    if restarted:
-        shape = sh.Shape(cls=COMPACTED, detail="the history restarted from a summary")
+    if compaction is not None:
+        # a compaction restarts the context wherever the client rewrote it (Codex re-sends
+        # its instructions in another order, Claude Code's billing header changes with it)
+        shape = sh.Shape(cls=COMPACTED, detail=compaction)
     full = whole if whole is not None else cur
     return Change(
         scope=scope,
@@ -253,6 +282,13 @@ def compare(prev: _Cut, cur: _Cut, scope: str, *, whole: _Cut | None = None) -> 
     )
 
 
+def _broken(prev: list[Piece], cur: list[Piece], i: int) -> Segment:
+    """The upstream segment that broke at ``i``: a tool where either request has one
+    there (tools left out or added: the next segment of the other is not what changed)."""
+    sa, sb = prev[i][0], cur[i][0]
+    return sa if sb.kind != "tool" and sa.kind == "tool" else sb
+
+
 def _culprit(
     prev: list[Piece], cur: list[Piece], broke: Segment
 ) -> tuple[str, str, sh.Shape, str | None]:
@@ -265,6 +301,9 @@ def _culprit(
         ha, hb = [s.hash for s, _ in a], [s.hash for s, _ in b]
         if ha != hb and sorted(ha) == sorted(hb):
             return "tools", "tools", sh.reordered_list(len(hb), "tools"), None
+        if not a or not b:
+            what = f"{len(b)} tools added" if b else f"{len(a)} tools left out"
+            return "tools", "tools", sh.Shape(cls=sh.CONTENT, detail=what), None
     for (sa, ba), (sb, bb) in zip(a, b, strict=False):
         if sa.hash != sb.hash or sa.name != sb.name:
             return sb.name, kind, _text_shape(ba, bb, kind), _known(bb, kind)

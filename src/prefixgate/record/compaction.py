@@ -5,25 +5,44 @@ Code starts again from a summary in a user message, Codex keeps the user message
 a summary (in a user message, or in a Responses ``compaction`` item). The request after it
 has a new prefix from the point where the history was rewritten. That is not a breaker: no
 setting or transform would have kept the prefix, and the cache serves the new one from the
-next turn on. Told apart by structure alone (segment names, never text): the request holds
+next turn on. Told apart by structure alone (segment names and hashes, never text): the request holds
 a ``compaction`` item the previous one did not, or it holds fewer of the model's own turns
 (assistant messages, tool calls, reasoning) than the previous one did, which a growing
 conversation never does (a rewind to an earlier turn also does: a new history too).
+"The previous one" is the request the new one extends most (its thread's predecessor) and
+also the session's latest request when the new one keeps that one's conversation but not
+the model's turns (:func:`rewritten`): Codex's own compaction asks for the summary in a
+request that ends with the model's answer, then starts the turn after from the user
+messages and the summary, which holds no more of the model's turns than the turn before
+the compaction did.
+
+The summary request itself is named by the client where it says so
+(:func:`summary_request`: Codex's turn metadata, ``request_kind: compaction``). Codex's
+own leaves the tools out, so its prefix breaks after the system prompt: a step of the
+compaction, recorded with the same class, not a breaker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
+
+import msgspec
 
 from prefixgate.record.model import Segment
 from prefixgate.record.shape import COMPACTED
 
-__all__ = ["COMPACTED", "compacted"]
+__all__ = ["COMPACTED", "compacted", "rewritten", "summary_request"]
 _MODEL_TURNS = (":assistant", ":function_call", ":custom_tool_call", ":reasoning")
+CODEX_TURN_METADATA = "x-codex-turn-metadata"  # a JSON string in ``client_metadata``
+
+
+def _is_model_turn(s: Segment) -> bool:
+    return s.kind == "message" and s.name.endswith(_MODEL_TURNS)
 
 
 def _model_turns(segments: Iterable[Segment]) -> int:
-    return sum(1 for s in segments if s.kind == "message" and s.name.endswith(_MODEL_TURNS))
+    return sum(1 for s in segments if _is_model_turn(s))
 
 
 def _compaction_items(segments: Iterable[Segment]) -> set[str]:
@@ -36,3 +55,41 @@ def compacted(prev: Iterable[Segment], cur: Iterable[Segment]) -> bool:
     if _compaction_items(cur) - _compaction_items(prev):
         return True
     return _model_turns(cur) < _model_turns(prev)
+
+
+def rewritten(
+    latest_in: Iterable[Segment],
+    latest_out: Iterable[Segment],
+    cur_in: Iterable[Segment],
+    cur_out: Iterable[Segment],
+) -> bool:
+    """``cur`` holds fewer of the model's turns than the session's latest request and
+    still a message of its conversation from before the model's first turn there (by
+    the hashes sent upstream: a client may re-encode an item it keeps). A request of
+    another thread (a sub-agent's) shares none of those messages."""
+    latest_out = list(latest_out)
+    if _model_turns(cur_in) >= _model_turns(latest_in):
+        return False
+    before: set[str] = set()
+    for s in latest_out:
+        if _is_model_turn(s):
+            break
+        if s.kind == "message":
+            before.add(s.hash)
+    return any(s.kind == "message" and s.hash in before for s in cur_out)
+
+
+def summary_request(client_metadata: Any) -> bool:
+    """The client says the request asks for a compaction's summary: Codex's turn
+    metadata (``client_metadata["x-codex-turn-metadata"]``, a JSON string) with
+    ``request_kind: compaction`` (its own summary turn, or the provider's compaction)."""
+    if not isinstance(client_metadata, dict):
+        return False
+    meta = client_metadata.get(CODEX_TURN_METADATA)
+    if not isinstance(meta, str) or '"compaction"' not in meta:
+        return False
+    try:
+        doc = msgspec.json.decode(meta)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(doc, dict) and doc.get("request_kind") == "compaction"

@@ -48,7 +48,7 @@ CLASSES: dict[str, str] = {
     WHITESPACE: "whitespace",
     SERIALIZATION: "JSON serialization (key order or number format)",
     CONTENT: "a content edit",
-    COMPACTED: "a compacted context (a new history by design)",
+    COMPACTED: "a compacted context (a new history by design, or its summary request)",
 }
 
 
