@@ -4,9 +4,11 @@ asked and answered."""
 
 from __future__ import annotations
 
+import hashlib
+
 import anthropic
 import openai
-from anthropic.types import CacheMissSystemChanged
+from anthropic.types import CacheMissPreviousMessageNotFound, CacheMissSystemChanged
 
 from prefixgate.config import parse_config
 from prefixgate.diagnostics.verdict import EXTENSION
@@ -65,6 +67,56 @@ def test_a_turn_served_by_the_other_worker_is_found(upstream, tmp_path, store_ds
     assert rec.diagnosis.segment == "system"
     assert rec.diagnosis.params  # digests only
     assert all(len(v) == 16 for v in rec.diagnosis.params.values())
+
+
+def test_another_owners_id_is_not_found_on_either_worker(upstream, tmp_path, store_dsn):
+    """Bob names Alice's turns, each on a new connection: whichever worker serves him (the
+    one that holds her turn in its memory, or the other, which reads the store), he gets
+    what an unknown id gets; Alice's other key gets the comparison."""
+    keys = [
+        {"name": n, "key_sha256": hashlib.sha256(k.encode()).hexdigest(), "owner": o}
+        for n, k, o in (
+            ("alice", "key-alice", "team-a"),
+            ("alice2", "key-alice-2", "team-a"),
+            ("bob", "key-bob", "team-b"),
+        )
+    ]
+    config = {
+        "embedded_upstream": False,
+        "channels": [{"name": "main", "base_url": upstream.url}],
+        "store": {"dsn": store_dsn, "journal_path": str(tmp_path / "journal")},
+        "keys": keys,
+    }
+
+    def ask(url: str, key: str, system: str, previous: str | None):
+        with anthropic.Anthropic(base_url=url, api_key=key, max_retries=0) as client:
+            return client.messages.create(
+                model="m",
+                max_tokens=16,
+                system=system,
+                messages=MESSAGES,
+                diagnostics={"previous_message_id": previous},
+            )
+
+    with Served(tmp_path, config, "--workers", "2") as gw:
+        answers = []
+        for i in range(16):
+            first = ask(gw.url, "key-alice", SYSTEM, None)
+            theirs = ask(gw.url, "key-bob", f"Conversation {i}. " + SYSTEM, first.id)
+            mine = ask(gw.url, "key-alice-2", f"Conversation {i}. " + SYSTEM, first.id)
+            answers.append((theirs, mine))
+    assert gw.returncode == 0, gw.output
+    where = []
+    for theirs, mine in answers:
+        reason = theirs.diagnostics.cache_miss_reason
+        assert isinstance(reason, CacheMissPreviousMessageNotFound)
+        assert getattr(theirs, EXTENSION)["found_in"] is None
+        assert isinstance(mine.diagnostics.cache_miss_reason, CacheMissSystemChanged)
+        where.append(getattr(mine, EXTENSION)["found_in"])
+    # the owner's other key was answered from either worker's memory or the store (16
+    # coin flips all alike: 2**-15); the other owner's requests, on new connections too,
+    # met both alike (the same odds), and neither leaked the turn
+    assert set(where) == {"memory", "store"}, where
 
 
 def test_a_restarted_gateway_finds_the_earlier_turn_in_the_store(upstream, tmp_path):
