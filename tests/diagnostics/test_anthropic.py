@@ -5,8 +5,6 @@ request sent upstream untouched by the field."""
 
 from __future__ import annotations
 
-import hashlib
-
 import anthropic
 import pytest
 from anthropic.types import (
@@ -20,6 +18,7 @@ from anthropic.types import (
 )
 
 from prefixgate.diagnostics.verdict import EXTENSION
+from tests.diagnostics import keys
 
 SYSTEM = [{"type": "text", "text": "You are a careful coding agent. " * 40}]
 TOOLS = [
@@ -153,15 +152,7 @@ def test_an_unknown_id_is_not_found(gateway, stream):
 
 
 def test_another_owners_id_is_not_found_and_says_nothing_of_it(gateway, stream):
-    keys = [
-        {"name": name, "key_sha256": hashlib.sha256(key.encode()).hexdigest(), "owner": owner}
-        for name, key, owner in (
-            ("alice", "key-alice", "team-a"),
-            ("alice2", "key-alice-2", "team-a"),
-            ("bob", "key-bob", "team-b"),
-        )
-    ]
-    gw = gateway(keys=keys)
+    gw = gateway(keys=keys())
     first = _ask(_client(gw, "key-alice"), None, stream=stream)
     # the same owner's other key may name it ...
     mine = _ask(_client(gw, "key-alice-2"), first.id, stream=stream, model="other")

@@ -4,8 +4,6 @@ asked and answered."""
 
 from __future__ import annotations
 
-import hashlib
-
 import anthropic
 import openai
 from anthropic.types import CacheMissPreviousMessageNotFound, CacheMissSystemChanged
@@ -15,6 +13,7 @@ from prefixgate.diagnostics.verdict import EXTENSION
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
+from tests.diagnostics import keys
 from tests.serve.served import Served
 
 SYSTEM = "You are a careful coding agent. " * 40
@@ -73,19 +72,11 @@ def test_another_owners_id_is_not_found_on_either_worker(upstream, tmp_path, sto
     """Bob names Alice's turns, each on a new connection: whichever worker serves him (the
     one that holds her turn in its memory, or the other, which reads the store), he gets
     what an unknown id gets; Alice's other key gets the comparison."""
-    keys = [
-        {"name": n, "key_sha256": hashlib.sha256(k.encode()).hexdigest(), "owner": o}
-        for n, k, o in (
-            ("alice", "key-alice", "team-a"),
-            ("alice2", "key-alice-2", "team-a"),
-            ("bob", "key-bob", "team-b"),
-        )
-    ]
     config = {
         "embedded_upstream": False,
         "channels": [{"name": "main", "base_url": upstream.url}],
         "store": {"dsn": store_dsn, "journal_path": str(tmp_path / "journal")},
-        "keys": keys,
+        "keys": keys(),
     }
 
     def ask(url: str, key: str, system: str, previous: str | None):
