@@ -39,6 +39,9 @@ BILLING_PREFIX = "x-anthropic-billing-header:"
 DEFAULT_BUDGET = 64 * 1024 * 1024
 MAX_SESSIONS = 20_000
 KEPT = 2  # requests kept per session
+# the details of a compaction's change (record/compaction.py): which step it is
+RESTARTED = "the history restarted from a summary"
+SUMMARY_REQUEST = "the client's summary request of a compaction"
 
 Piece = tuple[Segment, bytes | None]
 _decode = msgspec.json.Decoder().decode
@@ -200,10 +203,6 @@ def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
     else:
         why = None
     return compare(prev, cur, "session", compaction=why)
-
-
-RESTARTED = "the history restarted from a summary"
-SUMMARY_REQUEST = "the client's summary request of a compaction"
 
 
 def _segs(pieces: list[Piece]) -> list[Segment]:
