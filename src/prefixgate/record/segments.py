@@ -407,6 +407,22 @@ def cut_from_bytes(
     return _cut(api, bytes(shape.tools), shape.messages, shape.system, tools_first, previous)
 
 
+def cut_from_pieces(
+    pieces: tuple[bytes, bytes, list[bytes]],
+    api: str,
+    *,
+    tools_first: bool | None = None,
+    previous: list[Piece] | None = None,
+) -> tuple[list[Segment], list[Piece]] | None:
+    """:func:`cut_from_bytes` of a request whose parts the decode cut already
+    (``MessagesBody.pieces``: the tools list's, the system's and each message's JSON
+    bytes): the same result, without a pass over the body."""
+    if tools_first is None:
+        tools_first = api == "openai"
+    tools, system, messages = pieces
+    return _cut(api, tools, messages, system, tools_first, previous)
+
+
 def pieces_of(raw: bytes, segs: list[Segment]) -> list[tuple[Segment, bytes]] | None:
     """The JSON bytes of each segment of ``segs`` (the segments of the request ``raw``,
     either API; the whole ``tools`` list left out), as they are in ``raw``; ``None`` when
@@ -596,7 +612,9 @@ def _cut(
     for i, m in enumerate(messages_raw or ()):
         index = f"messages[{i}]"
         before = prev_messages.get(index)
-        if before is not None and len(before[1]) == len(m) and _equal(m, before[1]):
+        if before is not None and (
+            m is before[1] or (len(before[1]) == len(m) and _equal(m, before[1]))
+        ):
             msgs.append(before)
             continue
         data = bytes(m)
