@@ -79,8 +79,10 @@ def inner(turn: int, stage: str) -> None:
 
     for k in range(turn):
         raw, body, typed, out, data = prep(k)
-        cap(Record(request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid),
-            body, out, ch, None, raw, data)  # fmt: skip
+        before_rec = Record(
+            request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid
+        )
+        cap(before_rec, body, out, ch, None, raw, data)
     raw, body, typed, out, data = prep(turn)
 
     def capture() -> Record:
@@ -99,7 +101,7 @@ def inner(turn: int, stage: str) -> None:
         "convert": lambda: convert(typed, opts),
         "encode": lambda: msgspec.json.encode(out),
         "capture": capture,
-        "model_blocks": lambda: model_blocks(rec.segments_out),
+        "model_blocks": lambda: model_blocks(rec.segments_out),  # replaced below if lent
     }
     try:
         from prefixgate.convert.request import SessionTurns
@@ -114,6 +116,14 @@ def inner(turn: int, stage: str) -> None:
             turns.convert(("c", sid), before, opts, 1)
 
         stages["convert_lent"] = convert_lent
+    try:  # the ledger's memory of the blocks segments named (its turn 59 seen)
+        from prefixgate.ledger.cachemodel import BlockMemo
+    except ImportError:
+        pass
+    else:
+        memo = BlockMemo()
+        model_blocks(before_rec.segments_out, memo=memo)
+        stages["model_blocks"] = lambda: model_blocks(rec.segments_out, memo=memo)
     if lends:
         dturns, before_raw = SessionTurns(1 << 30), session[turn - 1][0]
         decode_messages_body(before_raw, limits, dturns, lambda _: sid)
