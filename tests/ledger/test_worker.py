@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from prefixgate.config import parse_config
-from prefixgate.events import content_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefixgate.config import parse_config
+from prefixgate.events import content_keys
 from prefixgate.ledger.cachemodel import BlockMemo, ReplicaModels, model_blocks
 from prefixgate.ledger.worker import LedgerWorker
 from prefixgate.record import Record
