@@ -252,23 +252,22 @@ class Decoded:
     kept never holds a whole body alive) and the structs decoded from them (views of those
     bytes). ``messages``: per message (its bytes, its struct, its blocks)."""
 
-    __slots__ = ("limits", "tools", "system", "messages", "size")
+    __slots__ = ("limits", "tools", "system", "messages", "parts", "size")
 
     ENTRY = 256  # bytes an entry costs beyond its parts' bytes
-    PART = 128  # bytes a message's structs cost beyond its bytes, about
+    PART = 128  # bytes a message's or a block's structs cost beyond its bytes, about
 
-    def __init__(self, limits: tuple, tools: tuple, system: tuple, messages: list) -> None:
-        self.limits, self.tools, self.system, self.messages = limits, tools, system, messages
-        self.size = (
-            self.ENTRY
-            + len(tools[0])
-            + len(system[0])
-            + sum([len(m[0]) + self.PART * (1 + m[2]) for m in messages])
-        )
+    def __init__(
+        self, limits: tuple, tools: tuple, system: tuple, messages: list, parts: list, size: int
+    ) -> None:
+        """``messages``: per message (its bytes, its struct, its blocks, its bytes as
+        ``Raw``); ``parts``: each message's bytes; ``size``: what it all costs."""
+        self.limits, self.tools, self.system = limits, tools, system
+        self.messages, self.parts, self.size = messages, parts, size
 
     def pieces(self) -> tuple[bytes, bytes, list[bytes]]:
         """The tools list's, the system's and each message's JSON bytes (the capture's cut)."""
-        return self.tools[0], self.system[0], [m[0] for m in self.messages]
+        return self.tools[0], self.system[0], self.parts
 
 
 class Lender:
@@ -336,24 +335,33 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
         system = (data, _SYSTEM.decode(data))
     before = prev.messages if prev is not None else ()
     n = len(before)
-    messages: list[tuple[bytes, Message, int]] = []
+    messages: list[tuple[bytes, Message, int, Raw]] = []
+    parts: list[bytes] = []
+    structs: list[Message] = []
     blocks = 0
     for i, m in enumerate(top.messages):
-        if i < n and _same(m, (was := before[i])[0]):
-            messages.append(was)
-            blocks += was[2]
-            continue
+        if i < n:
+            was = before[i]
+            if len(m) == len(was[0]) and m == was[3]:  # one memcmp
+                messages.append(was)
+                parts.append(was[0])
+                structs.append(was[1])
+                blocks += was[2]
+                continue
         data = bytes(m)
         struct = _MESSAGE.decode(data)
         count = _message_blocks(struct, room)
-        messages.append((data, struct, count))
+        messages.append((data, struct, count, Raw(data)))
+        parts.append(data)
+        structs.append(struct)
         blocks += count
     fields = {f: getattr(top, f) for f in _FIELDS}
-    fields["tools"], fields["system"] = tools[1], system[1]
-    fields["messages"] = [m[1] for m in messages]
+    fields["tools"], fields["system"], fields["messages"] = tools[1], system[1], structs
     typed = kind(**fields)
     _walk_top(typed, limits, blocks)
-    decoded = Decoded(lkey, tools, system, messages)
+    # the parts are disjoint pieces of the body: their bytes are at most its size
+    size = Decoded.ENTRY + len(raw) + Decoded.PART * (len(messages) + blocks)
+    decoded = Decoded(lkey, tools, system, messages, parts, size)
     lend.keep_decoded(key, decoded)
     body = MessagesBody(typed, raw)
     body.pieces = decoded.pieces()
