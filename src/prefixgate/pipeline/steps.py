@@ -82,7 +82,9 @@ async def decode_messages(x: Exchange) -> None:
         session = session_of_messages(small, headers)[0]
         return None if session is None else (who, session)
 
-    lend = turns if turns.budget > 0 else None
+    # a session there can be (its header, or a metadata field): else the decode alone
+    maybe = "x-claude-code-session-id" in headers or b'"metadata"' in x.raw
+    lend = turns if turns.budget > 0 and maybe else None
     _decoded(
         x, decode_messages_body(x.raw, x.live.config.limits, lend, key_of), session_of_messages
     )
