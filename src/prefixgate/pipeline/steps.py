@@ -83,7 +83,7 @@ async def decode_messages(x: Exchange) -> None:
         return None if session is None else (who, session)
 
     # a session there can be (its header, or a metadata field): else the decode alone
-    maybe = "x-claude-code-session-id" in headers or b'"metadata"' in x.raw
+    maybe = bool(headers.get("x-claude-code-session-id")) or b'"metadata"' in x.raw
     lend = turns if turns.budget > 0 and maybe else None
     _decoded(
         x, decode_messages_body(x.raw, x.live.config.limits, lend, key_of), session_of_messages
