@@ -12,6 +12,7 @@ stage's count is subtracted. ``--src`` runs another tree's sources (a checkout's
 does not have are skipped.
 
 Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
+``decode_lent`` (the same lent by the session's previous turn, as in the gateway),
 ``convert`` (to Chat, alone), ``convert_lent`` (the same lent by the session's previous
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
@@ -61,17 +62,27 @@ def inner(turn: int, stage: str) -> None:
     except ImportError:
         converted = lambda typed, size: convert(typed, opts)  # noqa: E731
 
+    import inspect
+
+    lends = "lend" in inspect.signature(decode_messages_body).parameters
+    if lends:  # the decode lent by the session's previous request, as in the gateway
+        decoded = lambda raw: decode_messages_body(raw, limits, gateway_turns, lambda _: sid)  # noqa: E731
+    else:
+        decoded = lambda raw: decode_messages_body(raw, limits)  # noqa: E731
+
     def prep(k: int):
         raw = session[k][0]
-        body = decode_messages_body(raw, limits)
+        body = decoded(raw)
         typed = hygiene.apply_typed(body.typed, ch)
         out = converted(typed, len(raw))
         return raw, body, typed, out, msgspec.json.encode(out)
 
     for k in range(turn):
         raw, body, typed, out, data = prep(k)
-        cap(Record(request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid),
-            body, out, ch, None, raw, data)  # fmt: skip
+        before_rec = Record(
+            request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid
+        )
+        cap(before_rec, body, out, ch, None, raw, data)
     raw, body, typed, out, data = prep(turn)
 
     def capture() -> Record:
@@ -90,7 +101,7 @@ def inner(turn: int, stage: str) -> None:
         "convert": lambda: convert(typed, opts),
         "encode": lambda: msgspec.json.encode(out),
         "capture": capture,
-        "model_blocks": lambda: model_blocks(rec.segments_out),
+        "model_blocks": lambda: model_blocks(rec.segments_out),  # replaced below if lent
     }
     try:
         from prefixgate.convert.request import SessionTurns
@@ -105,6 +116,23 @@ def inner(turn: int, stage: str) -> None:
             turns.convert(("c", sid), before, opts, 1)
 
         stages["convert_lent"] = convert_lent
+    try:  # the ledger's memory of the blocks segments named (its turn 59 seen)
+        from prefixgate.ledger.cachemodel import BlockMemo
+    except ImportError:
+        pass
+    else:
+        memo = BlockMemo()
+        model_blocks(before_rec.segments_out, memo=memo)
+        stages["model_blocks"] = lambda: model_blocks(rec.segments_out, memo=memo)
+    if lends:
+        dturns, before_raw = SessionTurns(1 << 30), session[turn - 1][0]
+        decode_messages_body(before_raw, limits, dturns, lambda _: sid)
+
+        def decode_lent() -> None:  # lent by turn - 1, then by the same again
+            decode_messages_body(raw, limits, dturns, lambda _: sid)
+            decode_messages_body(before_raw, limits, dturns, lambda _: sid)
+
+        stages["decode_lent"] = decode_lent
     if stage not in stages:
         print("missing", flush=True)
         return
@@ -150,7 +178,7 @@ def main() -> None:
     ap.add_argument("--turn", type=int, default=60)
     ap.add_argument(
         "--stages",
-        default="floor,decode,convert,convert_lent,encode,capture,model_blocks",
+        default="floor,decode,decode_lent,convert,convert_lent,encode,capture,model_blocks",
     )
     ap.add_argument("--src", type=Path, help="another tree's src directory")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -165,7 +193,7 @@ def main() -> None:
         if got is None:
             print(f"{stage:<14}{'(not in this tree)':>20}")
             continue
-        per = (got - empty) / (2 if stage == "convert_lent" else 1)
+        per = (got - empty) / (2 if stage.endswith("_lent") else 1)
         print(f"{stage:<14}{per / 1e6:>10.2f}", flush=True)
 
 

@@ -134,7 +134,11 @@ def rich_request(draw):
 @st.composite
 def mutated_request(draw):
     """A request with one value somewhere replaced (or removed): mostly invalid."""
-    body = draw(rich_request())
+    return _mutate(draw, draw(rich_request()))
+
+
+def _mutate(draw, body: dict) -> dict:
+    """``body`` with one value somewhere replaced or removed (in place)."""
     paths: list[tuple] = []
 
     def walk(node, path):
@@ -425,3 +429,87 @@ def test_the_billing_header_is_told_from_raw_json_as_from_the_text(lead, header,
     assert is_billing_header(value) == want
     raw = msgspec.Raw(json.dumps(value, ensure_ascii=ascii_only).encode())
     assert _raw_is_header(raw) == want
+
+
+# -- the decode lent by the session's previous request ------------------------------------
+def _lent_verdict(raw: bytes, limits: Limits, turns) -> tuple[str, MessagesBody | None]:
+    try:
+        body = decode_messages_body(raw, limits, turns, lambda _small: "s")
+    except GatewayError as err:
+        return err.message, None
+    return "ok", body
+
+
+@st.composite
+def request_pair(draw):
+    """A request and the session's next one: the same with messages added, and maybe
+    one value anywhere replaced or removed (an edited history, new tools, a moved
+    marker), so that most parts are equal and some are not."""
+    first = draw(rich_request())
+    added = draw(st.lists(_message, max_size=3))
+    second = copy.deepcopy({**first, "messages": first["messages"] + added})
+    if draw(st.booleans()):
+        second = _mutate(draw, second)
+    return first, second
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request_pair(), st.sampled_from([Limits(), TIGHT]))
+def test_a_lent_decode_is_the_decode_alone(pair, limits):
+    from prefixgate.convert.request import SessionTurns
+    from prefixgate.record.segments import cut_from_bytes, cut_from_pieces
+
+    turns = SessionTurns(1 << 24)
+    first, second = (json.dumps(b).encode() for b in pair)
+    kept = _lent_verdict(first, limits, turns)[1]
+    verdict, body = _lent_verdict(second, limits, turns)
+    assert verdict == _typed_verdict(second, limits)
+    if body is None:
+        return
+    alone = decode_messages_body(second, limits)
+    assert type(body.typed) is type(alone.typed)
+    assert body.typed == alone.typed and dict(body) == dict(alone)
+    segs, pieces = cut_from_pieces(body.pieces, "anthropic")
+    assert (segs, pieces) == cut_from_bytes(second, "anthropic")
+    assert plain_of(body, OPTS[0]) == plain_of(alone, OPTS[0])
+    if kept is not None:  # what was equal was lent: the very structs
+        a, b = pair[0]["messages"], pair[1]["messages"]
+        for i in range(min(len(a), len(b))):
+            if json.dumps(a[i]) == json.dumps(b[i]):
+                assert body.typed.messages[i] is kept.typed.messages[i]
+
+
+def plain_of(body: MessagesBody, opts: ConvertOptions) -> dict:
+    return anthropic_to_openai(body, opts)
+
+
+def test_the_lent_decode_holds_no_body_alive_and_keeps_within_its_budget():
+    import gc
+    import sys
+
+    from prefixgate.convert.request import SessionTurns
+
+    turns = SessionTurns(1 << 20)
+    bodies = [
+        {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": f"q{i}"}] * n}
+        for i, n in enumerate((2, 3, 4))
+    ]
+    raws = [json.dumps(b).encode() for b in bodies]
+    alone = sys.getrefcount(raws[0])
+    for i in range(3):
+        decode_messages_body(raws[i], Limits(), turns, lambda _small: "s")
+    gc.collect()
+    got = [sys.getrefcount(raws[i]) for i in range(3)]  # (not in an assert: pytest's rewriting)
+    assert got == [alone] * 3  # each part kept is a copy of its own
+    assert 0 < turns.bytes <= turns.budget
+    small = SessionTurns(600)
+    for s in range(4):
+        decode_messages_body(raws[0], Limits(), small, lambda _small, s=s: s)
+        assert small.bytes <= small.budget
+    none = SessionTurns(0)
+    decode_messages_body(raws[0], Limits(), none, lambda _small: "s")
+    assert none.bytes == 0 and none.decoded("s") is None
+    # no session: nothing kept, the decode as alone
+    plain = SessionTurns(1 << 20)
+    body = decode_messages_body(raws[2], Limits(), plain, lambda _small: None)
+    assert plain.bytes == 0 and body.pieces is None

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from prefixgate.config import parse_config
 from prefixgate.events import content_keys
-from prefixgate.ledger.cachemodel import ReplicaModels, model_blocks
+from prefixgate.ledger.cachemodel import BlockMemo, ReplicaModels, model_blocks
 from prefixgate.ledger.worker import LedgerWorker
 from prefixgate.record import Record
 from prefixgate.record.model import Segment
@@ -63,6 +66,27 @@ def test_the_models_blocks_are_named_by_their_prefix() -> None:
     assert again.here == 1024  # 512 estimated tokens, scaled
     elsewhere = m.see("r2", b, 1300)
     assert (elsewhere.here, elsewhere.best, elsewhere.best_replica) == (0, 1024, "r1")
+
+
+_segment = st.builds(
+    lambda name, tokens, kind: seg(name, tokens, kind),
+    st.sampled_from(["a", "b", "c", "d", "e"]),
+    st.integers(0, 700),
+    st.sampled_from(["message", "message", "tool", "tools", "system"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(_segment, max_size=12), min_size=1, max_size=6), st.integers(1, 40))
+def test_blocks_named_through_the_memo_are_the_blocks_named_afresh(prompts, limit) -> None:
+    # a session's turns: each prompt its predecessor's with segments edited or added
+    memo, turns = BlockMemo(limit), []
+    for p in prompts:
+        turns.append([*(turns[-1][: len(p) // 2] if turns else []), *p])
+    biggest = max([limit] + [2 + s.tokens // 256 for t in turns for s in t])  # one entry
+    for segments in turns + turns[::-1]:
+        assert model_blocks(segments, 256, memo) == model_blocks(segments, 256)
+        assert memo._names <= biggest
 
 
 def test_the_keys_routing_computed_are_not_computed_again() -> None:

@@ -39,16 +39,20 @@ def capture(cap: Capturer, ch, raw: bytes, headers: dict) -> Record:
         out = convert(body.typed, ConvertOptions(upstream_model="m"))
     else:
         out = {**body.whole(), "model": "m"}
-    rec = Record(
+    rec = _record()
+    rec.session_id, _ = session_of_messages(body, {k.lower(): v for k, v in headers.items()})
+    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out))
+    return rec
+
+
+def _record() -> Record:
+    return Record(
         request_id="r",
         received_at=0.0,
         endpoint="messages",
         client="claude-cli",
         client_version="2.1.332",
     )
-    rec.session_id, _ = session_of_messages(body, {k.lower(): v for k, v in headers.items()})
-    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out))
-    return rec
 
 
 def run(case: str, order="tools_first", kind="openai", sessions=2, turns=4) -> list[Record]:
@@ -378,3 +382,55 @@ def test_a_side_thread_with_more_model_turns_does_not_hide_a_break_of_the_main_t
 )
 def test_the_summary_request_is_named_only_by_codex_turn_metadata(meta, named):
     assert summary_request(meta) is named
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+@pytest.mark.parametrize("case", bk.CASES)
+def test_what_the_previous_turn_lends_changes_nothing_the_capture_finds(case, kind):
+    # The gateway decodes and converts a turn lent by the session's previous one
+    # (SessionTurns) and the capture takes the decode's parts: every record must be what
+    # the turn decoded, converted and captured alone gives.
+    from prefixgate.convert.request import SessionTurns
+
+    limits = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]}).limits
+    ch, alone, lent, turns = channel(kind=kind), Capturer(), Capturer(), SessionTurns(1 << 26)
+    for session in bk.sessions(case, bk.spec_for(sessions=2, turns=5)):
+        for req in session:
+            raw, headers = req.content(), {k.lower(): v for k, v in req.headers.items()}
+            a = capture(alone, ch, raw, req.headers)
+            sid = session_of_messages(decode_messages_body(raw, limits), headers)[0]
+            body = decode_messages_body(raw, limits, turns, lambda _small, sid=sid: sid)
+            assert body.pieces is not None  # lent (a session's first request: nothing)
+            if ch.kind == "openai":
+                out = turns.convert(("c", sid), body.typed, ConvertOptions("m"), len(raw))
+            else:
+                out = {**body.whole(), "model": "m"}
+            b = _record()
+            b.session_id = sid
+            lent(b, body, out, ch, None, raw, msgspec.json.encode(out))
+            assert (b.segments_in, b.segments_out) == (a.segments_in, a.segments_out)
+            assert (b.compared, b.change) == (a.compared, a.change)
+
+
+def test_the_pieces_kept_as_sent_are_those_computed_afresh():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from prefixgate.record.changes import _first_difference, _sent
+    from prefixgate.record.model import Segment
+
+    segs = [Segment(k, f"{k}{i}", h, 4, 1) for i in range(3) for k in ("message", "system", "tool")
+            for h in ("a" * 32, "b" * 32)]  # fmt: skip
+    piece = st.tuples(st.sampled_from(segs), st.sampled_from([b"x", b"yy", None]))
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.lists(piece, max_size=6), st.lists(piece, max_size=6), st.booleans())
+    def check(before, now, by_bytes):
+        prev = _sent(before, by_bytes, ())
+        fresh = [(s, d if by_bytes and s.kind != "message" else None) for s, d in now]
+        got = _sent(now, by_bytes, prev)
+        assert got == fresh
+        plain = [(s, d if by_bytes and s.kind != "message" else None) for s, d in before]
+        assert _first_difference(prev, got) == _first_difference(plain, fresh)
+
+    check()

@@ -26,8 +26,10 @@ import msgspec
 from msgspec import Raw
 
 from prefixgate.protocol.messages_body import (
+    Decoded,
     DocumentBlock,
     ImageBlock,
+    Lender,
     MessagesBody,
     Request,
     SystemBlock,
@@ -88,26 +90,31 @@ class _Turn:
     """One session's latest converted request: its typed messages and what each became,
     its typed tools and what they became."""
 
-    __slots__ = ("messages", "converted", "tools", "chat_tools", "opts", "size")
+    __slots__ = ("messages", "converted", "tools", "chat_tools", "opts", "size", "tick")
 
     def __init__(self, req: Request, opts: ConvertOptions) -> None:
         self.messages: list = req.messages
         self.converted: list[list[dict]] = []
         self.tools = req.tools
         self.chat_tools: list[dict] = []
-        self.opts, self.size = opts, 0
+        self.opts, self.size, self.tick = opts, 0, 0
 
 
-class SessionTurns:
+class SessionTurns(Lender):
     """Per session and channel, the latest request's messages and their conversion, so
     that the next turn converts only what is new: an agent re-sends its whole
     conversation every turn. A message equal to the one at the same place last turn (the
     typed structs compared, raw texts by memcmp) takes its conversion as it was; any other
     is converted afresh, so an edited history converts exactly as without this memory.
-    Bounded by ``budget`` bytes, each session's entry costing twice its request's size:
-    its typed messages are views of the request's bytes, and what a message became holds
-    its texts' own copy (a view would keep alive the body of the turn that first sent it,
-    and so every earlier body of the session); least recently used out first."""
+    Each session's entry costs twice its request's size: its typed messages are views of
+    the request's bytes, and what a message became holds its texts' own copy (a view
+    would keep alive the body of the turn that first sent it, and so every earlier body
+    of the session).
+
+    Per session, the latest request as decoded too (:class:`~prefixgate.protocol.
+    messages_body.Decoded`: its parts' own bytes and structs), which lends the next
+    turn's decode what is equal. Both within ``budget`` bytes together, least recently
+    used out first."""
 
     ENTRY = 256  # bytes an entry costs beyond its request
 
@@ -115,6 +122,8 @@ class SessionTurns:
         self.budget = budget
         self.bytes = 0
         self._d: OrderedDict[tuple, _Turn] = OrderedDict()
+        self._decoded: OrderedDict[object, tuple[int, Decoded]] = OrderedDict()
+        self._tick = 0  # when an entry was kept: the older of the two tables' first goes
 
     def convert(self, key: tuple, req: Request, opts: ConvertOptions, size: int) -> dict:
         """:func:`convert`, lent what the same session's previous request converted."""
@@ -127,12 +136,42 @@ class SessionTurns:
         out = convert(req, opts, prev, turn)
         turn.size = size = 2 * size + self.ENTRY
         if size <= self.budget:
+            self._tick += 1
+            turn.tick = self._tick
             self._d[key] = turn
             self.bytes += size
-            while self.bytes > self.budget:
-                _, old = self._d.popitem(last=False)
-                self.bytes -= old.size
+            self._evict()
         return out
+
+    def decoded(self, key: object) -> Decoded | None:
+        """The session's latest request as decoded (taken out: ``keep_decoded`` puts the
+        next one back)."""
+        got = self._decoded.pop(key, None)
+        if got is None:
+            return None
+        self.bytes -= got[1].size
+        return got[1]
+
+    def keep_decoded(self, key: object, decoded: Decoded) -> None:
+        if decoded.size > self.budget:
+            return
+        self._tick += 1
+        self._decoded[key] = (self._tick, decoded)
+        self.bytes += decoded.size
+        self._evict()
+
+    def _evict(self) -> None:
+        d, dec = self._d, self._decoded
+        while self.bytes > self.budget and (d or dec):
+            turn = next(iter(d.values())) if d else None
+            first = next(iter(dec.values())) if dec else None
+            if turn is not None and (first is None or turn.tick < first[0]):
+                d.popitem(last=False)
+                self.bytes -= turn.size
+            else:
+                assert first is not None
+                dec.popitem(last=False)
+                self.bytes -= first[1].size
 
     def __len__(self) -> int:
         return len(self._d)
@@ -155,7 +194,7 @@ def convert(
     before = previous.messages if previous is not None else ()
     n = len(before)
     for i, m in enumerate(req.messages):
-        if i < n and before[i] == m:
+        if i < n and (before[i] is m or before[i] == m):
             part = previous.converted[i]
         else:
             part = _convert_message(m, opts)
@@ -166,7 +205,11 @@ def convert(
             turn.converted.append(part)
 
     out: dict = {"model": opts.upstream_model, "messages": messages}
-    if previous is not None and req.tools and previous.tools == req.tools:
+    if (
+        previous is not None
+        and req.tools
+        and (previous.tools is req.tools or previous.tools == req.tools)
+    ):
         tools = previous.chat_tools  # the very list: the capture lends its segments too
     else:
         tools = [_convert_tool(t) for t in req.tools or () if _is_function_tool(t)]

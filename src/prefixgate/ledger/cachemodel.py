@@ -29,7 +29,7 @@ from hashlib import blake2b
 from prefixgate.cache import PrefixCache
 from prefixgate.record.model import Segment
 
-__all__ = ["ModelView", "ReplicaModels", "model_blocks"]
+__all__ = ["BlockMemo", "ModelView", "ReplicaModels", "model_blocks"]
 
 CAPACITY_TOKENS = 1_000_000  # per replica: the recent past the model remembers
 MODEL_BLOCK = 256  # estimated tokens per block of the model
@@ -43,22 +43,58 @@ class ModelView:
     scale: float  # real tokens per estimated token
 
 
-def model_blocks(segments: Sequence[Segment], block: int = MODEL_BLOCK) -> tuple[list, int]:
+def model_blocks(
+    segments: Sequence[Segment], block: int = MODEL_BLOCK, memo: BlockMemo | None = None
+) -> tuple[list, int]:
     """The names of the prompt's full blocks and its length, in estimated tokens
-    (``tool`` segments are parts of ``tools``)."""
+    (``tool`` segments are parts of ``tools``). ``memo``: what segments named before (an
+    agent re-sends its conversation: a segment after the same chained key, with the same
+    hash, at the same offset in a block, names the same blocks), looked up, not hashed."""
     names: list[Hashable] = []
     key = b""
     start = 0  # estimated tokens before the current segment
     for s in segments:
-        if s.kind == "tool" or s.tokens <= 0:
+        tokens = s.tokens
+        if s.kind == "tool" or tokens <= 0:
             continue
-        key = blake2b(key + s.hash.encode(), digest_size=16).digest()
-        end = start + s.tokens
-        first = -(-(start + 1) // block) * block  # the first block end inside this segment
-        for at in range(first, end + 1, block):
-            names.append((key, at - start))
-        start = end
+        if memo is not None:
+            mkey = (key, s.hash, start % block, tokens)
+            got = memo.get(mkey)
+        else:
+            got = None
+        if got is None:
+            key = blake2b(key + s.hash.encode(), digest_size=16).digest()
+            end = start + tokens
+            first = -(-(start + 1) // block) * block  # the first block end inside it
+            mine = tuple([(key, at - start) for at in range(first, end + 1, block)])
+            if memo is not None:
+                memo.put(mkey, (key, mine))
+        else:
+            key, mine = got
+        names.extend(mine)
+        start += tokens
     return names, start
+
+
+class BlockMemo:
+    """A segment's chained key and the block names it holds, by its predecessor's key,
+    its hash, where it starts in a block and its length; up to ``limit`` names kept
+    (then forgotten all at once: the next turn names them again)."""
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self._d: dict[tuple, tuple[bytes, tuple]] = {}
+        self._names = 0
+        self.limit = limit
+
+    def get(self, key: tuple) -> tuple[bytes, tuple] | None:
+        return self._d.get(key)
+
+    def put(self, key: tuple, value: tuple[bytes, tuple]) -> None:
+        self._names += 1 + len(value[1])
+        if self._names > self.limit:
+            self._d.clear()
+            self._names = 1 + len(value[1])
+        self._d[key] = value
 
 
 class ReplicaModels:
@@ -70,6 +106,7 @@ class ReplicaModels:
         self.block_size = block_size
         self.capacity_tokens = capacity_tokens
         self._caches: dict[str, PrefixCache] = {}
+        self._memo = BlockMemo()
 
     def _cache(self, replica: str) -> PrefixCache:
         c = self._caches.get(replica)
@@ -79,7 +116,7 @@ class ReplicaModels:
 
     def see(self, replica: str, segments: Sequence[Segment], prompt_tokens: int) -> ModelView:
         """The model's view of a request to ``replica``, then its prompt stored there."""
-        names, n = model_blocks(segments, self.block_size)
+        names, n = model_blocks(segments, self.block_size, self._memo)
         if n == 0:
             return ModelView(0, 0, None, 1.0)
         scale = prompt_tokens / n if prompt_tokens else 1.0

@@ -76,7 +76,18 @@ def _decoded(x: Exchange, body, session_of) -> None:
 async def decode_messages(x: Exchange) -> None:
     """An Anthropic Messages request, decoded into typed structs and checked as it is;
     its ``diagnostics`` (why did my cache miss) read apart, never sent upstream."""
-    _decoded(x, decode_messages_body(x.raw, x.live.config.limits), session_of_messages)
+    turns, headers, who = x.gateway.turns, x.request.headers, getattr(x.principal, "name", None)
+
+    def key_of(small: dict) -> tuple | None:  # the session's previous request lends
+        session = session_of_messages(small, headers)[0]
+        return None if session is None else (who, session)
+
+    # a session there can be (its header, or a metadata field): else the decode alone
+    maybe = bool(headers.get("x-claude-code-session-id")) or b'"metadata"' in x.raw
+    lend = turns if turns.budget > 0 and maybe else None
+    _decoded(
+        x, decode_messages_body(x.raw, x.live.config.limits, lend, key_of), session_of_messages
+    )
     typed = x.body.typed
     if typed.diagnostics is not None:
         x.ask = anthropic_ask(typed.diagnostics)

@@ -174,12 +174,15 @@ class MessagesBody(dict):
     gateway reads: ``model``, ``stream``, ``metadata`` ...), with the whole request typed
     in ``typed`` and its bytes in ``raw``."""
 
-    __slots__ = ("typed", "raw")
+    __slots__ = ("typed", "raw", "pieces")
 
     def __init__(self, typed: Request, raw: bytes) -> None:
         super().__init__((k, v) for k in _PLAIN_FIELDS if (v := getattr(typed, k)) is not None)
         self.typed = typed
         self.raw = raw
+        # the tools list's, the system's and each message's JSON bytes, when the decode
+        # cut them (a session's previous request lent them): the capture's cut takes them
+        self.pieces: tuple[bytes, bytes, list[bytes]] | None = None
 
     def whole(self) -> dict:
         """Every top-level field as it came (what an Anthropic upstream receives): the
@@ -202,35 +205,167 @@ def _decoder(limits: Limits) -> msgspec.json.Decoder:
     key = (limits.max_messages, limits.max_tools)
     dec = _DECODERS.get(key)
     if dec is None:
-        limited = msgspec.defstruct(
-            "LimitedRequest",
-            [
-                ("messages", Annotated[list[Message], Meta(max_length=limits.max_messages)]),
-                (
-                    "tools",
-                    Annotated[list[Tool], Meta(max_length=limits.max_tools)] | None,
-                    None,
-                ),
-            ],
-            bases=(Request,),
+        tools = Annotated[list[Tool], Meta(max_length=limits.max_tools)] | None
+        dec = _DECODERS[key] = msgspec.json.Decoder(
+            _limited("LimitedRequest", limits, Message, [("tools", tools, None)])
         )
-        dec = _DECODERS[key] = msgspec.json.Decoder(limited)
     return dec
+
+
+def _limited(name: str, limits: Limits, message: type, more: list) -> type:
+    """The request with its messages (of type ``message``) within the limits."""
+    messages = Annotated[list[message], Meta(max_length=limits.max_messages)]  # type: ignore[valid-type]
+    return msgspec.defstruct(name, [("messages", messages), *more], bases=(Request,))
 
 
 class _Plain(Exception):
     """The typed path cannot vouch for this request: take the plain one."""
 
 
-def decode_messages_body(raw: bytes, limits: Limits) -> MessagesBody:
-    """Decode and check a Messages request (``InvalidRequest`` names what is wrong)."""
+def decode_messages_body(
+    raw: bytes, limits: Limits, lend: Lender | None = None, key_of=None
+) -> MessagesBody:
+    """Decode and check a Messages request (``InvalidRequest`` names what is wrong).
+
+    ``lend``: the memory of each session's previous request (:class:`Decoded`), and
+    ``key_of``: the session's key from the request's small fields (``None``: no session).
+    A message, the tools or the system blocks whose bytes equal those at the same place
+    in the session's previous request take the structs decoded from them then (one
+    memcmp); only what is new is decoded, so an agent's turn decodes its tail. The result
+    is the one the decode gives alone (the same structs, the same checks)."""
     check_body_bytes(raw, limits)
     try:
+        if lend is not None and key_of is not None:
+            body = _lent_path(raw, limits, lend, key_of)
+            if body is not None:
+                return body
         typed = _decoder(limits).decode(raw)
         _walk(typed, limits)
     except (msgspec.DecodeError, RecursionError, _Plain):
         return _plain_path(raw, limits)
     return MessagesBody(typed, raw)
+
+
+# -- a session's previous request lends what is equal -------------------------------------
+class Decoded:
+    """One request's heavy parts as decoded: each part's own bytes (a copy, so that what is
+    kept never holds a whole body alive) and the structs decoded from them (views of those
+    bytes). ``messages``: per message (its bytes, its struct, its blocks)."""
+
+    __slots__ = ("limits", "tools", "system", "messages", "parts", "size")
+
+    ENTRY = 256  # bytes an entry costs beyond its parts' bytes
+    PART = 128  # bytes a message's or a block's structs cost beyond its bytes, about
+
+    def __init__(
+        self, limits: tuple, tools: tuple, system: tuple, messages: list, parts: list, size: int
+    ) -> None:
+        """``messages``: per message (its bytes, its struct, its blocks, its bytes as
+        ``Raw``); ``parts``: each message's bytes; ``size``: what it all costs."""
+        self.limits, self.tools, self.system = limits, tools, system
+        self.messages, self.parts, self.size = messages, parts, size
+
+    def pieces(self) -> tuple[bytes, bytes, list[bytes]]:
+        """The tools list's, the system's and each message's JSON bytes (the capture's cut)."""
+        return self.tools[0], self.system[0], self.parts
+
+
+class Lender:
+    """Where :func:`decode_messages_body` finds a session's previous request
+    (:class:`Decoded`) and keeps the latest (``convert.SessionTurns``, within its budget)."""
+
+    def decoded(self, key: object) -> Decoded | None:
+        raise NotImplementedError
+
+    def keep_decoded(self, key: object, decoded: Decoded) -> None:
+        raise NotImplementedError
+
+
+_TOPS: dict[tuple, tuple[msgspec.json.Decoder, msgspec.json.Decoder, type]] = {}
+_NULL = b"null"
+_SYSTEM = msgspec.json.Decoder(str | list[SystemBlock] | None)
+_MESSAGE = msgspec.json.Decoder(Message)
+_FIELDS = Request.__struct_fields__
+
+
+def _tops(limits: Limits) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder, type]:
+    """The request's top level with its heavy parts raw, the tools list's decoder, and the
+    type the whole decode gives (its limits)."""
+    key = (limits.max_messages, limits.max_tools)
+    got = _TOPS.get(key)
+    if got is None:
+        heavy = [("system", Raw, Raw(_NULL)), ("tools", Raw, Raw(_NULL))]
+        top = _limited("RequestTop", limits, Raw, heavy)
+        tools: msgspec.json.Decoder = msgspec.json.Decoder(
+            Annotated[list[Tool], Meta(max_length=limits.max_tools)] | None
+        )
+        kind: type = _decoder(limits).type  # type: ignore[assignment]
+        got = _TOPS[key] = (msgspec.json.Decoder(top), tools, kind)
+    return got
+
+
+def _same(raw: Raw, data: bytes) -> bool:
+    """``raw``'s bytes are ``data`` (a length check, then one memcmp)."""
+    return len(raw) == len(data) and raw == Raw(data)
+
+
+def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody | None:
+    """The typed decode with what the session's previous request lends (``None``: no
+    session; the caller decodes alone). Raises as the decode does."""
+    top_dec, tools_dec, kind = _tops(limits)
+    top = top_dec.decode(raw)
+    small = {k: v for k in _PLAIN_FIELDS if (v := getattr(top, k)) is not None}
+    key = key_of(small)
+    if key is None:
+        return None
+    room = limits.max_json_depth
+    lkey = (room, limits.max_messages, limits.max_tools)
+    prev = lend.decoded(key)
+    if prev is not None and prev.limits != lkey:
+        prev = None
+    if prev is not None and _same(top.tools, prev.tools[0]):
+        tools = prev.tools
+    else:
+        data = bytes(top.tools)
+        tools = (data, tools_dec.decode(data))
+    if prev is not None and _same(top.system, prev.system[0]):
+        system = prev.system
+    else:
+        data = bytes(top.system)
+        system = (data, _SYSTEM.decode(data))
+    before = prev.messages if prev is not None else ()
+    n = len(before)
+    messages: list[tuple[bytes, Message, int, Raw]] = []
+    parts: list[bytes] = []
+    structs: list[Message] = []
+    blocks = 0
+    for i, m in enumerate(top.messages):
+        if i < n:
+            was = before[i]
+            if len(m) == len(was[0]) and m == was[3]:  # one memcmp
+                messages.append(was)
+                parts.append(was[0])
+                structs.append(was[1])
+                blocks += was[2]
+                continue
+        data = bytes(m)
+        struct = _MESSAGE.decode(data)
+        count = _message_blocks(struct, room)
+        messages.append((data, struct, count, Raw(data)))
+        parts.append(data)
+        structs.append(struct)
+        blocks += count
+    fields = {f: getattr(top, f) for f in _FIELDS}
+    fields["tools"], fields["system"], fields["messages"] = tools[1], system[1], structs
+    typed = kind(**fields)
+    _walk_top(typed, limits, blocks)
+    # the parts are disjoint pieces of the body: their bytes are at most its size
+    size = Decoded.ENTRY + len(raw) + Decoded.PART * (len(messages) + blocks)
+    decoded = Decoded(lkey, tools, system, messages, parts, size)
+    lend.keep_decoded(key, decoded)
+    body = MessagesBody(typed, raw)
+    body.pieces = decoded.pieces()
+    return body
 
 
 def _plain_path(raw: bytes, limits: Limits) -> MessagesBody:
@@ -266,16 +401,28 @@ def _typed(raw: bytes) -> Request:
 def _walk(typed: Request, limits: Limits | None) -> None:
     """What the structs cannot say: raw texts are strings, counts and depths are within
     the limits, and tool results' contents are typed. ``_Plain`` if anything is off."""
-    if limits is not None and (not typed.model or not 1 <= typed.max_tokens <= MAX_TOKENS):
-        raise _Plain
     room = limits.max_json_depth if limits is not None else None
     blocks = 0
     for m in typed.messages:
-        content = m.content
-        if type(content) is list:
-            blocks += len(content)
-            for b in content:
-                _check_block(b, room, 5)
+        blocks += _message_blocks(m, room)
+    _walk_top(typed, limits, blocks)
+
+
+def _message_blocks(m: Message, room: int | None) -> int:
+    """One message's blocks checked (``_Plain`` if one is off), and how many it has."""
+    content = m.content
+    if type(content) is list:
+        for b in content:
+            _check_block(b, room, 5)
+        return len(content)
+    return 0
+
+
+def _walk_top(typed: Request, limits: Limits | None, blocks: int) -> None:
+    """:func:`_walk` but for the messages, whose blocks (``blocks`` of them) are checked."""
+    if limits is not None and (not typed.model or not 1 <= typed.max_tokens <= MAX_TOKENS):
+        raise _Plain
+    room = limits.max_json_depth if limits is not None else None
     system = typed.system
     if type(system) is list:
         blocks += len(system)

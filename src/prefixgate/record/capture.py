@@ -20,6 +20,7 @@ from prefixgate.record.model import Record
 from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import (
     cut_from_bytes,
+    cut_from_pieces,
     cut_of_chat,
     segments_anthropic,
     segments_openai,
@@ -108,7 +109,12 @@ class Capturer:
             else:
                 # one cut gives the segments and their bytes (for the change memory); the
                 # session's previous request lends what it sent the same way
-                cut = cut_from_bytes(raw_in, api_in, previous=None if prev is None else prev.into)
+                before = None if prev is None else prev.into
+                lent_pieces = getattr(body_in, "pieces", None)
+                if lent_pieces is not None and api_in == "anthropic":  # the decode cut it
+                    cut = cut_from_pieces(lent_pieces, api_in, previous=before)
+                else:
+                    cut = cut_from_bytes(raw_in, api_in, previous=before)
                 if cut is not None:
                     segs, pieces_in = cut
         if segs is None:

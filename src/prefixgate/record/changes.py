@@ -54,7 +54,7 @@ class _Cut:
     channel, messages by hash); ``lent``: the chat request the gateway built, as cut
     (:class:`~prefixgate.record.segments.ChatCut`), for the next turn's capture."""
 
-    __slots__ = ("into", "out", "lent", "shared", "size")
+    __slots__ = ("into", "out", "lent", "shared", "size", "_tokens")
 
     def __init__(
         self,
@@ -70,6 +70,13 @@ class _Cut:
         if not shared:
             size += sum([len(d) for _, d in out if d is not None])
         self.size = size + 64 * (len(into) + len(out)) + (lent.size if lent else 0)
+        self._tokens: int | None = None
+
+    def tokens(self) -> int:
+        """≈ tokens of the request as sent."""
+        if self._tokens is None:
+            self._tokens = sum([s.tokens for s, _ in self.out])
+        return self._tokens
 
     def opening(self) -> _Cut:
         """Only what comes before the conversation: tools and system."""
@@ -130,12 +137,8 @@ class ChangeTracker:
         kept = self._sessions.pop(key, None)
         if kept:
             _share(kept[-1].into, into)  # before ``out`` may take the same bytes
-        out: list[Piece] = [
-            (s, d if by_bytes and s.kind != "message" else None)
-            for s, d in (into if raw_out is None else out_full)
-        ]
+        out = _sent(into if raw_out is None else out_full, by_bytes, kept[-1].out if kept else ())
         if kept:
-            _share(kept[-1].out, out)
             cur = _Cut(into, out, lent, shared=raw_out is None)
             rec.compared = "session"
             rec.change = _best(kept, cur, summary)
@@ -176,6 +179,26 @@ class ChangeTracker:
         return len(self._sessions)
 
 
+def _sent(pieces: list, by_bytes: bool, prev: list[Piece] | tuple) -> list[Piece]:
+    """What is kept of the pieces as sent: bytes only where compared by bytes (not the
+    messages), and the previous request's very piece where it is the same (the same
+    segment and bytes: one copy kept, and the comparison passes it by identity)."""
+    out: list[Piece] = []
+    n = len(prev)
+    for j, (s, d) in enumerate(pieces):
+        if not by_bytes or s.kind == "message":
+            d = None
+        if j < n:
+            p = prev[j]
+            sa, ba = p
+            same = sa is s or (sa.hash == s.hash and sa.name == s.name and sa.kind == s.kind)
+            if same and (ba is d or (ba is not None and d is not None and ba == d)):
+                out.append(p if sa is s else (s, ba))
+                continue
+        out.append((s, d))
+    return out
+
+
 def _share(prev: list[Piece], cur: list[Piece]) -> None:
     """Where ``cur`` holds the very bytes ``prev`` does, keep one copy."""
     for j in range(min(len(prev), len(cur))):
@@ -191,7 +214,7 @@ def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
     predecessor in the same thread of the session); a compaction's when ``cur`` is its
     summary request, or rewrites that predecessor's or the latest request's history."""
     found = [(_sharing(prev, cur), prev) for prev in kept]
-    (shared, _, _), prev = max(found, key=lambda x: x[0][0])
+    (shared, i, _), prev = max(found, key=lambda x: x[0][0])
     latest = kept[-1]
     if summary:
         why: str | None = SUMMARY_REQUEST
@@ -202,7 +225,7 @@ def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
         why = RESTARTED
     else:
         why = None
-    return compare(prev, cur, "session", compaction=why)
+    return compare(prev, cur, "session", compaction=why, at=i)
 
 
 def _segs(pieces: list[Piece]) -> list[Segment]:
@@ -213,14 +236,17 @@ def _sharing(prev: _Cut, cur: _Cut) -> tuple[int, int | None, int]:
     """(≈ tokens of ``cur`` that ``prev`` had sent, the index where it breaks, …)."""
     i = _first_difference(prev.out, cur.out)
     if i is None:
-        return sum(s.tokens for s, _ in prev.out), None, 0
+        return prev.tokens(), None, 0
     at, lost, _ = _break(prev, cur, i)
     return at + lost, i, lost
 
 
 def _first_difference(prev: list[Piece], cur: list[Piece]) -> int | None:
     for i in range(min(len(prev), len(cur))):
-        (sa, ba), (sb, bb) = prev[i], cur[i]
+        a, b = prev[i], cur[i]
+        if a is b:  # the very piece (``_sent``): the same segment and bytes
+            continue
+        (sa, ba), (sb, bb) = a, b
         if sa.name != sb.name or sa.kind != sb.kind or sa.hash != sb.hash:
             return i
         if ba is not None and bb is not None and ba != bb:
@@ -242,6 +268,9 @@ def _break(prev: _Cut, cur: _Cut, i: int) -> tuple[int, int, int]:
     return before + within // 4, lost, within
 
 
+_UNKNOWN = -1
+
+
 def compare(
     prev: _Cut,
     cur: _Cut,
@@ -249,12 +278,14 @@ def compare(
     *,
     whole: _Cut | None = None,
     compaction: str | None = None,
+    at: int | None = _UNKNOWN,
 ) -> Change | None:
     """Where ``cur`` stops extending ``prev`` upstream, and what changed (None when it
     extends it, or when nothing after the break had been sent before: no loss; but a
     compaction, ``compaction`` saying which step, is always said, loss or not: the record
-    shows the restart)."""
-    i = _first_difference(prev.out, cur.out)
+    shows the restart). ``at``: the first difference of their pieces as sent, when the
+    caller found it."""
+    i = _first_difference(prev.out, cur.out) if at == _UNKNOWN else at
     if i is None:
         return None
     at, lost, _ = _break(prev, cur, i)

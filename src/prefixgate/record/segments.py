@@ -407,6 +407,22 @@ def cut_from_bytes(
     return _cut(api, bytes(shape.tools), shape.messages, shape.system, tools_first, previous)
 
 
+def cut_from_pieces(
+    pieces: tuple[bytes, bytes, list[bytes]],
+    api: str,
+    *,
+    tools_first: bool | None = None,
+    previous: list[Piece] | None = None,
+) -> tuple[list[Segment], list[Piece]] | None:
+    """:func:`cut_from_bytes` of a request whose parts the decode cut already
+    (``MessagesBody.pieces``: the tools list's, the system's and each message's JSON
+    bytes): the same result, without a pass over the body."""
+    if tools_first is None:
+        tools_first = api == "openai"
+    tools, system, messages = pieces
+    return _cut(api, tools, messages, system, tools_first, previous)
+
+
 def pieces_of(raw: bytes, segs: list[Segment]) -> list[tuple[Segment, bytes]] | None:
     """The JSON bytes of each segment of ``segs`` (the segments of the request ``raw``,
     either API; the whole ``tools`` list left out), as they are in ``raw``; ``None`` when
@@ -560,8 +576,8 @@ def _chat_order(
     tools_part: list[Piece], msgs: list[Piece], tools_first: bool, leading: int
 ) -> list[Piece]:
     """A chat request's pieces in request order, its leading messages of kind ``system``."""
-    lead = [(_as(s, "system"), d) for s, d in msgs[:leading]]
-    rest = [(_as(s, "message"), d) for s, d in msgs[leading:]]
+    lead = [p if p[0].kind == "system" else (_as(p[0], "system"), p[1]) for p in msgs[:leading]]
+    rest = [p if p[0].kind == "message" else (_as(p[0], "message"), p[1]) for p in msgs[leading:]]
     return tools_part + lead + rest if tools_first else lead + tools_part + rest
 
 
@@ -579,29 +595,31 @@ def _cut(
 ) -> tuple[list[Segment], list[Piece]] | None:
     prev_tools: list[Piece] = []
     prev_blocks: list[Piece] = []
-    prev_messages: dict[str, Piece] = {}
+    prev_messages: list[Piece] = []  # in their order: messages[0], messages[1] …
     for p in previous or ():
-        kind, name = p[0].kind, p[0].name
-        if kind == "tool":
+        seg = p[0]
+        if seg.kind == "tool":
             prev_tools.append(p)
-        elif name.startswith("messages["):
-            prev_messages[name[: name.index("]") + 1]] = p
-        elif kind == "system":
+        elif seg.name.startswith("messages["):
+            prev_messages.append(p)
+        elif seg.kind == "system":
             prev_blocks.append(p)
     tools_part = _tools_part(api, tools_list, prev_tools)
     if tools_part is None:
         return None
 
     msgs: list[Piece] = []
+    n = len(prev_messages)
     for i, m in enumerate(messages_raw or ()):
-        index = f"messages[{i}]"
-        before = prev_messages.get(index)
-        if before is not None and len(before[1]) == len(m) and _equal(m, before[1]):
-            msgs.append(before)
-            continue
+        if i < n:
+            before = prev_messages[i]
+            was = before[1]
+            if m is was or (len(was) == len(m) and _equal(m, was)):
+                msgs.append(before)
+                continue
         data = bytes(m)
         piece = _piece("message", data, _role)
-        msgs.append((_seg("message", f"{index}:{piece[2]}", piece), data))
+        msgs.append((_seg("message", f"messages[{i}]:{piece[2]}", piece), data))
 
     if api == "anthropic":
         head: list[Piece] = []
