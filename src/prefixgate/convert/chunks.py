@@ -27,6 +27,7 @@ __all__ = ["ChunkWalk", "fold_tool_delta", "sole_piece"]
 
 _decode = msgspec.json.decode
 _PROBE = "#"
+_QUOTE = 34  # ord('"')
 
 _NO_DELTA: dict = {}  # a choice without a delta (never written to)
 
@@ -92,14 +93,27 @@ class ChunkWalk:
 
     def quick(self, read: bytes) -> bytes | None:
         """The events of a read that is a learned chunk with another (non-empty) piece;
-        None when it is not one (then it is decoded and fed)."""
+        None when it is not one (then it is decoded and fed). (:meth:`Template.piece`
+        inline: this runs for most reads of a stream.)"""
         for t in self.templates:
-            piece = t.piece(read)
-            if piece:
-                out: list[bytes] = []
-                self._piece(out, t.kind, piece)
-                return b"".join(out)
+            head, h, tail, e = t.ends
+            if read[:h] == head and read[e:] == tail:
+                tok = read[h:e]
+                if len(tok) > 2 and tok[0] == _QUOTE and tok[-1] == _QUOTE:
+                    try:
+                        piece = _decode(tok)
+                    except msgspec.DecodeError:
+                        continue
+                    if piece:
+                        return self._one(t.kind, piece)
         return None
+
+    def _one(self, kind: str, piece: str) -> bytes:
+        """The events of a chunk that is one non-empty piece of ``kind`` and nothing else
+        (what :meth:`feed` makes of it; a converter may make them more directly)."""
+        out: list[bytes] = []
+        self._piece(out, kind, piece)
+        return b"".join(out)
 
     def learn(self, data: bytes, chunk: dict) -> None:
         """After :meth:`feed` of ``chunk`` (``data``, its JSON): when it was one piece of

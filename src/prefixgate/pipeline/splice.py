@@ -30,7 +30,7 @@ GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
 
 class Splice:
     """One stream spliced from an upstream connection (``conn``) into a client's response
-    (``client``: the server's request, with ``write_body``) through ``relay``."""
+    (``client``: the server's request, with ``write_chunk`` and ``write_body``) through ``relay``."""
 
     __slots__ = ("relay", "client", "conn", "idle", "loop", "out", "ended", "done", "last", "timer")
 
@@ -97,18 +97,19 @@ class Splice:
     def flush(self) -> None:
         """Write what this read made, in one write; the last bytes end the response."""
         out = self.out
-        if out:
+        if self.ended:
+            data = b"".join(out)
+            out.clear()
+            self.client.write_body(data, False)
+            self._settled()
+        elif out:
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
             client = self.client
-            client.write_body(data, not self.ended)
-            if client.conn.write_paused and not self.ended:
+            client.write_chunk(data)
+            if client.conn.write_paused:
                 self.conn.hold(True)  # the client's buffer is full: stop reading upstream
                 client.conn.on_resume = self._resume
-        elif self.ended:
-            self.client.write_body(b"", False)
-        if self.ended:
-            self._settled()
 
     def _settled(self) -> None:
         """Done once the answer went out and the upstream's body ended too, so that its

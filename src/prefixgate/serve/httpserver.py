@@ -182,6 +182,20 @@ class _Request:
         self.started = True
         self._start(status, headers)
 
+    def write_chunk(self, body: bytes) -> None:
+        """Body bytes (not empty), more to come: what a splice writes for each upstream
+        read. The same bytes as ``write_body(body, True)``, with less on the way once the
+        head is out: the poller was touched by the read this answers (``busypoll``)."""
+        if self.head or not self.chunked or self.head_only or self.response_done:
+            self.write_body(body, True)
+            return
+        conn = self.conn
+        if not conn.closed:
+            n = len(body)
+            conn.transport.write(
+                b"".join((_SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n, body, b"\r\n"))
+            )
+
     def write_body(self, body: bytes, more: bool) -> None:
         """Body bytes; ``more=False`` ends the response. Dropped once the client is gone."""
         if self.response_done:
