@@ -43,7 +43,7 @@ from prefixgate.usage import Usage
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _DONE_EVENT = b"data: [DONE]\n\n"
-_LOOKED_FOR = frozenset(("usage", "error", "model"))
+_LOOKED_FOR = frozenset(("usage", "error", "model"))  # each a 7-byte JSON string
 _QUOTE = 34  # ord('"')
 
 
@@ -198,9 +198,8 @@ class Relay:
     holding the whole answer implies a journaled record. Driven by the response's task
     (:class:`Stream`) or inside the I/O callbacks (``pipeline/splice.py``)."""
 
-    done = False
-
     def __init__(self, x: Exchange) -> None:
+        self.done = False  # (an instance attribute: read after every read of a stream)
         self.x = x
         self.rec = x.record
         self.held: list[bytes] = []  # made but not yet returned (an error cut the read)
@@ -254,11 +253,21 @@ class Converted(Relay):
     def feed(self, chunk: bytes) -> bytes:
         conv = self.conv
         if conv.templates and not self.held and not self.dec.buf:
-            out = conv.quick(chunk)  # a chunk like one seen: read from its bytes
-            if out is not None:
-                if self.rec.first_byte_at is None:
-                    self._first_byte()
-                return out
+            # A chunk like one seen, with another (non-empty) piece: its events made from
+            # its bytes (Template.piece inline: most reads of a stream come this way).
+            for t in conv.templates:
+                head, h, tail, e = t.ends
+                if chunk[:h] == head and chunk[e:] == tail:
+                    tok = chunk[h:e]
+                    if len(tok) < 3 or tok[0] != _QUOTE or tok[-1] != _QUOTE:
+                        continue
+                    try:
+                        piece = _decode(tok)
+                    except msgspec.DecodeError:
+                        continue
+                    if self.rec.first_byte_at is None:
+                        self._first_byte()
+                    return conv.one(t.kind, piece)
         self._events(self.dec.feed(chunk))
         return self._take()
 
@@ -333,7 +342,7 @@ class ChatRelay(Relay):
                     except msgspec.DecodeError:
                         continue
                     # (a piece that is one of the keys looked for would be found by a search)
-                    if piece not in _LOOKED_FOR:
+                    if len(tok) != 7 or piece not in _LOOKED_FOR:
                         if self.rec.first_byte_at is None:
                             self._first_byte()
                         return chunk if sent is None else b"".join((sent[0], tok, sent[1]))
