@@ -40,6 +40,8 @@ class Splice:
         "conn",
         "idle",
         "loop",
+        "raw",
+        "body",
         "out",
         "ended",
         "done",
@@ -51,8 +53,13 @@ class Splice:
     def __init__(self, relay, client, conn, idle: float) -> None:
         self.relay, self.client, self.conn, self.idle = relay, client, conn, idle
         self.loop = conn.loop
-        self.out: list[bytes] = []  # made of this read, written at its end (flush)
-        self.ended = False  # the last bytes are in ``out``
+        # The body bytes of this read, relayed at its end (flush): the connection's
+        # ``body`` is this list's append, no Python call per HTTP chunk, and the relay is
+        # fed once a read.
+        self.raw: list[bytes] = []
+        self.body = self.raw.append
+        self.out: list[bytes] = []  # the answer's last bytes, written by flush
+        self.ended = False  # the last bytes are in ``out`` (or written)
         self.done = self.loop.create_future()
         self.last = self.loop.time()  # by the idle timer's checks: when body bytes last came
         self.fresh = False  # body bytes came since the idle timer's last check
@@ -69,26 +76,45 @@ class Splice:
         finally:
             self._stop()
 
-    # -- the connection's side (http1.Sink) ------------------------------------------------
-    def body(self, data: bytes) -> None:
+    # -- the connection's side (http1.Sink: ``body`` above, ``news``, ``flush``) ---------
+    def flush(self) -> None:
+        """The end of one read: what it brought goes through the relay and what that
+        makes out, in one write; the last bytes end the response."""
+        raw, made = self.raw, b""
+        if raw:
+            data = raw[0] if len(raw) == 1 else b"".join(raw)
+            raw.clear()
+            self.fresh = True
+            if not self.ended:  # (bytes past the stream's end, after [DONE]: dropped)
+                relay = self.relay
+                try:
+                    made = relay.feed(data)
+                    if relay.done:
+                        made += relay.end()
+                        self.ended = True
+                except GatewayError as e:
+                    made = relay.fail(e)
+                    self.ended = True
+                except Exception:
+                    made = self._internal()
         if self.ended:
-            return  # past the stream's end (bytes after [DONE]): dropped
-        self.fresh = True
-        try:
-            out = self.relay.feed(data)
-            if self.relay.done:
-                out += self.relay.end()
-                self.ended = True
-        except GatewayError as e:
-            out = self.relay.fail(e)
-            self.ended = True
-        except Exception:
-            out = self._internal()
-        if out:
-            self.out.append(out)
+            out = self.out
+            out.append(made)
+            data = b"".join(out)
+            out.clear()
+            self.client.write_body(data, False)
+            self._settled()
+        elif made:
+            client = self.client
+            client.write_chunk(made)
+            if client.conn.write_paused:
+                self.conn.hold(True)  # the client's buffer is full: stop reading upstream
+                client.conn.on_resume = self._resume
 
     def news(self) -> None:
         """The upstream response completed or failed."""
+        if self.raw:
+            self.flush()  # what came before the end, in the same read: relayed first
         if self.ended:
             self._settled()  # the end of a body whose answer already went out
             return
@@ -108,23 +134,6 @@ class Splice:
         self.ended = True
         self.out.append(out)
         self.flush()
-
-    def flush(self) -> None:
-        """Write what this read made, in one write; the last bytes end the response."""
-        out = self.out
-        if self.ended:
-            data = b"".join(out)
-            out.clear()
-            self.client.write_body(data, False)
-            self._settled()
-        elif out:
-            data = out[0] if len(out) == 1 else b"".join(out)
-            out.clear()
-            client = self.client
-            client.write_chunk(data)
-            if client.conn.write_paused:
-                self.conn.hold(True)  # the client's buffer is full: stop reading upstream
-                client.conn.on_resume = self._resume
 
     def _settled(self) -> None:
         """Done once the answer went out and the upstream's body ended too, so that its

@@ -117,6 +117,7 @@ class _Request:
         "waiter",
         "expect_continue",
         "head",
+        "framed",
     )
 
     def __init__(self, conn: HTTPProtocol, scope: dict, keep_alive: bool) -> None:
@@ -137,6 +138,7 @@ class _Request:
         self.waiter: asyncio.Future | None = None
         self.expect_continue = False
         self.head = b""  # the response head, written with the first body bytes
+        self.framed = False  # the head is out, the body chunked and not yet ended
 
     # -- ASGI channels -----------------------------------------------------------------
     async def receive(self) -> dict:
@@ -186,7 +188,7 @@ class _Request:
         """Body bytes (not empty), more to come: what a splice writes for each upstream
         read. The same bytes as ``write_body(body, True)``, with less on the way once the
         head is out: the poller was touched by the read this answers (``busypoll``)."""
-        if self.head or not self.chunked or self.head_only or self.response_done:
+        if not self.framed:
             self.write_body(body, True)
             return
         conn = self.conn
@@ -217,6 +219,7 @@ class _Request:
             data = body
         if head or data:
             conn.write(head + data if head else data)  # the head goes with the first body bytes
+        self.framed = more and self.chunked and not self.head_only
         if not more:
             self.response_done = True
             self._wake()
