@@ -7,6 +7,7 @@ them (the decoding path, as it was before templates)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import msgspec
@@ -121,6 +122,15 @@ def _ids():
     return lambda prefix: f"{prefix}_{next(count)}"
 
 
+@contextlib.contextmanager
+def same_ids():
+    """The ids a relay makes, the same on every run (to compare two runs' bytes)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(responses_stream, "new_id", _ids())
+        mp.setattr(relays, "message_id", lambda _: "msg_1")
+        yield
+
+
 def _run(relay, reads: list[bytes]) -> list:
     """What the client gets of each read, then of the end (or the failure)."""
     got: list = []
@@ -159,9 +169,7 @@ def test_templates_send_the_same_bytes_as_decoding(kind, stream) -> None:
     model, reads = stream
     results = []
     for templates in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(responses_stream, "new_id", _ids())  # the same ids both times
-            mp.setattr(relays, "message_id", lambda _: "msg_1")
+        with same_ids():
             relay = _relays(kind, model, reads, templates)
             results.append((_run(relay, reads), relay))
     (new, _), (old, _) = results

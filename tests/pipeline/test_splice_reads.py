@@ -13,11 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.convert import responses_stream
-from prefixgate.pipeline import relays
 from prefixgate.pipeline.splice import Splice
 from prefixgate.serve.httpserver import _Request
-from tests.pipeline.test_relay_templates import _ids, _relays, _run, streams
+from tests.pipeline.test_relay_templates import _relays, _run, same_ids, streams
 
 
 class _Transport:
@@ -114,9 +112,7 @@ def test_a_splice_fed_once_a_read_sends_what_the_relay_gives_a_chunk_at_a_time(
         i += n
     results = []
     for spliced in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(responses_stream, "new_id", _ids())  # the same ids both times
-            mp.setattr(relays, "message_id", lambda _: "msg_1")
+        with same_ids():
             relay = _relays(kind, model, reads, True)
             if spliced:
                 body = _dechunk(_spliced(relay, groups))
