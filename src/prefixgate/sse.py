@@ -7,15 +7,15 @@ class SSEDecoder:
     """Feed raw bytes; get back complete events as ``(event_name, data)`` pairs, where
     ``data`` is the joined ``data:`` lines (bytes). Comments and ids are ignored."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("buf",)  # the bytes of an event not yet complete
 
     def __init__(self) -> None:
-        self._buf = b""
+        self.buf = b""
 
     def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
-        if not self._buf and single(chunk):  # a read that is one whole event, the usual case
+        if not self.buf and single(chunk):  # a read that is one whole event, the usual case
             return [(None, chunk[6:-2])]
-        buf = self._buf + chunk if self._buf else chunk
+        buf = self.buf + chunk if self.buf else chunk
         # ``find`` rather than ``in``: a bytes ``in`` first tries its operand as an int
         # and raises (and clears) a TypeError, thousands of instructions an event.
         if buf.find(b"\r") >= 0:
@@ -33,18 +33,18 @@ class SSEDecoder:
             ev = _parse_block(block)
             if ev is not None:
                 events.append(ev)
-        self._buf = buf[start:] if start else buf
+        self.buf = buf[start:] if start else buf
         return events
 
     def flush(self) -> list[tuple[bytes | None, bytes]]:
         """Whatever is left when the stream ends (a last event without its blank line)."""
-        block, self._buf = self._buf, b""
+        block, self.buf = self.buf, b""
         ev = _parse_block(block.strip(b"\n"))
         return [ev] if ev is not None else []
 
     @property
     def pending(self) -> int:
-        return len(self._buf)
+        return len(self.buf)
 
 
 def single(chunk: bytes) -> bool:

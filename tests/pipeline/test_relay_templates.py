@@ -7,6 +7,7 @@ them (the decoding path, as it was before templates)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import msgspec
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from prefixgate.convert import responses_stream
 from prefixgate.convert.responses_stream import ResponsesStream
+from prefixgate.convert.template import Template
 from prefixgate.errors import GatewayError
 from prefixgate.pipeline import CHAT, MESSAGES, relays
 from prefixgate.pipeline.relays import ChatRelay, Converted, messages_stream
@@ -121,6 +123,15 @@ def _ids():
     return lambda prefix: f"{prefix}_{next(count)}"
 
 
+@contextlib.contextmanager
+def same_ids():
+    """The ids a relay makes, the same on every run (to compare two runs' bytes)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(responses_stream, "new_id", _ids())
+        mp.setattr(relays, "message_id", lambda _: "msg_1")
+        yield
+
+
 def _run(relay, reads: list[bytes]) -> list:
     """What the client gets of each read, then of the end (or the failure)."""
     got: list = []
@@ -159,9 +170,7 @@ def test_templates_send_the_same_bytes_as_decoding(kind, stream) -> None:
     model, reads = stream
     results = []
     for templates in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(responses_stream, "new_id", _ids())  # the same ids both times
-            mp.setattr(relays, "message_id", lambda _: "msg_1")
+        with same_ids():
             relay = _relays(kind, model, reads, templates)
             results.append((_run(relay, reads), relay))
     (new, _), (old, _) = results
@@ -184,3 +193,34 @@ def test_after_its_first_piece_a_vllm_stream_is_not_decoded(kind) -> None:
     assert calls == []
     key = b'"content":' if kind == "chat" else b'"text":'
     assert all(key + b'" w%d"' % i in o for i, o in enumerate(out, 1))
+
+
+@pytest.mark.parametrize("kind", ["chat", "messages"])
+@settings(max_examples=100, deadline=None)
+@given(token=st.one_of(odd_tokens, pieces.map(_enc)))
+def test_a_relay_takes_a_read_from_its_bytes_when_template_piece_reads_it(kind, token) -> None:
+    """The relays match a read against a template inline (``Template.ends``): they take
+    it from its bytes exactly when :meth:`Template.piece` gives its string (a non-empty
+    one for a converted stream; for chat, any but the keys it looks for)."""
+    good = _shape("vllm", "m", {"content": "TOKEN"})
+    role = b"data: " + _shape("vllm", "m", {"role": "assistant", "content": ""}) + b"\n\n"
+    read = b"data: " + good.replace(b'"TOKEN"', token) + b"\n\n"
+    relay = _relays(kind, "m", [], True)
+    relay.feed(role)
+    relay.feed(b"data: " + good + b"\n\n")
+    (template,) = (
+        relay.conv.templates
+        if kind == "messages"
+        else [Template(*relay.templates[0][0:3:2], "text", b"")]
+    )
+    piece = template.piece(read)
+    slow = "_plain" if kind == "chat" else "_events"
+    calls, inner = [], getattr(relay, slow)
+    setattr(relay, slow, lambda data: calls.append(data) or inner(data))
+    with contextlib.suppress(GatewayError):
+        relay.feed(read)
+    if kind == "chat":
+        quick = piece is not None and piece not in ("usage", "error", "model")
+    else:
+        quick = bool(piece)
+    assert (calls == []) == quick, (token, piece)

@@ -12,8 +12,8 @@ call that is not an object) is skipped.
 The walk runs once per chunk of every converted stream: it allocates nothing beyond the
 list the converter's events are gathered in. Most chunks need not even be decoded: once a
 chunk that was one piece of text and nothing else has been walked, :meth:`ChunkWalk.learn`
-keeps its bytes around the piece (``template.py``), and :meth:`ChunkWalk.quick` gives the
-events of a read that is that chunk with another piece, from its bytes.
+keeps its bytes around the piece (``template.py``), and a relay that finds a read is that
+chunk with another piece has its events from :meth:`ChunkWalk.one`, from its bytes.
 """
 
 from __future__ import annotations
@@ -90,16 +90,13 @@ class ChunkWalk:
     templates: tuple[Template, ...] = ()
     learning = 3
 
-    def quick(self, read: bytes) -> bytes | None:
-        """The events of a read that is a learned chunk with another (non-empty) piece;
-        None when it is not one (then it is decoded and fed)."""
-        for t in self.templates:
-            piece = t.piece(read)
-            if piece:
-                out: list[bytes] = []
-                self._piece(out, t.kind, piece)
-                return b"".join(out)
-        return None
+    def one(self, kind: str, piece: str) -> bytes:
+        """The events of a chunk that is one non-empty piece of ``kind`` and nothing else
+        (what :meth:`feed` makes of it; a converter may make them more directly): how a
+        relay converts a read that matched a learned template (``pipeline/relays.py``)."""
+        out: list[bytes] = []
+        self._piece(out, kind, piece)
+        return b"".join(out)
 
     def learn(self, data: bytes, chunk: dict) -> None:
         """After :meth:`feed` of ``chunk`` (``data``, its JSON): when it was one piece of

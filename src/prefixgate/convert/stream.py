@@ -141,6 +141,12 @@ class AnthropicStream(ChunkWalk):
         return b"".join(out)
 
     # -- blocks -------------------------------------------------------------------------
+    def one(self, kind: str, piece: str) -> bytes:
+        if self._open == kind:  # the bulk of a stream: one more delta of the open block
+            self.saw_content = True
+            return b"".join((self._delta_head, _encode(piece), _DELTA_TAIL))
+        return super().one(kind, piece)
+
     def _piece(self, out: list[bytes], kind: str, piece: str) -> None:
         if self._open != kind:
             self._switch(out, kind, _BLOCKS[kind])

@@ -33,19 +33,24 @@ KEYS = {
 
 
 class Template:
-    """One chunk's bytes around its piece; ``kind`` and ``key`` say which piece."""
+    """One chunk's bytes around its piece; ``kind`` and ``key`` say which piece.
 
-    __slots__ = ("head", "tail", "kind", "key", "_h", "_t")
+    The relays match a read against a template inline, a read at a time, from
+    ``ends`` (``head``, ``len(head)``, ``tail``, ``-len(tail)``): what :meth:`piece` does,
+    without a call (``pipeline/relays.py``; tests/pipeline/test_relay_templates.py holds
+    them to it)."""
+
+    __slots__ = ("head", "tail", "kind", "key", "ends")
 
     def __init__(self, head: bytes, tail: bytes, kind: str, key: bytes) -> None:
         self.head, self.tail, self.kind, self.key = head, tail, kind, key
-        self._h, self._t = len(head), -len(tail)
+        self.ends = (head, len(head), tail, -len(tail))
 
     def piece(self, read: bytes) -> str | None:
         """The string of a read that is ``head`` + one JSON string + ``tail`` (None when
         it is not)."""
-        h, t = self._h, self._t
-        if read[:h] != self.head or read[t:] != self.tail:
+        head, h, tail, t = self.ends
+        if read[:h] != head or read[t:] != tail:
             return None
         tok = read[h:t]
         # A string and nothing else: quotes at both ends (no whitespace, which a decode

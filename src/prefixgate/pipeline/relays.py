@@ -43,7 +43,8 @@ from prefixgate.usage import Usage
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _DONE_EVENT = b"data: [DONE]\n\n"
-_LOOKED_FOR = frozenset(("usage", "error", "model"))
+_LOOKED_FOR = frozenset(("usage", "error", "model"))  # each a 7-byte JSON string
+_QUOTE = 34  # ord('"')
 
 
 async def relay_messages(x: Exchange) -> Response:
@@ -197,9 +198,8 @@ class Relay:
     holding the whole answer implies a journaled record. Driven by the response's task
     (:class:`Stream`) or inside the I/O callbacks (``pipeline/splice.py``)."""
 
-    done = False
-
     def __init__(self, x: Exchange) -> None:
+        self.done = False  # (an instance attribute: read after every read of a stream)
         self.x = x
         self.rec = x.record
         self.held: list[bytes] = []  # made but not yet returned (an error cut the read)
@@ -252,11 +252,22 @@ class Converted(Relay):
 
     def feed(self, chunk: bytes) -> bytes:
         conv = self.conv
-        if conv.templates and not self.held and not self.dec.pending:
-            out = conv.quick(chunk)  # a chunk like one seen: read from its bytes
-            if out is not None:
-                self._first_byte()
-                return out
+        if conv.templates and not self.held and not self.dec.buf:
+            # A chunk like one seen, with another (non-empty) piece: its events made from
+            # its bytes (Template.piece inline: most reads of a stream come this way).
+            for t in conv.templates:
+                head, h, tail, e = t.ends
+                if chunk[:h] == head and chunk[e:] == tail:
+                    tok = chunk[h:e]
+                    if len(tok) < 3 or tok[0] != _QUOTE or tok[-1] != _QUOTE:
+                        continue
+                    try:
+                        piece = _decode(tok)
+                    except msgspec.DecodeError:
+                        continue
+                    if self.rec.first_byte_at is None:
+                        self._first_byte()
+                    return conv.one(t.kind, piece)
         self._events(self.dec.feed(chunk))
         return self._take()
 
@@ -309,7 +320,9 @@ class ChatRelay(Relay):
         self._usage = Usage()
         theirs, ours = b'"model":' + _encode(x.out["model"]), b'"model":' + _encode(public)
         self.theirs, self.ours = theirs, ours
-        self.templates: tuple[tuple[Template, bytes, bytes], ...] = ()
+        # Each template's ends (Template.ends) and the ends as sent; the kinds learned.
+        self.templates: tuple[tuple[bytes, int, bytes, int, tuple[bytes, bytes] | None], ...] = ()
+        self.kinds: tuple[str, ...] = ()
         self.learning = 3  # plain one-event reads that may yet be cut into a template
 
     @property
@@ -317,13 +330,22 @@ class ChatRelay(Relay):
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.held and not self.dec.pending:
-            for t, head, tail in self.templates:
-                piece = t.piece(chunk)
-                # (a piece that is one of the keys looked for would be found by a search)
-                if piece is not None and piece not in _LOOKED_FOR:
-                    self._first_byte()
-                    return chunk if head is t.head else b"".join((head, chunk[t._h : t._t], tail))
+        if not self.held and not self.dec.buf:
+            # Template.piece inline (most reads of a stream come this way).
+            for head, h, tail, t, sent in self.templates:
+                if chunk[:h] == head and chunk[t:] == tail:
+                    tok = chunk[h:t]
+                    if len(tok) < 2 or tok[0] != _QUOTE or tok[-1] != _QUOTE:
+                        continue
+                    try:
+                        piece = _decode(tok)
+                    except msgspec.DecodeError:
+                        continue
+                    # (a piece that is one of the keys looked for would be found by a search)
+                    if len(tok) != 7 or piece not in _LOOKED_FOR:
+                        if self.rec.first_byte_at is None:
+                            self._first_byte()
+                        return chunk if sent is None else b"".join((sent[0], tok, sent[1]))
             if single(chunk) and chunk != _DONE_EVENT:
                 # One event in this read: out as it came, not even re-framed (the framing
                 # holds none of the keys looked for).
@@ -355,17 +377,18 @@ class ChatRelay(Relay):
         self.learning -= 1
         data, theirs, ours = chunk[6:-2], self.theirs, self.ours
         for kind, keys in KEYS.items():
-            if any(t.kind == kind for t, _, _ in self.templates):
+            if kind in self.kinds:
                 continue
             for key in keys:
                 ends = cut(data, key)
                 if ends is not None:
                     t = Template(*ends, kind, key)
-                    if theirs == ours:
-                        sent = (t.head, t.tail)
-                    else:
+                    # The ends as sent (None: as they came).
+                    sent = None
+                    if theirs != ours:
                         sent = (t.head.replace(theirs, ours), t.tail.replace(theirs, ours))
-                    self.templates = (*self.templates, (t, *sent))
+                    self.templates = (*self.templates, (*t.ends, sent))
+                    self.kinds = (*self.kinds, kind)
                     return
 
     def _plain(self, data: bytes) -> bytes | None:

@@ -14,7 +14,9 @@ when the client leaves (the server's doing), which detaches the splice and close
 upstream response. Back-pressure: while the client's connection is past its write buffer's
 high-water mark the upstream connection stops reading, and reads again when it drains.
 An upstream that sends nothing for ``idle`` seconds fails the stream, as a read would: one
-timer per stream, re-armed only when it lapses.
+timer per stream, which lapses every quarter of ``idle`` and then looks whether body bytes
+came meanwhile (a read only sets a flag, no clock is read per chunk), so a silent
+upstream fails after ``idle`` to 1.25 × ``idle`` seconds.
 """
 
 from __future__ import annotations
@@ -30,50 +32,89 @@ GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
 
 class Splice:
     """One stream spliced from an upstream connection (``conn``) into a client's response
-    (``client``: the server's request, with ``write_body``) through ``relay``."""
+    (``client``: the server's request, with ``write_chunk`` and ``write_body``) through ``relay``."""
 
-    __slots__ = ("relay", "client", "conn", "idle", "loop", "out", "ended", "done", "last", "timer")
+    __slots__ = (
+        "relay",
+        "client",
+        "conn",
+        "idle",
+        "loop",
+        "raw",
+        "body",
+        "out",
+        "ended",
+        "done",
+        "last",
+        "fresh",
+        "timer",
+    )
 
     def __init__(self, relay, client, conn, idle: float) -> None:
         self.relay, self.client, self.conn, self.idle = relay, client, conn, idle
         self.loop = conn.loop
-        self.out: list[bytes] = []  # made of this read, written at its end (flush)
-        self.ended = False  # the last bytes are in ``out``
+        # The body bytes of this read, relayed at its end (flush): the connection's
+        # ``body`` is this list's append, no Python call per HTTP chunk, and the relay is
+        # fed once a read.
+        self.raw: list[bytes] = []
+        self.body = self.raw.append
+        self.out: list[bytes] = []  # the answer's last bytes, written by flush
+        self.ended = False  # the last bytes are in ``out`` (or written)
         self.done = self.loop.create_future()
-        self.last = self.loop.time()  # when the upstream last sent body bytes
+        self.last = self.loop.time()  # by the idle timer's checks: when body bytes last came
+        self.fresh = False  # body bytes came since the idle timer's last check
         self.timer: asyncio.TimerHandle | None = None
 
     async def run(self, first: bytes) -> None:
         """Relay ``first`` and the rest of the body; return once the answer is complete
         (or failed) and written."""
         self.body(first)
-        self.timer = self.loop.call_at(self.last + self.idle, self._check_idle)
+        self.timer = self.loop.call_at(self.last + self.idle / 4, self._check_idle)
         self.conn.attach(self)
         try:
             await self.done
         finally:
             self._stop()
 
-    # -- the connection's side (http1.Sink) ------------------------------------------------
-    def body(self, data: bytes) -> None:
+    # -- the connection's side (http1.Sink: ``body`` above, ``news``, ``flush``) ---------
+    def flush(self) -> None:
+        """The end of one read: what it brought goes through the relay and what that
+        makes out, in one write; the last bytes end the response."""
+        raw, made = self.raw, b""
+        if raw:
+            data = raw[0] if len(raw) == 1 else b"".join(raw)
+            raw.clear()
+            self.fresh = True
+            if not self.ended:  # (bytes past the stream's end, after [DONE]: dropped)
+                relay = self.relay
+                try:
+                    made = relay.feed(data)
+                    if relay.done:
+                        made += relay.end()
+                        self.ended = True
+                except GatewayError as e:
+                    made = relay.fail(e)
+                    self.ended = True
+                except Exception:
+                    made = self._internal()
         if self.ended:
-            return  # past the stream's end (bytes after [DONE]): dropped
-        self.last = self.loop.time()
-        try:
-            out = self.relay.feed(data)
-            if self.relay.done:
-                out += self.relay.end()
-                self.ended = True
-        except GatewayError as e:
-            out = self.relay.fail(e)
-            self.ended = True
-        except Exception:
-            out = self._internal()
-        if out:
-            self.out.append(out)
+            out = self.out
+            out.append(made)
+            data = b"".join(out)
+            out.clear()
+            self.client.write_body(data, False)
+            self._settled()
+        elif made:
+            client = self.client
+            client.write_chunk(made)
+            if client.conn.write_paused:
+                self.conn.hold(True)  # the client's buffer is full: stop reading upstream
+                client.conn.on_resume = self._resume
 
     def news(self) -> None:
         """The upstream response completed or failed."""
+        if self.raw:
+            self.flush()  # what came before the end, in the same read: relayed first
         if self.ended:
             self._settled()  # the end of a body whose answer already went out
             return
@@ -93,22 +134,6 @@ class Splice:
         self.ended = True
         self.out.append(out)
         self.flush()
-
-    def flush(self) -> None:
-        """Write what this read made, in one write; the last bytes end the response."""
-        out = self.out
-        if out:
-            data = out[0] if len(out) == 1 else b"".join(out)
-            out.clear()
-            client = self.client
-            client.write_body(data, not self.ended)
-            if client.conn.write_paused and not self.ended:
-                self.conn.hold(True)  # the client's buffer is full: stop reading upstream
-                client.conn.on_resume = self._resume
-        elif self.ended:
-            self.client.write_body(b"", False)
-        if self.ended:
-            self._settled()
 
     def _settled(self) -> None:
         """Done once the answer went out and the upstream's body ended too, so that its
@@ -139,11 +164,15 @@ class Splice:
         if self.ended:
             self._give_up()
             return
-        if self.conn.paused:  # not read because the client is slow: not the upstream's idling
-            self.last = self.loop.time()
+        now = self.loop.time()
+        # Bytes came since the last check, or none were read because the client is slow
+        # (not the upstream's idling): counted as if at this check.
+        if self.fresh or self.conn.paused:
+            self.fresh = False
+            self.last = now
         due = self.last + self.idle
-        if self.loop.time() + 0.001 < due:
-            self.timer = self.loop.call_at(due, self._check_idle)
+        if now + 0.001 < due:
+            self.timer = self.loop.call_at(min(due, now + self.idle / 4), self._check_idle)
             return
         err = UpstreamTimeout(f"upstream sent nothing for {self.idle:g} s mid-response")
         self.out.append(self.relay.fail(err))

@@ -117,6 +117,7 @@ class _Request:
         "waiter",
         "expect_continue",
         "head",
+        "framed",
     )
 
     def __init__(self, conn: HTTPProtocol, scope: dict, keep_alive: bool) -> None:
@@ -137,6 +138,7 @@ class _Request:
         self.waiter: asyncio.Future | None = None
         self.expect_continue = False
         self.head = b""  # the response head, written with the first body bytes
+        self.framed = False  # the head is out, the body chunked and not yet ended
 
     # -- ASGI channels -----------------------------------------------------------------
     async def receive(self) -> dict:
@@ -182,6 +184,20 @@ class _Request:
         self.started = True
         self._start(status, headers)
 
+    def write_chunk(self, body: bytes) -> None:
+        """Body bytes (not empty), more to come: what a splice writes for each upstream
+        read. The same bytes as ``write_body(body, True)``, with less on the way once the
+        head is out: the poller was touched by the read this answers (``busypoll``)."""
+        if not self.framed:
+            self.write_body(body, True)
+            return
+        conn = self.conn
+        if not conn.closed:
+            n = len(body)
+            conn.transport.write(
+                b"".join((_SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n, body, b"\r\n"))
+            )
+
     def write_body(self, body: bytes, more: bool) -> None:
         """Body bytes; ``more=False`` ends the response. Dropped once the client is gone."""
         if self.response_done:
@@ -203,6 +219,7 @@ class _Request:
             data = body
         if head or data:
             conn.write(head + data if head else data)  # the head goes with the first body bytes
+        self.framed = more and self.chunked and not self.head_only
         if not more:
             self.response_done = True
             self._wake()

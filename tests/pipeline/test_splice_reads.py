@@ -1,0 +1,126 @@
+"""The splice (``pipeline/splice.py``) against the pumped relay: it feeds its relay once a
+read, with all the HTTP chunks that read brought, and writes through the server's
+``write_chunk``; on generated streams (those of test_relay_templates.py, their events
+grouped into reads of one to four HTTP chunks), the client's body, de-chunked strictly,
+is the bytes the relay gives when fed one chunk at a time, and the record is the same."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefixgate.pipeline.splice import Splice
+from prefixgate.serve.httpserver import _Request
+from tests.pipeline.test_relay_templates import _relays, _run, same_ids, streams
+
+
+class _Transport:
+    def __init__(self, wire: list[bytes]) -> None:
+        self.write = wire.append
+
+
+class _ClientConn:
+    """The server's side of the client's connection, as a request writes to it."""
+
+    closed = write_paused = False
+    on_resume = None
+
+    def __init__(self, loop) -> None:
+        self.loop, self.wire = loop, []
+        self.transport = _Transport(self.wire)
+        self.write = self.wire.append
+
+    def request_done(self, req) -> None:
+        pass
+
+
+class _UpstreamConn:
+    """The upstream connection's side of a splice: its sink fed read by read."""
+
+    complete = closed = paused = False
+    error = None
+
+    def __init__(self, loop) -> None:
+        self.loop = loop
+
+    def attach(self, sink) -> None:
+        sink.flush()
+
+    def detach(self) -> None:
+        pass
+
+    def hold(self, on: bool) -> None:
+        pass
+
+
+def _dechunk(wire: bytes) -> bytes:
+    """A chunked body decoded strictly: every size line matches its chunk, a CRLF after
+    each, the zero chunk last."""
+    head, _, rest = wire.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+    body = b""
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            assert rest == b"\r\n"
+            return body
+        assert rest[n : n + 2] == b"\r\n"
+        body, rest = body + rest[:n], rest[n + 2 :]
+
+
+def _spliced(relay, groups: list[list[bytes]]) -> bytes:
+    loop = asyncio.new_event_loop()
+    try:
+        client = _ClientConn(loop)
+        req = _Request(client, {"method": "POST", "http_version": "1.1"}, True)
+        req.start(200, [(b"content-type", b"text/event-stream")])
+        up = _UpstreamConn(loop)
+        sp = Splice(relay, req, up, 60.0)
+        sp.body(groups[0][0])  # x.first, as run() takes it
+        up.attach(sp)
+        for group in groups[1:]:
+            for chunk in group:  # one HTTP chunk each, in one read
+                sp.body(chunk)
+            sp.flush()
+        up.complete = True
+        sp.news()
+        if sp.timer is not None:
+            sp.timer.cancel()
+        return b"".join(client.wire)
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("kind", ["chat", "messages", "responses"])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=streams(), data=st.data())
+def test_a_splice_fed_once_a_read_sends_what_the_relay_gives_a_chunk_at_a_time(
+    kind, stream, data
+) -> None:
+    model, reads = stream
+    cuts = data.draw(st.lists(st.integers(1, 4), min_size=len(reads), max_size=len(reads)))
+    groups, i = [[reads[0]]], 1
+    for n in cuts:
+        if i >= len(reads):
+            break
+        groups.append(reads[i : i + n])
+        i += n
+    results = []
+    for spliced in (True, False):
+        with same_ids():
+            relay = _relays(kind, model, reads, True)
+            if spliced:
+                body = _dechunk(_spliced(relay, groups))
+            else:
+                got = _run(relay, reads)
+                parts = [g[2] if isinstance(g, tuple) and len(g) == 3 else g for g in got[:-1]]
+                body = b"".join(parts)
+            rec = relay.rec
+            results.append((body, rec.status, rec.prompt_tokens, rec.completion_tokens))
+    assert results[0] == results[1]
+    assert list(itertools.chain.from_iterable(groups)) == reads
