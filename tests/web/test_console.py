@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -105,6 +106,22 @@ def test_a_script_manages_keys_through_the_admin_api(console):
     assert [e["action"] for e in audit] == ["revoke", "rotate", "create"]
     assert all(e["target"] == "bob" and e["actor"].startswith("admin key") for e in audit)
     assert key not in str(audit) and rotated not in str(audit)
+
+
+def _stored(dsn: str, n: int) -> None:
+    """Until the store holds ``n`` request records. The console reads what is used from
+    them, and the writer stores them in batches off the request path: an answer (a
+    refusal by the gateway's own ledger too) comes before its record is in the store."""
+
+    def count() -> int:
+        with open_store(dsn) as store:
+            [(got,)] = store.query("SELECT COUNT(*) FROM requests", [])
+        return int(got)
+
+    deadline = time.monotonic() + 60  # a guard against a hang, not a measurement
+    while (got := count()) < n:
+        assert time.monotonic() < deadline, f"only {got} of {n} request records ever stored"
+        time.sleep(0.05)
 
 
 def _left(pg, budget: str) -> str:
@@ -261,11 +278,12 @@ def test_the_consoles_owner_budget_takes_the_place_of_the_configs(tmp_path):
     """An owner with a budget in the config and one set in the console: the console's
     applies; cleared, the config's applies again."""
     owners = {"owners": {"team-c": ["100 tokens/day"]}}
-    with console_gateway(tmp_path, budgets=owners) as (url, _):
+    with console_gateway(tmp_path, budgets=owners) as (url, dsn):
         api = url + "/dashboard/api"
         r = httpx.post(api + "/keys", headers=ADMIN, json={"name": "c1", "owner": "team-c"})
         key = r.json()["key"]
         assert _chat(url, key) == 200 and _chat(url, key) == 429  # the config's
+        _stored(dsn, 2)
         [owner] = httpx.get(api + "/keys", headers=ADMIN).json()["owners"]
         assert owner["source"] == "config" and owner["budgets"][0]["left"] == 0
         body = {"budgets": ["1M tokens/day"]}
