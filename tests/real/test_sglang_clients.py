@@ -8,7 +8,14 @@ and a minute to start)."""
 from __future__ import annotations
 
 from tests.real import harness
-from tests.real.agents import Claude, Codex, Opencode, check_stable_prefix, converse
+from tests.real.agents import (
+    Claude,
+    Codex,
+    Opencode,
+    check_stable_prefix,
+    converse,
+    converse_again,
+)
 from tests.real.test_claude_code import BILLING
 from tests.real.test_codex import _check_usage as check_codex_usage
 from tests.real.test_codex import _session as codex_session
@@ -29,7 +36,9 @@ def _report(say, name: str, turns) -> None:
 def test_claude_code_two_turns_on_sglang(claude_exe, sglang_agent, tmp_path, say):
     window = str(harness.AGENT_MAX_MODEL_LEN)
     env = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": window, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}
-    turns = converse(lambda s: Claude(claude_exe, s, tmp_path, **env), tmp_path, sglang_agent)
+    turns = converse_again(
+        lambda s, where: Claude(claude_exe, s, where, **env), tmp_path, sglang_agent, say
+    )
     _report(say, "Claude Code", turns)
     session = turns.first["session_id"]
     assert turns.second["session_id"] == session
