@@ -25,6 +25,7 @@ again costs nothing and is not recorded as a change.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -228,8 +229,9 @@ def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
     return compare(prev, cur, "session", compaction=why, at=i)
 
 
-def _segs(pieces: list[Piece]) -> list[Segment]:
-    return [s for s, _ in pieces]
+def _segs(pieces: list[Piece]) -> Iterator[Segment]:
+    """The pieces' segments, for a walk that lists them itself if it needs them twice."""
+    return (s for s, _ in pieces)
 
 
 def _sharing(prev: _Cut, cur: _Cut) -> tuple[int, int | None, int]:
