@@ -9,6 +9,7 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -38,6 +39,38 @@ class ListRecorder:
 
     def submit(self, record) -> None:
         self.records.append(record)
+
+
+# httpx's client, and the fork of it the official SDKs are built on.
+_SYNC_CLIENTS: tuple[type, ...] = (httpx.Client,)
+with contextlib.suppress(ImportError):
+    import httpx2
+
+    _SYNC_CLIENTS += (httpx2.Client,)
+
+
+@pytest.fixture(autouse=True)
+def _close_http_clients() -> Iterator[None]:
+    """Every synchronous HTTP client a test makes (the official SDKs' included) is closed
+    when the test ends. A client left open keeps its keep-alive socket until the garbage
+    collector finds the client's reference cycle, at a moment of its choosing: the socket's
+    ResourceWarning (an error in this suite) was then charged to whichever later test was
+    running. Clients made by wider-scoped fixtures are made before this fixture and kept."""
+    made: list = []
+
+    def recording(init):
+        def record(self, *args, **kwargs) -> None:
+            init(self, *args, **kwargs)
+            made.append(self)
+
+        return record
+
+    with pytest.MonkeyPatch.context() as patch:
+        for cls in _SYNC_CLIENTS:
+            patch.setattr(cls, "__init__", recording(cls.__init__))
+        yield
+    for client in made:
+        client.close()
 
 
 @pytest.fixture(autouse=True)
