@@ -38,7 +38,7 @@ def detail(store: Store, request_id: str) -> dict[str, Any] | None:
     return out
 
 
-def _selected(scope: Scope) -> tuple[str, list]:
+def _selected(scope: Scope) -> tuple[str, list[Any]]:
     where, params = scope.where()
     return f"request_id IN (SELECT request_id FROM requests WHERE 1 = 1{where})", params
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prefixgate.doctor.timespec import parse_time
 
@@ -47,7 +48,7 @@ class Scope:
     until: float | None
     filters: tuple[tuple[str, str | None], ...] = ()  # (column, value); None is NULL
 
-    def where(self) -> tuple[str, list]:
+    def where(self) -> tuple[str, list[Any]]:
         """``AND``-able clauses (leading space) and their parameters."""
         sql, params = "", []
         if self.since is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine import Run, Stats
+from .replay import Run, Stats
 
 __all__ = ["SimulationResult", "format_tokens", "plot_sweep", "render_text", "to_json"]
 
