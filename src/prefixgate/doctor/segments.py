@@ -474,7 +474,7 @@ def _breaks(
         return [b for _, _, b in raw]
     # Re-run the most recent breaks with their texts (diffs and text-based causes).
     recent = raw[-200:]
-    hashes = set()
+    hashes: set[str] = set()
     for prev, cur, b in recent:
         hashes.update(h for h in (b.in_prev, b.in_cur) if h)
         if b.out_index < len(prev.seg_out):

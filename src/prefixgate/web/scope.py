@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prefixgate.doctor.timespec import parse_time
 
@@ -48,9 +47,10 @@ class Scope:
     until: float | None
     filters: tuple[tuple[str, str | None], ...] = ()  # (column, value); None is NULL
 
-    def where(self) -> tuple[str, list[Any]]:
+    def where(self) -> tuple[str, list[float | str]]:
         """``AND``-able clauses (leading space) and their parameters."""
-        sql, params = "", []
+        sql = ""
+        params: list[float | str] = []
         if self.since is not None:
             sql += " AND received_at >= ?"
             params.append(self.since)
