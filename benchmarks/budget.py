@@ -149,11 +149,11 @@ def run_case(name: str, work: Path, upstream: str) -> dict:
     ]
 
     async def settled() -> tuple[int, int]:
-        from prefixgate.spend.ledger import RedisLedger
+        from prefixgate.spend.counters import RedisCounters
 
         day = time.strftime("%Y-%m-%d", time.gmtime())
         unit = "USD" if money else "tokens"
-        led = RedisLedger(REDIS)
+        led = RedisCounters(REDIS)
         try:
             [(spent, held)] = await led.read([f"key:{key_name}:{unit}:day:{day}"])
             return spent, held

@@ -31,7 +31,7 @@ from prefixgate.config import parse_config
 from prefixgate.lab.incident import MODEL, _spec, run_phase
 from prefixgate.lab.traffic import generate
 from prefixgate.spend.prices import PriceTable, fmt_money
-from prefixgate.spend.report import render_json, render_text, usage_report
+from prefixgate.spend.usage_report import render_json, render_text, usage_report
 from prefixgate.store import open_store
 
 DAY = 86400

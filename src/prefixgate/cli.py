@@ -407,9 +407,9 @@ def _register_subcommands() -> None:
     from prefixgate.commands.keys import keys
     from prefixgate.commands.reload import reload_command
     from prefixgate.commands.usage import usage
-    from prefixgate.lab.bench.cli import bench_command
+    from prefixgate.lab.bench.command import bench_command
     from prefixgate.lab.demo import demo
-    from prefixgate.lab.simulate.cli import simulate_command
+    from prefixgate.lab.simulate.command import simulate_command
 
     main.add_command(demo, "demo")
     main.add_command(doctor, "doctor")

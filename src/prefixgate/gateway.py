@@ -83,7 +83,7 @@ class Gateway:
         self.metrics.watch_admission(self.admission)
         self.metrics.registry.register(ReloadCollector(self))
         if events is not None:
-            from prefixgate.events.metrics import EventsCollector
+            from prefixgate.events.stream_metrics import EventsCollector
 
             self.metrics.registry.register(EventsCollector(events))
         self.capture = capture

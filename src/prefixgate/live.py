@@ -60,8 +60,8 @@ class Live:
         prices = PriceTable.from_config(config.prices) if config.prices else None
         budgets = None
         if has_budgets(config):
-            ledger = previous.budgets.ledger if previous and previous.budgets else None
-            budgets = BudgetKeeper(config, prices, ledger=ledger)
+            counters = previous.budgets.counters if previous and previous.budgets else None
+            budgets = BudgetKeeper(config, prices, counters=counters)
         if previous is not None:
             auth.adopt(previous.auth)
             router.adopt(previous.router)

@@ -256,14 +256,14 @@ def _build(gw: Gateway, config: Config, old: Live) -> Live:
 
 async def close_generation(gw: Gateway, old: Live) -> None:
     """A retired generation whose last request ended: its router's probes and shared
-    state, its budget keeper when nothing took over its ledger, and the upstream
+    state, its budget keeper when nothing took over its counters, and the upstream
     connections of the replicas no current generation routes to."""
     gw.draining.discard(old)
     await old.router.aclose()
     keeper = old.budgets
     if keeper is not None:
         current = gw.live.budgets
-        if current is not None and current.ledger is keeper.ledger:
+        if current is not None and current.counters is keeper.counters:
             if keeper._tasks:
                 await asyncio.wait(list(keeper._tasks), timeout=5.0)
         else:

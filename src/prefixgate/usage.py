@@ -12,6 +12,7 @@ figure is reported, for clients that want it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -39,7 +40,7 @@ class Usage:
             reasoning_tokens=_int(reasoning),
         )
 
-    def to_anthropic(self, exclude_cache: bool = True) -> dict:
+    def to_anthropic(self, exclude_cache: bool = True) -> dict[str, Any]:
         prompt = self.prompt_tokens or 0
         cached = self.cached_tokens or 0
         return {
@@ -49,7 +50,7 @@ class Usage:
             "output_tokens": self.completion_tokens or 0,
         }
 
-    def to_responses(self) -> dict:
+    def to_responses(self) -> dict[str, Any]:
         """The Responses API's usage: OpenAI semantics, as the upstream counted them
         (``input_tokens`` includes the cached part, ``cached_tokens``)."""
         prompt = self.prompt_tokens or 0
@@ -81,7 +82,7 @@ def _int(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def message_start_usage() -> dict:
+def message_start_usage() -> dict[str, Any]:
     """``message_start`` carries no estimate: clients take the larger of the start and end
     figures, so anything above the true uncached count would inflate their context."""
     return {

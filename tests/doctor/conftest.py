@@ -8,7 +8,7 @@ from tests.doctor import builders as b
 
 
 def seed_records(*, texts: bool = True) -> list[Record]:
-    """The seed's 8/17: 451 Claude Code requests on /v1/messages with a per-request cch=
+    """The billing-header incident's 8/17: 451 Claude Code requests on /v1/messages with a per-request cch=
     (383 pinned at 17920 = 280 × 64, 40 at 256, 28 at 0; prompts ~40k–180k averaging
     ~106k) and 444 Reasonix requests on /v1/chat/completions, same channel and model."""
     claude = b.claude_sessions(

@@ -1,4 +1,4 @@
-"""The demo's store: phase 1 is the seed incident, phase 2 the fix, measured for real."""
+"""The demo's store: phase 1 is the billing-header incident, phase 2 the fix, measured for real."""
 
 import contextlib
 

@@ -1,4 +1,4 @@
-"""Held-out scenarios the seed does not list: each must be named by its own cause."""
+"""Held-out scenarios the incident report does not list: each must be named by its own cause."""
 
 from prefixgate.doctor import diagnose, exit_code, render_text
 from tests.doctor import builders as b

@@ -1,4 +1,4 @@
-"""The seed incident from hand-made records: the whole diagnosis, on SQLite and Postgres."""
+"""The billing-header incident from hand-made records: the whole diagnosis, on SQLite and Postgres."""
 
 import json
 

@@ -18,7 +18,7 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
-from prefixgate.spend.ledger import RedisLedger
+from prefixgate.spend.counters import RedisCounters
 from prefixgate.store import open_store
 from tests.conftest import settled
 from tests.fakes import Reply
@@ -44,9 +44,9 @@ def _key(budgets, owner=None, name=None):
 
 def _spent(gw, counters_prefix: str) -> list[tuple[int, int]]:
     """(spent, reserved) of the gateway's counters whose names start with the prefix."""
-    ledger = gw.gateway.budgets.ledger
-    names = [n for n in ledger._counters if n.startswith(counters_prefix)]
-    return [(ledger._counters[n].spent, ledger._counters[n].reserved) for n in names]
+    counters = gw.gateway.budgets.counters
+    names = [n for n in counters._counters if n.startswith(counters_prefix)]
+    return [(counters._counters[n].spent, counters._counters[n].reserved) for n in names]
 
 
 def _chat(gw, secret: str, **body) -> httpx.Response:
@@ -141,7 +141,7 @@ def test_two_gateways_share_a_budget_through_redis(gateway, upstream):
     assert statuses == [200] * 5 + [429] * 3  # 5 * 107 = 535 crosses 500 on the fifth
 
     async def read():
-        led = RedisLedger(REDIS_URL)
+        led = RedisCounters(REDIS_URL)
         try:
             day = time.strftime("%Y-%m-%d", time.gmtime())
             return await led.read([f"key:{key['name']}:tokens:day:{day}"])

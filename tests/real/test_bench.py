@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from prefixgate.config import parse_config
-from prefixgate.lab.bench import report
-from prefixgate.lab.bench.model import Target
+from prefixgate.lab.bench import tables
 from prefixgate.lab.bench.runner import run_bench
 from prefixgate.lab.bench.scenarios import ScenarioParams
+from prefixgate.lab.bench.specs import Target
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 
@@ -31,7 +31,7 @@ def test_bench_runs_against_real_vllm_and_the_gateway(vllm):
                 targets, ["decode", "prefill", "concurrency4"], params, model="tiny", warmup=False
             )
         )
-    doc = report.to_json(run)
+    doc = tables.to_json(run)
     for name in ("vllm", "gateway"):
         t = doc["targets"][name]
         assert t["error"] is None, t["error"]
@@ -42,4 +42,4 @@ def test_bench_runs_against_real_vllm_and_the_gateway(vllm):
                 summary["errors"],
             )
             assert summary["total_output_tokens"] > 0, (name, scenario)
-    assert "gateway" in report.to_markdown(run)
+    assert "gateway" in tables.to_markdown(run)

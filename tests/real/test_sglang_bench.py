@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from prefixgate.lab.bench import report
-from prefixgate.lab.bench.model import Target
+from prefixgate.lab.bench import tables
 from prefixgate.lab.bench.runner import run_bench
 from prefixgate.lab.bench.scenarios import ScenarioParams
+from prefixgate.lab.bench.specs import Target
 
 SCENARIOS = ["decode", "prefill", "concurrency4", "concurrency8", "agent"]
 
@@ -33,7 +33,7 @@ def test_bench_compares_real_vllm_and_real_sglang_in_one_report(vllm, sglang, sa
         Target("sglang-0.5.23", sglang.base_url, "openai"),
     ]
     run = asyncio.run(run_bench(targets, SCENARIOS, params, model="tiny", warmup=False))
-    doc, text = report.to_json(run), report.to_markdown(run)
+    doc, text = tables.to_json(run), tables.to_markdown(run)
     say("bench, vLLM and SGLang:\n" + text.split("\n## decode")[0])
     assert set(doc["targets"]) == {"vllm-0.32", "sglang-0.5.23"}
     for name, target in doc["targets"].items():

@@ -19,7 +19,7 @@ usable hit, :func:`agreed_hit` the hit all groups agree on (the AND).
 External (host-tier) lookups start where the GPU hit ended (block ``start``) and follow a
 lookup policy:
 
-- ``veto``: the OffloadingConnector of the seed's vLLM. Each group counts the hit chunks
+- ``veto``: the OffloadingConnector of vLLM as the DeepSeek deployment ran it. Each group counts the hit chunks
   it holds at the end of the full-attention prefix found in the host; one group with zero
   hit chunks there makes the whole external hit 0, even though the full-attention prefix
   is in host memory. That end is usually where an earlier request stopped, exactly where

@@ -34,7 +34,7 @@ def usage(by, since, until, store_dsn, config_path, as_json, as_csv) -> None:
     when they were served (`prices:` in the gateway's config)."""
     from prefixgate.doctor.timespec import parse_time
     from prefixgate.spend.prices import PriceTable
-    from prefixgate.spend.report import render_csv, render_json, render_text, usage_report
+    from prefixgate.spend.usage_report import render_csv, render_json, render_text, usage_report
     from prefixgate.store import StoreError, open_store
 
     if as_json and as_csv:

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from prefixgate.diagnostics.request import request_id_of
-from prefixgate.ledger.model import Ledger
+from prefixgate.ledger.causes import Ledger
 from prefixgate.record.model import Record
 from prefixgate.store.base import Store
 

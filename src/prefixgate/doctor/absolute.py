@@ -17,8 +17,8 @@ from prefixgate.doctor import breakers as brk
 from prefixgate.doctor import distribution as dist_mod
 from prefixgate.doctor import predict as pred_mod
 from prefixgate.doctor import segments as seg_mod
-from prefixgate.doctor.model import CRITICAL, INFO, SEVERITY_ORDER, WARNING, Finding, Table
-from prefixgate.doctor.report import pct, tokens
+from prefixgate.doctor.findings import CRITICAL, INFO, SEVERITY_ORDER, WARNING, Finding, Table
+from prefixgate.doctor.output import pct, tokens
 from prefixgate.store import Store
 
 CRITICAL_SHARE = 0.10  # a breaker costing 10% of its upstream's prompt tokens is critical
@@ -27,7 +27,9 @@ WORTH_GAIN = 0.02
 DEFAULT_BLOCK = 16  # vLLM's default block size, when neither metrics nor records say
 
 
-def block_size(store: Store, b: brk.Breaker, since, until, hint: int | None) -> tuple[int, str]:
+def block_size(
+    store: Store, b: brk.Breaker, since: float | None, until: float | None, hint: int | None
+) -> tuple[int, str]:
     """The block size to replay with, and where it came from."""
     if hint:
         return hint, "vLLM cache_config_info"
@@ -46,7 +48,7 @@ def transform(b: brk.Breaker) -> pred_mod.Transform:
 
 
 def prediction(
-    store: Store, b: brk.Breaker, since, until, hint: int | None
+    store: Store, b: brk.Breaker, since: float | None, until: float | None, hint: int | None
 ) -> tuple[pred_mod.Prediction | None, int, str]:
     filters = [*b.filters(), ("client", b.client)]
     captured = seg_mod.load(store, filters, since, until)
@@ -56,7 +58,9 @@ def prediction(
     return pred_mod.predict(captured, block, transform(b)), block, source
 
 
-def finding(store: Store, b: brk.Breaker, since, until, hint: int | None) -> Finding:
+def finding(
+    store: Store, b: brk.Breaker, since: float | None, until: float | None, hint: int | None
+) -> Finding:
     """The finding of one breaker no slice finding names."""
     p, block, source = prediction(store, b, since, until, hint)
     gain = p.predicted_rate - p.measured_rate if p else 0.0

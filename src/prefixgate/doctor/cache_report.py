@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import msgspec
 
 from prefixgate.doctor import query
-from prefixgate.doctor.model import INFO, WARNING, Finding, Table
+from prefixgate.doctor.findings import INFO, WARNING, Finding, Table
 from prefixgate.doctor.upstream_health import Counters
 from prefixgate.store import Store
 

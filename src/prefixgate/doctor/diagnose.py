@@ -1,4 +1,4 @@
-"""The diagnosis, start to end — the seed's manual investigation as one pipeline:
+"""The diagnosis, start to end — the billing-header incident's investigation by hand, as one pipeline:
 
 1. slices: split the hit rate by every dimension; rank what pulls it down;
 2. distribution: for each weak slice, the cached-token distribution and a pinned constant;
@@ -25,8 +25,7 @@ from prefixgate.doctor import ledger as ledger_mod
 from prefixgate.doctor import predict as pred_mod
 from prefixgate.doctor import segments as seg_mod
 from prefixgate.doctor import slices as slice_mod
-from prefixgate.doctor.holder import HolderRecords
-from prefixgate.doctor.model import (
+from prefixgate.doctor.findings import (
     CRITICAL,
     INFO,
     SEVERITY_ORDER,
@@ -35,7 +34,8 @@ from prefixgate.doctor.model import (
     Finding,
     Table,
 )
-from prefixgate.doctor.report import pct, tokens
+from prefixgate.doctor.holder import HolderRecords
+from prefixgate.doctor.output import pct, tokens
 from prefixgate.doctor.timespec import format_day
 from prefixgate.store import Store, open_store
 

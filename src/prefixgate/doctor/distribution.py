@@ -3,7 +3,7 @@
 A healthy slice's ``cached_tokens`` follow its prompts (each turn hits what the previous
 one left). A slice whose cache breaks at a fixed point shows a *pinned constant*: one exact
 non-zero value held by a large share of the requests while their prompts vary widely —
-the seed's 17920 = 280 × 64, the tool definitions rendered before a volatile header.
+the billing-header incident's 17920 = 280 × 64, the tool definitions rendered before a volatile header.
 Probabilistic causes (eviction, contention) never produce an exact constant.
 
 The aggregation (one row per distinct cached value) runs in the database.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from prefixgate.doctor import query
 from prefixgate.store import Store
@@ -50,7 +51,7 @@ class ValueGroup:
         return math.sqrt(var) / mean
 
 
-def _filters(filters: Sequence[tuple[str, str | None]]) -> tuple[str, list]:
+def _filters(filters: Sequence[tuple[str, str | None]]) -> tuple[str, list[str | None]]:
     sql, params = "", []
     for column, value in filters:
         s, p = query.equals(column, value)
@@ -159,14 +160,14 @@ class Distribution:
     prompt_tokens: int
     cached_tokens: int
     buckets: list[Bucket] = field(default_factory=list)
-    modes: list[dict] = field(default_factory=list)  # top exact non-zero values
+    modes: list[dict[str, Any]] = field(default_factory=list)  # top exact non-zero values
     pinned: Pinned | None = None
 
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
-from prefixgate.doctor.model import CRITICAL, WARNING, Finding, Table
-from prefixgate.doctor.report import pct, tokens
+from prefixgate.doctor.findings import CRITICAL, WARNING, Finding, Table
+from prefixgate.doctor.output import pct, tokens
 from prefixgate.doctor.slices import Cell
 from prefixgate.record.segments import prefix_tokens
 from prefixgate.store import Store

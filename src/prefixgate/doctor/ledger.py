@@ -13,7 +13,7 @@ findings, one per kind of loss, each with its figure and the fix that fits it,
   tier (medium ``CPU``) when a request missed them, and none ever loaded back: the host
   tier's real contents, in place of the guesses from counters and log lines;
 
-what the engine's chat template costs (:mod:`.rendering`: ``template_hoisting``,
+what the engine's chat template costs (:mod:`.template_cost`: ``template_hoisting``,
 ``template_reasoning``), and the **calibration** line (``calibration``): how often the index's and the cache
 model's predictions of the hit equal the engine's reported ``cached_tokens``. Prompt
 instability stays the slices' finding (``prefix_broken``); the ledger's
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prefixgate.doctor import rendering
-from prefixgate.doctor.model import CRITICAL, INFO, WARNING, Finding, Table
-from prefixgate.doctor.report import pct, tokens
+from prefixgate.doctor import template_cost
+from prefixgate.doctor.findings import CRITICAL, INFO, WARNING, Finding, Table
+from prefixgate.doctor.output import pct, tokens
 from prefixgate.ledger import CAUSES
 from prefixgate.store import Store
 from prefixgate.store.schema import CLEARED_VERSION, LEDGER_VERSION
@@ -112,7 +112,7 @@ def findings(
             if f is not None:
                 out.append(f)
     out.extend(
-        rendering.findings(
+        template_cost.findings(
             store, where, params, {c["channel"]: c["prompt_tokens"] for c in channels}
         )
     )

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from prefixgate.cache import PrefixCache
 from prefixgate.doctor import segments as sg
-from prefixgate.doctor.model import Finding, Table
-from prefixgate.doctor.report import pct
+from prefixgate.doctor.findings import Finding, Table
+from prefixgate.doctor.output import pct
 from prefixgate.doctor.segments import Captured
 from prefixgate.record.model import Segment
 from prefixgate.record.segments import prefix_tokens
@@ -219,7 +220,7 @@ class Prediction:
     predicted_rate: float  # the model with the fix applied
     calibration_points: float  # replay_as_sent − measured, in points
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "block_size": self.block_size,
             "requests": self.requests,

@@ -22,7 +22,7 @@ import json
 import re
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
@@ -75,6 +75,10 @@ class Captured:
     @property
     def claude(self) -> bool:
         return (self.client or "") in CLAUDE_CLIENTS or self.session_kind == "claude-code"
+
+
+# ``Store.get_texts``: the stored texts of some segment hashes, by hash.
+TextsOf = Callable[[Iterable[str]], dict[str, str]]
 
 
 def load(
@@ -405,7 +409,7 @@ def stability(reqs: Sequence[Captured], names: Sequence[tuple[str, str]]) -> lis
     return out
 
 
-def analyse(reqs: Sequence[Captured], texts_of) -> SegmentReport:
+def analyse(reqs: Sequence[Captured], texts_of: TextsOf) -> SegmentReport:
     """Analyse a slice's captured requests. ``texts_of(hashes) -> {hash: text}`` fetches
     stored texts (``Store.get_texts``)."""
     by = sessions(reqs)
@@ -454,7 +458,13 @@ def analyse(reqs: Sequence[Captured], texts_of) -> SegmentReport:
     return report
 
 
-def _breaks(pairs, texts_of, captured: bool, *, same_session: bool) -> list[PairBreak]:
+def _breaks(
+    pairs: Sequence[tuple[Captured, Captured]],
+    texts_of: TextsOf,
+    captured: bool,
+    *,
+    same_session: bool,
+) -> list[PairBreak]:
     raw = []
     for prev, cur in pairs:
         b = classify(prev, cur, {}, same_session=same_session)
@@ -464,7 +474,7 @@ def _breaks(pairs, texts_of, captured: bool, *, same_session: bool) -> list[Pair
         return [b for _, _, b in raw]
     # Re-run the most recent breaks with their texts (diffs and text-based causes).
     recent = raw[-200:]
-    hashes = set()
+    hashes: set[str] = set()
     for prev, cur, b in recent:
         hashes.update(h for h in (b.in_prev, b.in_cur) if h)
         if b.out_index < len(prev.seg_out):

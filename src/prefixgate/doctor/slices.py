@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
-from prefixgate.doctor.model import Rate
+from prefixgate.doctor.findings import Rate
 from prefixgate.store import Store
 
 # Dimensions compared within one upstream, in the order a person names a slice by.

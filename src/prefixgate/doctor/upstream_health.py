@@ -2,7 +2,7 @@
 
 Sources: vLLM ``/metrics`` snapshots (two taken some seconds apart give deltas; one gives
 the cumulative counters since start) and engine log files. The finding it exists for is
-the seed's second incident, a *write-only host-memory tier*: the ``OffloadingConnector``
+the second incident of the DeepSeek-on-vLLM deployment, a *write-only host-memory tier*: the ``OffloadingConnector``
 stores KV blocks to CPU memory all the time (``kv_offload_total_bytes{GPU_to_CPU}`` grows,
 external queries grow) but never loads one back (``CPU_to_GPU`` = 0, external hits = 0,
 ``External prefix cache hit rate: 0.0%`` in every log line). Known cause: hybrid KV cache
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixgate.doctor.model import WARNING, Finding, Table
+from prefixgate.doctor.findings import WARNING, Finding, Table
 
 STORE_KEYS = ("kv_offload_total_bytes:GPU_to_CPU", "kv_offload_store_bytes")
 LOAD_KEYS = ("kv_offload_total_bytes:CPU_to_GPU", "kv_offload_load_bytes")

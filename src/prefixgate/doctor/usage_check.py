@@ -9,7 +9,7 @@ keep both the raw upstream figures and what the client was shown, so this is a q
 from __future__ import annotations
 
 from prefixgate.doctor import query
-from prefixgate.doctor.model import WARNING, Finding, Table
+from prefixgate.doctor.findings import WARNING, Finding, Table
 from prefixgate.store import Store
 
 MIN_SHARE = 0.5  # of the checkable responses of a channel

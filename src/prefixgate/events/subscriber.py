@@ -98,7 +98,7 @@ class Subscriber:
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         # set once the socket is open and the replay buffer read: batches published from
         # then on reach the index (tests and wait_ready use it; nothing waits for it)
         self.ready = asyncio.Event()

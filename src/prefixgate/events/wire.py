@@ -179,7 +179,7 @@ class WireDecoder:
 
     def __init__(self) -> None:
         dec = msgspec.msgpack.Decoder
-        self._typed: dict[str, msgspec.msgpack.Decoder] = {
+        self._typed: dict[str, msgspec.msgpack.Decoder[Any]] = {
             "map": dec(_PosBatchMapEvents),
             "array": dec(_PosBatchArrayEvents),
             "map-batch": dec(_MapBatchMapEvents),

@@ -10,6 +10,7 @@ vendor's own API reads the header, so this runs only on the Messages → ``opena
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 
@@ -27,7 +28,7 @@ def is_billing_header(text: str) -> bool:
     return _HEADER.match(text) is not None
 
 
-def strip_billing_header(body: dict) -> tuple[dict, bool]:
+def strip_billing_header(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """Return ``(body, removed)``. A system text block whose trimmed text starts with the
     header is dropped; for a string system, its first line if it is such a header."""
     system = body.get("system")

@@ -46,7 +46,7 @@ MARKERS: tuple[Marker, ...] = (
             "capture: a changed system block whose text starts with the header; the doctor's "
             "breakers and segments name it"
         ),
-        report="the seed incident; vLLM drops the line itself since its billing-header fix",
+        report="the billing-header incident; vLLM drops the line itself since its billing-header fix",
         pattern=re.compile(r"^\s*x-anthropic-billing-header:"),
     ),
     Marker(

@@ -31,7 +31,7 @@ import click
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def demo(sessions, turns, concurrency, seed, store_path, as_json) -> None:
-    """Reproduce the seed incident and its fix: the same Claude-Code-like and stable-prefix
+    """Reproduce the billing-header incident and its fix: the same Claude-Code-like and stable-prefix
     traffic through the gateway with the billing-header protection off, then on."""
     import json
 

@@ -1,4 +1,4 @@
-"""The seed incident, reproduced and fixed, in under a minute (what `prefixgate demo` runs;
+"""The billing-header incident, reproduced and fixed, in under a minute (what `prefixgate demo` runs;
 the command itself, its progress and its table are in `demo.py`, beside it).
 
 A simulated vLLM upstream (block size 64, tools rendered before the system prompt, a cache

@@ -1,6 +1,6 @@
 """The miss ledger: for every recorded request, where each of its prompt tokens went.
 
-- :mod:`.model`: :class:`Ledger`, the causes and what they mean;
+- :mod:`.causes`: :class:`Ledger`, the causes and what they mean;
 - :mod:`.split`: the split itself, pure: from the index's blocks as of the request's time
   (``source: events``) or from the cache model's figures (``source: model``);
 - :mod:`.cachemodel`: the cache model replayed on the recorded segments, per replica;
@@ -11,6 +11,6 @@
 
 from __future__ import annotations
 
-from .model import CAUSES, EVENTS, MODEL, Ledger
+from .causes import CAUSES, EVENTS, MODEL, Ledger
 
 __all__ = ["CAUSES", "EVENTS", "MODEL", "Ledger"]

@@ -46,7 +46,7 @@ from prefixgate.record.writer import _Worker
 from prefixgate.store.base import Store
 
 from .cachemodel import CAPACITY_TOKENS, ReplicaModels
-from .model import CAUSES, EVENTS, MODEL, Ledger
+from .causes import CAUSES, EVENTS, MODEL, Ledger
 from .split import Split, split_events, split_model
 
 if TYPE_CHECKING:

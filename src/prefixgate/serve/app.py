@@ -216,7 +216,7 @@ def _ledger(config: Config, gateway: Gateway, events):
     store = config.store if config.store is not None and config.store.ledger else None
     if store is None and events is None:
         return None
-    from prefixgate.ledger.metrics import LedgerCollector
+    from prefixgate.ledger.cause_metrics import LedgerCollector
     from prefixgate.ledger.worker import LedgerWorker
 
     factory = None
@@ -394,10 +394,10 @@ class AccessLog:
 async def seed_budgets(keeper, store_config) -> None:
     """What keys and owners used in the current windows, from the store into the budget
     ledger (a restart renews nobody's budget); a store that is down is said and passed."""
-    from prefixgate.spend.standing import seed_ledger
+    from prefixgate.spend.standing import seed_counters
 
     try:
-        await seed_ledger(
+        await seed_counters(
             keeper, store_config.dsn, (store_config.statement_timeout, store_config.lock_timeout)
         )
     except Exception as exc:

@@ -103,7 +103,7 @@ def window(period: str, now: float) -> tuple[float, float]:
 
 
 def window_label(period: str, start: float) -> str:
-    """A window's name in ledger keys: its first day, ``2025-06-01``."""
+    """A window's name in counter keys: its first day, ``2025-06-01``."""
     return dt.datetime.fromtimestamp(start, dt.UTC).strftime("%Y-%m-%d")
 
 

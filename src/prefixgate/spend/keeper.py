@@ -7,7 +7,7 @@ A request's estimate is its prompt at about four bytes a token, all of it fresh,
 priced at the model's price. The settlement charges the record's own figures: tokens are
 ``prompt_tokens + completion_tokens``, money is ``cost_nano`` (a request that reported no
 usage is charged nothing). Settling runs off the request path, after the answer's last
-byte. If the ledger cannot be reached the request goes on without a hold (budgets are
+byte. If the budget counters cannot be reached the request goes on without a hold (budgets are
 kept again once it is back) and the log says so, once per interval.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from prefixgate.errors import BudgetExceeded, RateLimited
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.spend.budgets import Budget, iso, parse_budget, window, window_label
-from prefixgate.spend.ledger import Line, Refused, make_ledger
+from prefixgate.spend.counters import Line, Refused, make_counters
 from prefixgate.spend.prices import PriceTable, fmt_money
 
 log = logging.getLogger("prefixgate")
@@ -54,7 +54,7 @@ def counter_name(scope: str, name: str, budget: Budget, start: float) -> str:
 
 
 class BudgetKeeper:
-    def __init__(self, config, prices: PriceTable | None, ledger=None) -> None:
+    def __init__(self, config, prices: PriceTable | None, counters=None) -> None:
         self.currency = prices.currency if prices is not None else "USD"
         self.prices = prices
         self.owners = {
@@ -63,7 +63,7 @@ class BudgetKeeper:
         }
         self.output_estimate = config.budgets.output_estimate
         self.hold_seconds = config.budgets.hold_seconds
-        self.ledger = ledger if ledger is not None else make_ledger(config.budgets_shared)
+        self.counters = counters if counters is not None else make_counters(config.budgets_shared)
         self.shared = config.budgets_shared is not None
         self._channels = {c.name: c for c in config.channels}
         self._windows: dict[str, tuple[float, float]] = {}
@@ -141,11 +141,13 @@ class BudgetKeeper:
             for a in applied
         ]
         try:
-            figures = await self.ledger.reserve(request_id, lines, now, now + self.hold_seconds)
+            figures = await self.counters.reserve(request_id, lines, now, now + self.hold_seconds)
         except Refused as r:
             raise self._refusal(applied[r.index], r.spent, r.reserved, now) from None
-        except Exception as exc:  # the ledger is down: go on, said once per interval
-            self.failures.warning("reserve", "budgets not enforced: ledger unreachable: %s", exc)
+        except Exception as exc:  # the counters are down: go on, said once per interval
+            self.failures.warning(
+                "reserve", "budgets not enforced: budget counters unreachable: %s", exc
+            )
             return None, {}
         return Hold(request_id, applied), self.headers(applied, figures)
 
@@ -187,7 +189,7 @@ class BudgetKeeper:
         nanos = rec.cost_nano or 0
         charges = [nanos if a.budget.money else tokens for a in hold.applied]
         counters = [a.counter for a in hold.applied]
-        at_once = getattr(self.ledger, "settle_now", None)
+        at_once = getattr(self.counters, "settle_now", None)
         if at_once is not None:  # in memory: a few additions, no task
             at_once(hold.id, counters, charges)
             return
@@ -197,14 +199,16 @@ class BudgetKeeper:
 
     async def _settle(self, counters: list[str], hold: str, charges: list[int]) -> None:
         try:
-            await self.ledger.settle(hold, counters, charges)
+            await self.counters.settle(hold, counters, charges)
         except Exception as exc:
-            self.failures.warning("settle", "a budget charge was lost: ledger unreachable: %s", exc)
+            self.failures.warning(
+                "settle", "a budget charge was lost: budget counters unreachable: %s", exc
+            )
 
     async def aclose(self) -> None:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
-        await self.ledger.aclose()
+        await self.counters.aclose()
 
 
 __all__ = ["Applied", "BudgetKeeper", "Hold", "counter_name"]

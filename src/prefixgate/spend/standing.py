@@ -1,8 +1,8 @@
 """What keys and owners have used of their budgets in the current windows, read from the
-store's records (the truth once requests are settled) or from a shared ledger (which also
+store's records (the truth once requests are settled) or from the shared counters (which also
 knows the holds of requests in flight).
 
-A gateway with budgets seeds its ledger from the store at start, so a restart does not
+A gateway with budgets seeds its budget counters from the store at start, so a restart does not
 renew anyone's budget; ``prefixgate keys list`` shows what is left.
 """
 
@@ -54,7 +54,7 @@ def standing(
     shared_url: str | None = None,
 ) -> dict[tuple[str, str], list[tuple]]:
     """For each (scope, name) -> its budgets: a list of (budget, used, left), used counting
-    what requests in flight hold when the ledger is shared (it is read from Redis), else
+    what requests in flight hold when the counters are shared (it is read from Redis), else
     the store's records of the window."""
     from prefixgate.spend.keeper import counter_name
 
@@ -66,14 +66,14 @@ def standing(
     if shared_url:
         import asyncio
 
-        from prefixgate.spend.ledger import RedisLedger
+        from prefixgate.spend.counters import RedisCounters
 
         async def read():
-            ledger = RedisLedger(shared_url)
+            counters = RedisCounters(shared_url)
             try:
-                return await ledger.read([c for _, _, c in wanted])
+                return await counters.read([c for _, _, c in wanted])
             finally:
-                await ledger.aclose()
+                await counters.aclose()
 
         used = [spent + held for spent, held in asyncio.run(read())]
     else:
@@ -91,8 +91,8 @@ def standing(
     return out
 
 
-async def seed_ledger(keeper, dsn: str, timeouts: tuple[float, float]) -> int:
-    """Seed the keeper's ledger with the store's figures (a counter that exists is left
+async def seed_counters(keeper, dsn: str, timeouts: tuple[float, float]) -> int:
+    """Seed the keeper's budget counters with the store's figures (a counter that exists is left
     as it is); the number of counters offered."""
     import asyncio
     import time
@@ -108,8 +108,8 @@ async def seed_ledger(keeper, dsn: str, timeouts: tuple[float, float]) -> int:
 
     rows = await asyncio.to_thread(read)
     for counter, spent, ttl in rows:
-        await keeper.ledger.seed(counter, spent, ttl)
+        await keeper.counters.seed(counter, spent, ttl)
     return len(rows)
 
 
-__all__ = ["seed_ledger", "seeds", "standing", "used_since"]
+__all__ = ["seed_counters", "seeds", "standing", "used_since"]

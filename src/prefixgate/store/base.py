@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefixgate.ledger.model import Ledger
+from prefixgate.ledger.causes import Ledger
 from prefixgate.record.model import Record
 
 

@@ -61,8 +61,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from prefixgate.ledger.model import CAUSES as LEDGER_CAUSES
-from prefixgate.ledger.model import Ledger
+from prefixgate.ledger.causes import CAUSES as LEDGER_CAUSES
+from prefixgate.ledger.causes import Ledger
 from prefixgate.record.model import Change, Diagnosis, Record, Segment
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.

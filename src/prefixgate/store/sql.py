@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from prefixgate.ledger.model import Ledger
+from prefixgate.ledger.causes import Ledger
 from prefixgate.record.model import Record
 from prefixgate.store import schema
 from prefixgate.store.base import AuditRow, KeyRow, Store, StoreError

@@ -10,7 +10,7 @@ from typing import Any
 from prefixgate.ledger import CAUSES
 from prefixgate.store import Store
 from prefixgate.store.schema import LEDGER_VERSION
-from prefixgate.web.queries import _floor, _i
+from prefixgate.web.queries import as_int, bucket_floor
 from prefixgate.web.scope import Scope
 
 _SUMS = ", ".join(f"SUM(tokens_{c})" for c in CAUSES)
@@ -38,7 +38,7 @@ def detail(store: Store, request_id: str) -> dict[str, Any] | None:
     return out
 
 
-def _selected(scope: Scope) -> tuple[str, list]:
+def _selected(scope: Scope) -> tuple[str, list[Any]]:
     where, params = scope.where()
     return f"request_id IN (SELECT request_id FROM requests WHERE 1 = 1{where})", params
 
@@ -57,19 +57,19 @@ def series(store: Store, scope: Scope, axis: dict[str, Any] | None) -> dict[str,
     totals = dict.fromkeys(CAUSES, 0)
     sources: dict[str, int] = {}
     for row in rows:
-        sources[str(row[0])] = _i(row[1])
+        sources[str(row[0])] = as_int(row[1])
         for c, v in zip(CAUSES, row[2:], strict=True):
-            totals[c] += _i(v)
+            totals[c] += as_int(v)
     origin, width, n = axis["origin"], axis["width"], axis["buckets"]
-    bucket = _floor("((request_at - ?) / ?)")
+    bucket = bucket_floor("((request_at - ?) / ?)")
     rows = store.query(
         f"SELECT {bucket}, {_SUMS} FROM ledgers WHERE {sel} GROUP BY 1",
         [float(origin), float(width)] * 3 + params,
     )
     causes = {c: [0] * n for c in CAUSES}
     for row in rows:
-        b = _i(row[0])
+        b = as_int(row[0])
         if 0 <= b < n:
             for c, v in zip(CAUSES, row[1:], strict=True):
-                causes[c][b] += _i(v)
+                causes[c][b] += as_int(v)
     return {"totals": totals, "sources": sources, "causes": causes}

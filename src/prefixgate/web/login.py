@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from prefixgate.admin_attempts import client_address
-from prefixgate.auth import presented_key
+from prefixgate.auth import Principal, presented_key
 from prefixgate.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -109,7 +109,7 @@ class AdminGate:
         except StoreError as exc:
             raise StoreUnavailable(f"the store keeping sessions is unavailable: {exc}") from exc
 
-    async def holder(self, request: Request):
+    async def holder(self, request: Request) -> Principal | None:
         """The key holder a request speaks for: the key in its headers (scripts), else
         the key holder's session in its cookie, checked against the key's current digest
         (a rotated or revoked key ends its sessions); None when neither."""

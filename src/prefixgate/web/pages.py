@@ -46,7 +46,9 @@ def _nav(prefix: str, active: str) -> str:
     return "".join(links)
 
 
-def html_response(body: str, status: int = 200, headers: dict | None = None) -> HTMLResponse:
+def html_response(
+    body: str, status: int = 200, headers: dict[str, str] | None = None
+) -> HTMLResponse:
     return HTMLResponse(
         body,
         status_code=status,

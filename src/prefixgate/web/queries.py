@@ -31,7 +31,8 @@ WIDTHS = (
 PERCENTILES = (50, 90, 99)
 
 
-def _i(v: Any) -> int:
+def as_int(v: Any) -> int:
+    """A figure read from a row as an int: NULL (an empty window's SUM) is 0."""
     return int(v or 0)
 
 
@@ -47,14 +48,14 @@ def _rate(prompt: int, cached: int) -> float | None:
     return cached / prompt if prompt else None
 
 
-def _floor(expr: str) -> str:
+def bucket_floor(expr: str) -> str:
     """floor(expr) in both dialects: SQLite's CAST truncates, Postgres's rounds."""
     return f"(CAST({expr} AS BIGINT) - CASE WHEN CAST({expr} AS BIGINT) > {expr} THEN 1 ELSE 0 END)"
 
 
 def _bucket(origin: float, width: float) -> tuple[str, list[float]]:
     x = "((received_at - ?) / ?)"
-    return _floor(x), [float(origin), float(width)] * 3
+    return bucket_floor(x), [float(origin), float(width)] * 3
 
 
 def bucket_width(span: float, target: int = TARGET_BUCKETS) -> float:
@@ -75,7 +76,7 @@ _SUMS = (
 
 
 def _sums(row: tuple) -> dict[str, Any]:
-    n, err, prompt, cached, completion = (_i(v) for v in row)
+    n, err, prompt, cached, completion = (as_int(v) for v in row)
     return {
         "requests": n,
         "errors": err,
@@ -108,7 +109,7 @@ def percentiles(
     for row in store.query(sql, [*(key_params or []), *params]):
         k = tuple(row[: len(keys)])
         values = row[len(keys) :]
-        out[k] = {"n": _i(values[0])} | {
+        out[k] = {"n": as_int(values[0])} | {
             f"p{p}": _f(v) for p, v in zip(PERCENTILES, values[1:], strict=True)
         }
     return out
@@ -129,7 +130,7 @@ def meta(store: Store, scope: Scope, limit: int = 100) -> dict[str, Any]:
     ]
     values: dict[str, list[dict]] = {n: [] for n in names}
     for dim, value, n in store.query(" UNION ALL ".join(parts), params * len(parts)):
-        values[dim].append({"value": _name(value), "requests": _i(n)})
+        values[dim].append({"value": _name(value), "requests": as_int(n)})
     for v in values.values():
         v.sort(key=lambda x: (-x["requests"], x["value"]))
         del v[limit:]
@@ -142,8 +143,8 @@ def meta(store: Store, scope: Scope, limit: int = 100) -> dict[str, Any]:
     )
     return {
         "values": values,
-        "window": {"first": _f(first), "last": _f(last), "requests": _i(count)},
-        "store": {"first": _f(all_first), "last": _f(all_last), "requests": _i(all_count)},
+        "window": {"first": _f(first), "last": _f(last), "requests": as_int(count)},
+        "store": {"first": _f(all_first), "last": _f(all_last), "requests": as_int(all_count)},
     }
 
 
@@ -160,7 +161,7 @@ def overview(store: Store, scope: Scope, by: str) -> dict[str, Any]:
         f" FROM requests WHERE 1 = 1{where}",
         params,
     )
-    totals = _sums(row[:5]) | {"sessions": _i(row[5])}
+    totals = _sums(row[:5]) | {"sessions": as_int(row[5])}
     first, last = _f(row[6]), _f(row[7])
     overall = percentiles(store, scope, ["0"]).get((0,), {})
     totals["ttft"] = overall
@@ -182,15 +183,15 @@ def overview(store: Store, scope: Scope, by: str) -> dict[str, Any]:
     # The biggest groups by prompt tokens get their own series.
     weight: dict[str, int] = defaultdict(int)
     for r in rows:
-        weight[_name(r[1])] += _i(r[4]) or _i(r[2])
+        weight[_name(r[1])] += as_int(r[4]) or as_int(r[2])
     ranked = sorted(weight, key=lambda g: (-weight[g], g))
     kept = set(ranked[:MAX_GROUPS]) if len(ranked) <= MAX_GROUPS else set(ranked[: MAX_GROUPS - 1])
     cells: dict[str, dict[int, list[int]]] = defaultdict(dict)
     for r in rows:
         g = _name(r[1]) if _name(r[1]) in kept else "other"
-        acc = cells[g].setdefault(_i(r[0]), [0, 0, 0, 0, 0])
+        acc = cells[g].setdefault(as_int(r[0]), [0, 0, 0, 0, 0])
         for i, v in enumerate(r[2:7]):
-            acc[i] += _i(v)
+            acc[i] += as_int(v)
     n_buckets = int((last - origin) // width) + 1
     order = [g for g in ranked if g in kept] + (["other"] if "other" in cells else [])
     groups = []
@@ -248,12 +249,12 @@ def distribution(store: Store, scope: Scope, by: str, max_slices: int = MAX_GROU
         f" MAX(prompt_tokens) FROM requests WHERE {OK}{where} GROUP BY 1",
         params,
     )
-    rows.sort(key=lambda r: (-_i(r[1]), _name(r[0])))
+    rows.sort(key=lambda r: (-as_int(r[1]), _name(r[0])))
     top = rows[:max_slices]
     out: dict[str, Any] = {"by": by, "width": None, "block": None, "slices": []}
     if not top:
         return out
-    width = bin_width(max(_i(r[4]) for r in top))
+    width = bin_width(max(as_int(r[4]) for r in top))
     out["width"] = width
     hist: dict[str, dict[str, dict[int, int]]] = defaultdict(lambda: {"cached": {}, "prompt": {}})
     for kind, expr in (("cached", "COALESCE(cached_tokens, 0)"), ("prompt", "prompt_tokens")):
@@ -262,7 +263,7 @@ def distribution(store: Store, scope: Scope, by: str, max_slices: int = MAX_GROU
             f" WHERE {OK}{where} GROUP BY 1, 2",
             [width, *params],
         ):
-            hist[_name(value)][kind][_i(b)] = _i(n)
+            hist[_name(value)][kind][as_int(b)] = as_int(n)
     block = dist_mod.infer_block(
         dist_mod.cached_values(store, scope.pairs(), scope.since, scope.until)
     )
@@ -277,11 +278,11 @@ def distribution(store: Store, scope: Scope, by: str, max_slices: int = MAX_GROU
             {
                 "value": _name(value),
                 "filter": {"column": column, "value": value},
-                "requests": _i(n),
-                "prompt_tokens": _i(prompt),
-                "cached_tokens": _i(cached),
-                "hit_rate": _rate(_i(prompt), _i(cached)),
-                "max_prompt": _i(max_prompt),
+                "requests": as_int(n),
+                "prompt_tokens": as_int(prompt),
+                "cached_tokens": as_int(cached),
+                "hit_rate": _rate(as_int(prompt), as_int(cached)),
+                "max_prompt": as_int(max_prompt),
                 "cached_bins": [h["cached"].get(b, 0) for b in range(n_bins)],
                 "prompt_bins": [h["prompt"].get(b, 0) for b in range(n_bins)],
                 "zero": next((g.requests for g in groups if g.cached == 0), 0),
@@ -315,7 +316,7 @@ def upstream_stats(store: Store, scope: Scope, error_rows: int = 30) -> dict[str
                 **_sums(r[2:7]),
                 "last_seen": _f(r[7]),
                 "last_error": _f(r[8]),
-                "retries": _i(r[9]),
+                "retries": as_int(r[9]),
                 "ttft": ttft.get((r[0], r[1])),
             }
         )
@@ -323,9 +324,9 @@ def upstream_stats(store: Store, scope: Scope, error_rows: int = 30) -> dict[str
         {
             "channel": ch,
             "replica": rep,
-            "status": _i(status),
+            "status": as_int(status),
             "error_type": etype,
-            "requests": _i(n),
+            "requests": as_int(n),
             "last": _f(at),
         }
         for ch, rep, status, etype, n, at in store.query(
@@ -485,7 +486,7 @@ def request_detail(store: Store, request_id: str) -> dict[str, Any] | None:
             " WHERE session_id = ? AND (received_at < ? OR (received_at = ? AND id <= ?))",
             [session, at, at, rid],
         )
-        out["session_position"] = _i(position)
+        out["session_position"] = as_int(position)
         if prev:
             p = prev[0]
             p_in, p_out = _segs(p[3:])

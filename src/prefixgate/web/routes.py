@@ -241,8 +241,8 @@ class Dashboard:
         return await self._read(queries.request_log, scope, limit=limit, before=q.get("before"))
 
     async def usage(self, request: Request) -> Any:
-        """The usage report (spend/report.py) for the scope, grouped by ``by``."""
-        from prefixgate.spend.report import DIMENSIONS, usage_report
+        """The usage report (spend/usage_report.py) for the scope, grouped by ``by``."""
+        from prefixgate.spend.usage_report import DIMENSIONS, usage_report
 
         q = request.query_params
         scope = scope_of(q)

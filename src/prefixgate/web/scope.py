@@ -47,9 +47,10 @@ class Scope:
     until: float | None
     filters: tuple[tuple[str, str | None], ...] = ()  # (column, value); None is NULL
 
-    def where(self) -> tuple[str, list]:
+    def where(self) -> tuple[str, list[float | str]]:
         """``AND``-able clauses (leading space) and their parameters."""
-        sql, params = "", []
+        sql = ""
+        params: list[float | str] = []
         if self.since is not None:
             sql += " AND received_at >= ?"
             params.append(self.since)

@@ -59,14 +59,14 @@ def l2_status(url: str) -> dict[str, Any]:
     }
 
 
-def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict]) -> dict[str, Any]:
+def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Channels with their replicas (configured ones first, then replicas seen only in the
     store), joined with the store's per-replica figures."""
     by_key = {(r["channel"], r["replica"]): r for r in stats["replicas"]}
     admission = gateway.admission.snapshot()
     hub = getattr(gateway, "events", None)
     events = {(e["channel"], e["replica"]): e for e in (hub.statuses() if hub else ())}
-    seen: set[tuple] = set()
+    seen: set[tuple[str, str]] = set()
     channels = []
     for ch in gateway.config.channels:
         replicas = []

@@ -21,9 +21,9 @@ import statistics
 
 import pytest
 
-from prefixgate.lab.bench.model import Target
 from prefixgate.lab.bench.runner import run_bench
 from prefixgate.lab.bench.scenarios import ScenarioParams
+from prefixgate.lab.bench.specs import Target
 
 from .conftest import DECODE_RATE, PREFILL_RATE
 

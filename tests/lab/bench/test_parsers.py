@@ -16,7 +16,7 @@ from prefixgate.lab.bench.client import (
     openai_body,
     responses_body,
 )
-from prefixgate.lab.bench.model import RequestResult, RequestSpec, Target
+from prefixgate.lab.bench.specs import RequestResult, RequestSpec, Target
 
 
 def chunk(delta=None, usage=None, finish=None):

@@ -1,11 +1,11 @@
 """``prefixgate bench``: measure serving configurations side by side, with the metric
 definitions of ``vllm bench serve`` and the scenarios of the deployment report.
 
-Modules: :mod:`.model` (plain data), :mod:`.prompts` (seeded text), :mod:`.client`
-(bodies, SSE parsers, the streaming client), :mod:`.metrics` (TTFT/TPOT/ITL/E2EL,
+Modules: :mod:`.specs` (plain data), :mod:`.prompts` (seeded text), :mod:`.client`
+(bodies, SSE parsers, the streaming client), :mod:`.stats` (TTFT/TPOT/ITL/E2EL,
 percentiles, goodput), :mod:`.server_metrics` (``/metrics`` deltas), :mod:`.arrivals`,
-:mod:`.scenarios`, :mod:`.runner` (targets x scenarios), :mod:`.report` and :mod:`.plots`
-(markdown, rich, JSON, CSV, PNG), :mod:`.cli` (``bench_command``).
+:mod:`.scenarios`, :mod:`.runner` (targets x scenarios), :mod:`.tables` and :mod:`.plots`
+(markdown, rich, JSON, CSV, PNG), :mod:`.command` (``bench_command``).
 
 Library use::
 
@@ -13,10 +13,10 @@ Library use::
     print(to_markdown(run))
 """
 
-from .model import RequestResult, RequestSpec, Target
-from .report import to_csv, to_json, to_markdown, write_outputs
 from .runner import BenchRun, run_bench
 from .scenarios import ALL_SCENARIOS, REPORT_SET, ScenarioParams
+from .specs import RequestResult, RequestSpec, Target
+from .tables import to_csv, to_json, to_markdown, write_outputs
 
 __all__ = [
     "ALL_SCENARIOS",

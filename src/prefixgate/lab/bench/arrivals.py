@@ -30,4 +30,4 @@ def arrival_offsets(
     rng = np.random.default_rng(seed)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
     gaps[0] = 0.0  # the first request goes at once
-    return np.cumsum(gaps).tolist()
+    return [float(t) for t in np.cumsum(gaps)]

@@ -2,7 +2,7 @@
 
 The parsers are pure (no I/O): :meth:`StreamParser.feed` takes one SSE event and the
 ``time.perf_counter`` at which it arrived, and fills a
-:class:`~prefixgate.lab.bench.model.RequestResult` with vLLM's timing definitions:
+:class:`~prefixgate.lab.bench.specs.RequestResult` with vLLM's timing definitions:
 
 - OpenAI Chat: the first ``data:`` chunk with a non-empty ``choices`` list sets TTFT (a
   role-only chunk counts, as in ``vllm bench serve``); each later ``choices`` chunk adds
@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from .model import RequestResult, RequestSpec, Target
+from .specs import RequestResult, RequestSpec, Target
 
 __all__ = [
     "AnthropicStreamParser",
@@ -170,7 +170,7 @@ class StreamParser:
             self.result.ttft_visible = ts - self.result.start
         self._text.append(text)
 
-    def _object(self, data: str) -> dict | None:
+    def _object(self, data: str) -> dict[str, Any] | None:
         """An event's JSON object (None for another JSON value; malformed data fails)."""
         try:
             body = json.loads(data)

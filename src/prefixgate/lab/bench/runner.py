@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from . import server_metrics
 from .client import BenchClient
-from .metrics import DEFAULT_PERCENTILES, summarize
-from .model import RequestResult, RequestSpec, Target
 from .scenarios import REPORT_SET, RunContext, ScenarioParams, build_scenarios, with_salt
+from .specs import RequestResult, RequestSpec, Target
+from .stats import DEFAULT_PERCENTILES, summarize
 
 __all__ = ["BenchRun", "Progress", "ScenarioRun", "TargetRun", "run_bench"]
 

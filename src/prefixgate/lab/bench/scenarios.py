@@ -1,6 +1,6 @@
 """The scenarios: what each sends, in what order, and its own figures.
 
-The report's set (:data:`REPORT_SET`), after the seed's deployment report: one streaming
+The report's set (:data:`REPORT_SET`), after the deployment report of Qwen on SGLang: one streaming
 script, temperature 0, ``ignore_eos`` where the API has it, the same seeded prompts for
 every configuration.
 
@@ -34,8 +34,8 @@ from typing import Any
 
 from .arrivals import arrival_offsets
 from .client import BenchClient
-from .model import RequestResult, RequestSpec
 from .prompts import seeded_text
+from .specs import RequestResult, RequestSpec
 
 __all__ = [
     "ALL_SCENARIOS",

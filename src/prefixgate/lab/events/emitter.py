@@ -42,7 +42,7 @@ class CacheEventEmitter:
     def stored(self, blocks: StoredBlocks) -> None:
         """``PrefixCache(on_store=...)``."""
         n = len(blocks.hashes)
-        extra: list = [None] * n
+        extra: list[list[str] | None] = [None] * n
         if blocks.salt is not None:
             extra[0] = [blocks.salt]
         event = BlockStored(

@@ -22,8 +22,8 @@ from typing import Any
 from prefixgate.cache.groups import KVGroup, Policy, parse_groups
 from prefixgate.cache.tiers import Offload
 
-from .engine import Run, RunConfig, Stats, replay
-from .report import SimulationResult, format_tokens, plot_sweep, render_text, to_json
+from .replay import Run, RunConfig, Stats, replay
+from .results import SimulationResult, format_tokens, plot_sweep, render_text, to_json
 from .scenarios import SCENARIOS, run_scenario
 from .traces import (
     MOONCAKE_BLOCK_SIZE,

@@ -1,6 +1,6 @@
 """Ready scenarios: one input, several configurations side by side.
 
-``seed-l2`` is the seed's second incident: a host-memory (L2) KV tier that was written
+``seed-l2`` is the DeepSeek deployment's second incident: a host-memory (L2) KV tier that was written
 198,422 times and read 0 times, behind a hybrid model (MLA full attention + sliding window
 + MTP draft group). Byte-stable agent sessions, many of them at once, so the GPU tier is
 too small for the working set; a big host tier. Under ``veto`` the host is written all the
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 
 from prefixgate.cache.groups import KVGroup, Policy, parse_groups
 
-from .engine import RunConfig, replay
-from .report import SimulationResult, format_tokens
+from .replay import RunConfig, replay
+from .results import SimulationResult, format_tokens
 from .traces import Trace, load_synthetic
 
 __all__ = ["SCENARIOS", "Scenario", "run_scenario"]

@@ -1,6 +1,7 @@
 """Synthetic agent traffic, seeded and reproducible.
 
-Two kinds of client are simulated, the two populations of the seed incident:
+Two kinds of client are simulated, the two populations of the billing-header
+incident:
 
 - :class:`ClaudeCodeSession` - request bodies and headers in Claude Code's shape
   (``POST /v1/messages?beta=true``): ``system`` is three text blocks, the first being the

@@ -42,7 +42,6 @@ from prefixgate.cache import (
 )
 from prefixgate.cache.render import vllm_messages
 
-from .metrics import CONTENT_TYPE, SimMetrics
 from .replies import (
     ChatJob,
     Reply,
@@ -57,6 +56,7 @@ from .replies import (
     usage_body,
 )
 from .settings import SimSettings
+from .vllm_metrics import CONTENT_TYPE, SimMetrics
 
 __all__ = ["UpstreamSim", "create_upstream_app"]
 

@@ -8,7 +8,7 @@ through the cache as vLLM runs it: ``begin`` when scheduled (the hit becomes
 
 Modules: :mod:`.settings` (``SimSettings``), :mod:`.app` (routes and the request
 pipeline), :mod:`.replies` (parsing, planning, vLLM wire shapes), :mod:`.textgen`
-(deterministic text and schema-built arguments), :mod:`.metrics` (Prometheus text); this
+(deterministic text and schema-built arguments), :mod:`.vllm_metrics` (Prometheus text); this
 module is the public face and runs replicas (in a thread for tests, or in the current
 event loop for the CLI).
 
@@ -33,7 +33,7 @@ Output behaviour:
   (``SimSettings.nested_errors=True`` gives newer vLLM's ``{"error":{...}}``).
 
 Other routes: ``GET /v1/models``, ``GET /health``, ``GET /version``, ``POST /tokenize``,
-``POST /detokenize`` (approx tokenizer only), ``GET /metrics`` (see :mod:`.metrics`).
+``POST /detokenize`` (approx tokenizer only), ``GET /metrics`` (see :mod:`.vllm_metrics`).
 
 Simplifications: no scheduler (requests never wait, run concurrently without slowing each
 other), one choice (``n`` is ignored), no logprobs.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from hashlib import blake2b
 from typing import Any
 
@@ -59,7 +59,7 @@ def prompt_rng(tokens: Sequence[int] | np.ndarray, seed: int = 0, salt: str = ""
     return random.Random(int.from_bytes(h.digest(), "little"))
 
 
-def _word_stream(rng: random.Random, words: Sequence[str]):
+def _word_stream(rng: random.Random, words: Sequence[str]) -> Iterator[str]:
     first = True
     while True:
         word = rng.choice(words)

@@ -7,10 +7,10 @@ import csv
 import io
 
 import prefixgate.lab.bench as bench
-from prefixgate.lab.bench.metrics import summarize
-from prefixgate.lab.bench.model import RequestResult, Target
-from prefixgate.lab.bench.report import headline_rows, problems, to_csv, to_json, to_markdown
 from prefixgate.lab.bench.runner import BenchRun, ScenarioRun, TargetRun
+from prefixgate.lab.bench.specs import RequestResult, Target
+from prefixgate.lab.bench.stats import summarize
+from prefixgate.lab.bench.tables import headline_rows, problems, to_csv, to_json, to_markdown
 
 
 def result(output_tokens: int, max_tokens: int = 256, **kw) -> RequestResult:

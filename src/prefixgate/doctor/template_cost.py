@@ -17,8 +17,8 @@ Every sum runs inside the database (portable SQL, :meth:`Store.query`).
 
 from __future__ import annotations
 
-from prefixgate.doctor.model import CRITICAL, WARNING, Finding, Table
-from prefixgate.doctor.report import pct, tokens
+from prefixgate.doctor.findings import CRITICAL, WARNING, Finding, Table
+from prefixgate.doctor.output import pct, tokens
 from prefixgate.record.rendered import AT_HEAD, NO_REASONING
 from prefixgate.store import Store
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from prefixgate.lab.simulate.cli import simulate_command
+from prefixgate.lab.simulate.command import simulate_command
 
 from .test_traces import TINY
 

@@ -1,5 +1,5 @@
 """The diagnosis as plain data: a tree of dataclasses that ``dataclasses.asdict`` turns
-into JSON-able dicts (``prefixgate doctor --json``) and :mod:`.report` turns into text."""
+into JSON-able dicts (``prefixgate doctor --json``) and :mod:`.output` turns into text."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefixgate.lab.simulate import RunConfig, TraceRequest, parse_capacity, run_simulation
-from prefixgate.lab.simulate.engine import IdCache, replay
+from prefixgate.lab.simulate.replay import IdCache, replay
 
 
 def _reqs() -> list[TraceRequest]:

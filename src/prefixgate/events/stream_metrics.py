@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from .hub import EngineEvents
@@ -65,7 +65,7 @@ class EventsCollector:
     def __init__(self, events: EngineEvents) -> None:
         self.events = events
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         rows = self.events.statuses()
         p = "prefixgate_kv_events_"
         gauges = {

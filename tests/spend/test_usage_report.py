@@ -20,7 +20,7 @@ from prefixgate.record.model import Segment
 from prefixgate.serve.app import build_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.spend.prices import Price, PriceTable
-from prefixgate.spend.report import render_csv, render_text, usage_report
+from prefixgate.spend.usage_report import render_csv, render_text, usage_report
 from prefixgate.store import open_store
 from tests.conftest import pg_schema_dsn
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .metrics import pct_name
 from .runner import BenchRun, TargetRun
+from .stats import pct_name
 
 __all__ = [
     "headline_rows",

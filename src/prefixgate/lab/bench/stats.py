@@ -1,6 +1,6 @@
 """Benchmark metrics with ``vllm bench serve``'s definitions and JSON key names.
 
-Per request (see :class:`~prefixgate.lab.bench.model.RequestResult`): TTFT, TPOT =
+Per request (see :class:`~prefixgate.lab.bench.specs.RequestResult`): TTFT, TPOT =
 (E2EL - TTFT) / (output_tokens - 1), ITL (every gap between successive chunks), E2EL.
 Over a run: mean / median / std / percentiles (numpy's default linear interpolation) of
 each, in milliseconds under ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms`` ...;
@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .model import RequestResult
+from .specs import RequestResult
 
 __all__ = [
     "DEFAULT_PERCENTILES",
@@ -66,7 +66,9 @@ def pct_name(p: float) -> str:
     return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
 
 
-def series_stats(name: str, seconds: Sequence[float], percentiles: Iterable[float]) -> dict:
+def series_stats(
+    name: str, seconds: Sequence[float], percentiles: Iterable[float]
+) -> dict[str, float]:
     """``mean_<name>_ms``, ``median_<name>_ms``, ``std_<name>_ms``, ``p<P>_<name>_ms``."""
     ms = [s * 1000.0 for s in seconds]
     out: dict[str, float] = {

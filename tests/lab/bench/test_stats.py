@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixgate.lab.bench.metrics import (
+from prefixgate.lab.bench.specs import RequestResult
+from prefixgate.lab.bench.stats import (
     goodput_count,
     parse_percentiles,
     parse_slo,
@@ -18,7 +19,6 @@ from prefixgate.lab.bench.metrics import (
     percentile,
     summarize,
 )
-from prefixgate.lab.bench.model import RequestResult
 
 
 def req(start, ttft, itl, output_tokens, input_tokens=100, cached=0, visible=None, ok=True):

@@ -33,6 +33,8 @@ lookup in the index found when the request was sent) and the cache model's
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 __all__ = ["CAUSES", "Ledger"]
@@ -70,7 +72,7 @@ class Ledger(msgspec.Struct, kw_only=True):
     def total(self) -> int:
         return sum(getattr(self, c) for c in CAUSES)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         out = msgspec.structs.asdict(self)
         out["parts"] = self.parts()
         return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine import Run, Stats
+from .replay import Run, Stats
 
 __all__ = ["SimulationResult", "format_tokens", "plot_sweep", "render_text", "to_json"]
 
@@ -235,7 +235,9 @@ def plot_sweep(result: SimulationResult, path: str | Path) -> Path:
     fig: Figure = plt.figure(figsize=(8, 5), dpi=100)
     try:
         ax = fig.add_subplot(1, 1, 1)
-        series = [("total (vLLM tokens)", lambda s: s.token_hit_rate)]
+        series: list[tuple[str, Callable[[Stats], float]]] = [
+            ("total (vLLM tokens)", lambda s: s.token_hit_rate)
+        ]
         if any(r.config.host for r in runs):
             series += [
                 ("GPU tier", lambda s: s.gpu_token_hit_rate),

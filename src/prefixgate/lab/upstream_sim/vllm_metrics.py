@@ -20,6 +20,7 @@ Series (each with a ``model_name`` label):
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -27,6 +28,7 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
 
 from prefixgate.cache import PrefixCache
@@ -102,16 +104,16 @@ class SimMetrics:
         return generate_latest(self.registry)
 
     # prometheus_client's collector protocol
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         label = [self.model_name]
         names = ["model_name"]
 
-        def counter(name: str, doc: str, value: float):
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             m = CounterMetricFamily(name, doc, labels=names)
             m.add_metric(label, value)
             return m
 
-        def gauge(name: str, doc: str, value: float):
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             m = GaugeMetricFamily(name, doc, labels=names)
             m.add_metric(label, value)
             return m

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from prefixgate.lab.bench.cli import bench_command, parse_targets
+from prefixgate.lab.bench.command import bench_command, parse_targets
 from prefixgate.lab.bench.scenarios import ALL_SCENARIOS
 
 from .conftest import Stack, sim_stack

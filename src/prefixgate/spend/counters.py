@@ -13,6 +13,7 @@ the sum of the charges. A hold a gateway never settled (it died) lapses at ``unt
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 class Line:
     """One counter a request is held against."""
 
-    counter: str  # the ledger's key: "key:alice:tokens:day:2025-06-01"
+    counter: str  # the counter's key: "key:alice:tokens:day:2025-06-01"
     limit: int
     estimate: int
     ttl: int  # seconds the counter is kept (its window's end, and a week)
@@ -49,7 +50,7 @@ class _Counter:
             self.reserved -= self.holds.pop(hold, 0)
 
 
-class MemoryLedger:
+class MemoryCounters:
     """Counters of one gateway process (seeded from the store at start)."""
 
     def __init__(self) -> None:
@@ -160,7 +161,7 @@ return 1
 """
 
 
-class RedisLedger:
+class RedisCounters:
     """The same counters shared by every gateway on one Redis; each reserve and settle is
     one script, so concurrent gateways never see a half-made hold."""
 
@@ -172,7 +173,7 @@ class RedisLedger:
         self._reserve = self._redis.register_script(_RESERVE)
         self._settle = self._redis.register_script(_SETTLE)
 
-    def _keys(self, counters) -> list[str]:
+    def _keys(self, counters: Iterable[str]) -> list[str]:
         keys = []
         for name in counters:
             keys += [self._prefix + name, self._prefix + name + ":exp"]
@@ -181,7 +182,7 @@ class RedisLedger:
     async def reserve(
         self, hold: str, lines: list[Line], now: float, until: float
     ) -> list[tuple[int, int]]:
-        args: list = [hold, now, until]
+        args: list[str | float | int] = [hold, now, until]
         for line in lines:
             args += [line.limit, line.estimate, line.ttl]
         res = await self._reserve(keys=self._keys(line.counter for line in lines), args=args)
@@ -208,8 +209,8 @@ class RedisLedger:
         await self._redis.aclose()
 
 
-def make_ledger(shared_url: str | None):
-    return RedisLedger(shared_url) if shared_url else MemoryLedger()
+def make_counters(shared_url: str | None) -> MemoryCounters | RedisCounters:
+    return RedisCounters(shared_url) if shared_url else MemoryCounters()
 
 
-__all__ = ["Line", "MemoryLedger", "RedisLedger", "Refused", "make_ledger"]
+__all__ = ["Line", "MemoryCounters", "RedisCounters", "Refused", "make_counters"]

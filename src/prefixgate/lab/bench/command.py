@@ -23,9 +23,9 @@ from typing import Any
 
 import click
 
-from .metrics import parse_percentiles, parse_slo
-from .model import RequestResult, Target
 from .scenarios import ALL_SCENARIOS, REPORT_SET, ScenarioParams
+from .specs import RequestResult, Target
+from .stats import parse_percentiles, parse_slo
 
 __all__ = ["bench_command", "parse_targets"]
 
@@ -269,8 +269,8 @@ def bench_command(
     """Benchmark serving configurations side by side: single-stream decode, thinking, long
     prefill cold and warm, concurrency 4 and 8 (and agent sessions, shared prefixes,
     arrival processes), with vLLM's metric definitions."""
-    from .report import problems, to_json, to_markdown, to_rich_tables, write_outputs
     from .runner import run_bench
+    from .tables import problems, to_json, to_markdown, to_rich_tables, write_outputs
 
     parsed = parse_targets(targets, api, metrics_urls)
     try:

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from prefixgate.doctor.model import SEVERITY_ORDER, Diagnosis, Finding, Table
+from prefixgate.doctor.findings import SEVERITY_ORDER, Diagnosis, Finding, Table
 from prefixgate.doctor.timespec import format_time
 
 WIDTH = 100

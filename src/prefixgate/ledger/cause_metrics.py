@@ -4,16 +4,22 @@ agreed exactly with the engine's reported ``cached_tokens``."""
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from prefixgate.ledger.worker import LedgerWorker
 
 __all__ = ["LedgerCollector"]
 
 
 class LedgerCollector:
-    def __init__(self, worker) -> None:
+    def __init__(self, worker: LedgerWorker) -> None:
         self.worker = worker
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         w = self.worker
         tokens = CounterMetricFamily(
             "prefixgate_ledger_tokens",
