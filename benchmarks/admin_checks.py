@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from prefixgate.config import parse_config
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 
 ADMIN = "admin-key-of-the-benchmark"
@@ -37,7 +37,7 @@ def gateway(store: str | None) -> ServerThread:
         "store": {"dsn": store, "journal_path": None} if store else None,
         "server": {"trusted_proxies": ["127.0.0.1"], "admin_failures_in_all_per_minute": 10**6},
     }
-    return ServerThread(build_app(parse_config(raw))).start()
+    return ServerThread(create_app(parse_config(raw))).start()
 
 
 def timed(client: httpx.Client, key: str, address: str) -> float:

@@ -104,7 +104,7 @@ def stats(samples: list[float]) -> dict:
 def steps(n: int) -> list[dict]:
     """Each step timed alone in this process."""
     from prefixgate.config import parse_config
-    from prefixgate.gateway import Gateway
+    from prefixgate.gateway import Gateway, NullRecorder
     from prefixgate.record import Record
     from prefixgate.record.model import Segment
 
@@ -115,7 +115,7 @@ def steps(n: int) -> list[dict]:
             "prices": PRICES,
             "budgets": {"owners": OWNERS, "shared": shared},
         }
-        return Gateway(parse_config(raw))
+        return Gateway.from_config(parse_config(raw), recorder=NullRecorder())
 
     body = {"model": "fake", "max_tokens": 256, "messages": [{"role": "user", "content": "hi"}]}
     # a Claude-Code-sized prompt as the capture lists it: tools, system blocks, messages
@@ -198,8 +198,9 @@ def telemetry_off() -> dict:
     code = (
         "import sys\n"
         "from prefixgate.config import parse_config\n"
+        "from prefixgate.gateway import NullRecorder\n"
         "from prefixgate.serve.app import create_app\n"
-        "create_app(parse_config({'channels': [{'name': 'c', 'base_url': 'http://127.0.0.1:9/v1'}]}))\n"
+        "create_app(parse_config({'channels': [{'name': 'c', 'base_url': 'http://127.0.0.1:9/v1'}]}), recorder=NullRecorder())\n"
         "print(any(m == 'prefixgate.telemetry' or m.startswith('opentelemetry') for m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

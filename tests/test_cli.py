@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from prefixgate.cli import main
 from prefixgate.config import load_config
+from prefixgate.gateway import NullRecorder
 
 EXAMPLE = (
     Path(__file__).resolve().parents[1] / "src" / "prefixgate" / "examples" / "prefixgate.yaml"
@@ -83,7 +84,7 @@ def test_keys_create_list_revoke_and_the_gateway_accepts_them(tmp_path, upstream
         }
     )
     body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
-    with ServerThread(create_app(config)) as gw:
+    with ServerThread(create_app(config, recorder=NullRecorder())) as gw:
         deadline = time.monotonic() + 10
         status = 0
         while time.monotonic() < deadline and status != 200:

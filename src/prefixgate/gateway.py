@@ -1,55 +1,56 @@
-"""The gateway: the services a request's steps use (auth, router, upstream, limiter,
-recorder, metrics, capture), the inference entry points that run an endpoint's steps
-(the order is in :mod:`prefixgate.pipeline`), and the two small routes that need no
-upstream answer relayed (``count_tokens``, ``models``)."""
+"""The gateway: every service a request's steps use (auth, router, upstream, limiter,
+recorder, capture, ledger, metrics …), built from the config in one place
+(:meth:`Gateway.from_config`) and started and stopped by ``async with gateway``, in the
+order of :data:`prefixgate.services.STARTS`. The routes that reach them are the server's
+(``serve/app.py``); the steps of each endpoint are in :mod:`prefixgate.pipeline`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
-from prefixgate import pipeline
+from prefixgate import services
 from prefixgate.admission import Admission
-from prefixgate.auth import Authenticator, Principal
+from prefixgate.auth import Authenticator
 from prefixgate.config import ChannelConfig, Config, StoreConfig
-from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_to_openai
+from prefixgate.convert.request import SessionTurns
 from prefixgate.diagnostics.lookup import Fingerprints
-from prefixgate.engine.order import render_order
-from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.events.tokens import EngineTokens
 from prefixgate.live import Live
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.metrics import GatewayMetrics
-from prefixgate.protocol import anthropic as anthropic_proto
-from prefixgate.protocol import openai as openai_proto
+from prefixgate.pipeline.count import estimate_tokens
+from prefixgate.pipeline.models import ModelLists
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record
+from prefixgate.record.deferred import DeferredCapture
 from prefixgate.reload import ReloadCollector, ReloadLog, ReloadResult, reload_gateway
-from prefixgate.routing.channels import ChannelRouter, Target
+from prefixgate.routing.channels import ChannelRouter
 from prefixgate.spend.keeper import BudgetKeeper
 from prefixgate.spend.prices import PriceTable
 from prefixgate.upstream import Upstream
-from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
 
 if TYPE_CHECKING:
     from prefixgate.events.hub import EngineEvents
     from prefixgate.store.base import Store
+    from prefixgate.telemetry import Telemetry
 
 log = logging.getLogger("prefixgate")
 
 
-class _NullRecorder:
+class NullRecorder:
+    """Where records go without a store: nowhere."""
+
     def submit(self, record: Record) -> None:
         pass
 
 
-class _NullLedger:
+class NullLedger:
+    """The miss ledger without a store or engine events: none."""
+
     def feed(self, record: Record, request: dict | None, then=None, blocks: object = None) -> None:
         if then is not None:
             then(None)  # no ledger for anyone waiting for one
@@ -57,18 +58,22 @@ class _NullLedger:
 
 class Gateway:
     log = log
+    services: tuple[services.Start, ...] = services.STARTS  # started in this order
 
     def __init__(
         self,
         config: Config,
         *,
-        upstream: Upstream | None = None,
+        upstream: Upstream,
         recorder=None,
         capture: Callable[..., None] | None = None,
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
         events: EngineEvents | None = None,
+        ledger=None,
     ) -> None:
-        self.upstream = upstream or _upstream_for(config)
+        """The services given (:meth:`from_config` builds them from the config); those
+        not given do nothing (no records kept, no capture, no ledger)."""
+        self.upstream = upstream
         self.events = events  # the engines' KV events (events/hub.py), or None
         # The config and what is built from it (keys, router, prices, budgets): replaced
         # whole by a reload (reload.py); each request keeps the one it arrived on.
@@ -76,9 +81,9 @@ class Gateway:
         self.reloads = ReloadLog()
         self.draining: set[Live] = set()  # retired generations with requests still running
         self.key_epoch = None  # auth.KeyEpoch shared by the workers of one serve, if any
-        self.recorder = recorder or _NullRecorder()
-        self.ledger = _NullLedger()  # the miss ledger (ledger/), set by the app when on
+        self.recorder = recorder or NullRecorder()
         self.metrics = GatewayMetrics(recorder)
+        self.ledger = ledger or NullLedger()  # the miss ledger's worker (ledger/)
         self.admission = Admission(config.server, config.channels)
         self.metrics.watch_admission(self.admission)
         self.metrics.registry.register(ReloadCollector(self))
@@ -86,24 +91,77 @@ class Gateway:
             from prefixgate.events.stream_metrics import EventsCollector
 
             self.metrics.registry.register(EventsCollector(events))
-        self.capture = capture
+        if ledger is not None:
+            from prefixgate.ledger.cause_metrics import LedgerCollector
+
+            self.metrics.registry.register(LedgerCollector(ledger))
+        self.captures = DeferredCapture(capture)  # the capture step's, off its clock
         # Each session's latest conversion (convert/request.py), within the change
         # memory's bound (store.change_memory_mb; its default without a store).
         change_mb = (config.store or StoreConfig()).change_memory_mb
         self.turns = SessionTurns(int(change_mb * 1024 * 1024))
         # diagnostics/: the requests that asked why their cache missed, for the next ones
-        self.fingerprints = Fingerprints(_store_factory(config))
-        self._own_capture: Callable[..., None] | None = None
-        self.token_counter = token_counter or _estimate_tokens
+        self.fingerprints = Fingerprints(_store_factory(config.store))
+        self.token_counter = token_counter or estimate_tokens
+        self.model_lists = ModelLists(self.upstream)  # GET /v1/models (pipeline/models.py)
         self.limiter = make_limiter(config.rate_limits_shared)
-        self.telemetry = None  # telemetry.Telemetry when config.telemetry (started by the app)
+        self.telemetry: Telemetry | None = None  # when config.telemetry, once started
         self.failures = LogThrottle(log, interval=10.0)
-        self._captures: dict[str, tuple] = {}  # request id -> pending capture arguments
-        self._model_lists: dict[str, tuple[float, list[str]]] = {}  # channel -> (until, ids)
         self._background: set[asyncio.Task] = set()
+        self._stack: contextlib.AsyncExitStack | None = None
         # Requests taken and not yet recorded (a stream's record closes as its last
         # chunk is written, so a client reading the stream can be a moment ahead).
         self.open_records = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        upstream: Upstream | None = None,
+        recorder=None,
+        capture: Callable[..., None] | None = None,
+        token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
+    ) -> Gateway:
+        """Every service as the config says (those given instead: a test's fakes): the
+        upstream client, the engines' KV events, the record writer and the segment capture
+        of the store, the miss ledger's worker."""
+        store = config.store
+        if store is not None:
+            if recorder is None:
+                from prefixgate.record.writer import RecordWriter
+
+                recorder = RecordWriter.from_config(store)
+            if capture is None and store.capture_segments:
+                from prefixgate.record.capture import Capturer
+
+                capture = Capturer(int(store.change_memory_mb * 1024 * 1024))
+        upstream = upstream or _upstream_for(config)
+        events = _engine_events(config)
+        return cls(
+            config,
+            upstream=upstream,
+            recorder=recorder,
+            capture=capture,
+            token_counter=token_counter,
+            events=events,
+            ledger=_ledger(config, upstream, events),
+        )
+
+    async def __aenter__(self) -> Gateway:
+        """Start the services in the order of :attr:`services`; a start that fails stops
+        those already started, and raises."""
+        async with contextlib.AsyncExitStack() as stack:
+            for start in self.services:
+                await start(self, stack)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        """Stop the services, in the reverse order of their starts."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
 
     # -- the current generation (live.py) -------------------------------------------------
     @property
@@ -135,76 +193,6 @@ class Gateway:
         generation they started with."""
         return await reload_gateway(self, config)
 
-    # -- entry points ------------------------------------------------------------------
-    async def messages(self, request: Request) -> Response:
-        return await pipeline.run(pipeline.Exchange(self, request, pipeline.MESSAGES))
-
-    async def chat(self, request: Request) -> Response:
-        return await pipeline.run(pipeline.Exchange(self, request, pipeline.CHAT))
-
-    async def responses(self, request: Request) -> Response:
-        return await pipeline.run(pipeline.Exchange(self, request, pipeline.RESPONSES))
-
-    async def compact(self, request: Request) -> Response:
-        return await pipeline.run(pipeline.Exchange(self, request, pipeline.COMPACT))
-
-    async def diagnosis(self, request: Request) -> Response:
-        """``GET /v1/diagnostics/{id}``: an earlier answer's diagnosis and miss ledger."""
-        from prefixgate.diagnostics.route import diagnosis
-
-        return await diagnosis(self, request)
-
-    async def count_tokens(self, request: Request) -> Response:
-        """The prompt's tokens (``pipeline/count.py``): authenticated, limited, admitted and
-        budgeted as inference is, and recorded; nothing is sent upstream."""
-        return await pipeline.run(pipeline.Exchange(self, request, pipeline.COUNT_TOKENS))
-
-    async def models(self, request: Request) -> Response:
-        anthropic = "anthropic-version" in request.headers
-        try:
-            principal = self.auth.authenticate(request.headers)
-        except GatewayError as err:
-            proto = anthropic_proto if anthropic else openai_proto
-            return pipeline.error_response(err, proto.error_bytes)
-        names = dict.fromkeys(self.router.models())
-        for ch in self.config.channels:
-            if not ch.models:  # serves any model: what its upstream says it has
-                names.update(dict.fromkeys(await self._upstream_models(ch, request.headers)))
-        allowed = [m for m in names if principal.allows(m)]
-        if anthropic:
-            return JSONResponse(anthropic_proto.model_list(allowed))
-        return JSONResponse(openai_proto.model_list(allowed))
-
-    async def _upstream_models(self, ch: ChannelConfig, incoming) -> list[str]:
-        """The model ids a channel that accepts any model lists upstream (``GET …/models``),
-        kept for a minute (ten seconds after a failure, which lists none)."""
-        now = time.monotonic()
-        cached = self._model_lists.get(ch.name)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        ids: list[str] = []
-        ttl = 10.0
-        urls = [u for u in ch.urls() if self.router.healthy(u)] or list(ch.urls())
-        if ch.kind == "openai":
-            url, headers = urls[0] + "/models", bearer(ch)
-        else:
-            url = anthropic_url(urls[0]).removesuffix("/messages") + "/models"
-            headers = anthropic_headers(ch, incoming)
-        try:
-            doc = await self.upstream.get_json(
-                url, timeouts=ch.timeouts, extra_headers=headers, tls=ch.tls
-            )
-            data = doc.get("data") if isinstance(doc, dict) else None
-            if isinstance(data, list):
-                ids = [
-                    m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
-                ]
-                ttl = 60.0
-        except GatewayError as err:
-            log.info("channel %s: no model list from upstream (%s)", ch.name, err.message)
-        self._model_lists[ch.name] = (now + ttl, ids)
-        return ids
-
     # -- generations and background work ------------------------------------------------------
     def done_with(self, live: Live) -> None:
         """A request that ran on ``live`` ended: the last one of a retired generation
@@ -228,68 +216,9 @@ class Gateway:
         task.add_done_callback(self._background.discard)
         return task
 
-    # -- services the steps use ------------------------------------------------------------
-    def failed_attempt(self, target: Target, err: UpstreamError, content: bytes = b"") -> None:
-        """A retryable failure of one target: its health hears of it, the log says so
-        (once per interval per replica, with the count of the others). An upstream's own
-        internal error (500 …, not 502-504) may be the request's doing: it ejects the replica
-        only when a second request's content failed there too (``report_failure``)."""
-        status = err.upstream_status
-        own = status is not None and status >= 500 and status not in (502, 503, 504)
-        self.router.report_failure(target, content if own else None)
-        self.failures.warning(
-            (target.name, target.base_url),
-            "channel %s (%s) failed: %s",
-            target.name,
-            target.base_url,
-            err.message,
-        )
 
-    def limits_done(self, principal: Principal, rec: Record) -> None:
-        """Give back the rate limiter's slot and count the request's tokens, off the
-        request path."""
-        tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
-        self.spawn(self.limiter.done(principal.name, principal.limits, tokens))
-
-    @property
-    def capture_pending(self) -> bool:
-        return bool(self._captures)
-
-    def capture_soon(self, rec: Record, *args) -> None:
-        """Segment capture hashes the whole prompt (about 1 ms for Claude Code's 50 KB
-        request): it runs on the event loop's next turn, when the request is on its way
-        upstream and the gateway waits for the first byte, not before sending it. The
-        record's finish runs it first if it is still pending; a retry replaces it."""
-        pending = rec.request_id in self._captures
-        self._captures[rec.request_id] = (rec, *args)
-        if not pending:
-            asyncio.get_running_loop().call_soon(self.capture_now, rec.request_id)
-
-    def diagnostics_capture(self, rec: Record, *args) -> None:
-        """Segments for a request that asked for diagnostics when no capture is
-        configured (no store): hashes only, kept with the worker's fingerprints."""
-        if self._own_capture is None:
-            from prefixgate.record.capture import Capturer
-
-            self._own_capture = Capturer(change_budget=0)
-        try:
-            self._own_capture(rec, *args)
-        except Exception:  # never break the request path: the answer is "unavailable"
-            log.exception("segment capture failed (request %s)", rec.request_id)
-
-    def capture_now(self, request_id: str) -> None:
-        args = self._captures.pop(request_id, None)
-        if args is None or self.capture is None:
-            return
-        try:
-            self.capture(*args)
-        except Exception:  # the capture must never break the request path
-            log.exception("segment capture failed (request %s)", request_id)
-
-
-def _store_factory(config: Config) -> Callable[[], Store] | None:
-    """How the diagnostics open the store to find another worker's requests."""
-    store = config.store
+def _store_factory(store: StoreConfig | None) -> Callable[[], Store] | None:
+    """How a service opens the store (its own connection, with the store's timeouts)."""
     if store is None:
         return None
 
@@ -301,20 +230,6 @@ def _store_factory(config: Config) -> Callable[[], Store] | None:
         )
 
     return factory
-
-
-def _estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
-    """The prompt's tokens as the cache model renders it for the channel (the approximate
-    tokenizer: about 4 characters a token)."""
-    from prefixgate.cache import ApproxTokenizer, ChatRenderer
-
-    order = render_order(channel) if channel is not None else "tools_first"
-    upstream = anthropic_to_openai({"max_tokens": 1, **body}, ConvertOptions(upstream_model=""))
-    text = ChatRenderer(order=order).render(upstream["messages"], upstream.get("tools"))
-    return max(1, ApproxTokenizer().count(text))
-
-
-__all__ = ["Gateway"]
 
 
 def _upstream_for(config: Config) -> Upstream:
@@ -332,3 +247,28 @@ def _upstream_for(config: Config) -> Upstream:
                 channel=ch.name,
             )
     return upstream
+
+
+def _engine_events(config: Config) -> EngineEvents | None:
+    """The hub of the engines' KV events, when a channel has ``kv_events`` (pyzmq is only
+    loaded then)."""
+    if not any(ch.kv_events is not None for ch in config.channels):
+        return None
+    from prefixgate.events import EngineEvents
+
+    return EngineEvents.from_config(config)
+
+
+def _ledger(config: Config, upstream: Upstream, events: EngineEvents | None):
+    """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in
+    (``store.ledger``, on by default) or engine events to read; fed by each record's
+    finish, its figures on ``/metrics``."""
+    store = config.store if config.store is not None and config.store.ledger else None
+    if store is None and events is None:
+        return None
+    from prefixgate.ledger.worker import LedgerWorker
+
+    return LedgerWorker(config, events=events, store=_store_factory(store), upstream=upstream)
+
+
+__all__ = ["Gateway", "NullLedger", "NullRecorder"]

@@ -213,7 +213,7 @@ async def reload_gateway(gw: Gateway, config: Config) -> ReloadResult:
         log.error("reload refused, generation %d keeps serving: %s", old.generation, exc)
         return result
     if new.budgets is not None and old.budgets is None and effective.store is not None:
-        from prefixgate.serve.app import seed_budgets
+        from prefixgate.services import seed_budgets
 
         await seed_budgets(new.budgets, effective.store)
     gw.live = new  # the swap: requests from now on run on the new generation

@@ -11,7 +11,7 @@ from anthropic.types import Message
 
 from prefixgate.config import parse_config
 from prefixgate.diagnostics.verdict import EXTENSION
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from tests.conftest import load_fixture
 
@@ -52,7 +52,7 @@ def test_claude_codes_billing_header(upstream, tmp_path, strip):
             "store": {"dsn": f"sqlite:///{tmp_path / 'r.db'}", "journal_path": str(tmp_path / "j")},
         }
     )
-    with ServerThread(build_app(config)) as gw:
+    with ServerThread(create_app(config)) as gw:
         second = _two_turns(gw.url, fx)
     # the request's structure changed at its head, whatever the gateway did with it
     assert second.diagnostics.cache_miss_reason.type == "system_changed"

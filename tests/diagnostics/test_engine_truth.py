@@ -19,7 +19,7 @@ from prefixgate.diagnostics.verdict import EXTENSION
 from prefixgate.lab.events.publisher import PublisherSettings
 from prefixgate.lab.upstream_sim import SimSettings, running_upstreams
 from prefixgate.pipeline import exchange
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.conftest import settled
@@ -42,7 +42,7 @@ def one_replica():
 
 def test_an_evicted_prefix_is_no_divergence_and_the_ledger_says_evicted(one_replica, tmp_path):
     ups = one_replica
-    app = build_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
+    app = create_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
     with ServerThread(app) as srv:
         deadline = time.monotonic() + 30
         while not ups[0].app.state.sim.events.wait_for_subscribers(1, 0.1):
@@ -113,7 +113,7 @@ def test_the_ledger_comes_at_the_answers_end_equal_to_the_stored_one(one_replica
     # last event: on message_delta (a stream), on the Message, on response.completed and
     # on a chat stream's extra chunk; each the same ledger the store keeps.
     ups = one_replica
-    app = build_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
+    app = create_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
     tails: dict[str, dict] = {}
     with ServerThread(app) as srv:
         deadline = time.monotonic() + 30
@@ -200,7 +200,7 @@ def test_a_ledger_not_ready_in_time_is_left_out_and_still_kept(one_replica, tmp_
     # and the ledger is computed all the same, stored and served by the answer's id.
     monkeypatch.setattr(exchange, "SETTLE_WAIT", 0.0)
     ups = one_replica
-    app = build_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
+    app = create_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
     with ServerThread(app) as srv:
         client = anthropic.Anthropic(base_url=srv.url, api_key="any", max_retries=0)
         msg = client.messages.create(

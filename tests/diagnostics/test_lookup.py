@@ -10,7 +10,7 @@ from anthropic.types import CacheMissPreviousMessageNotFound, CacheMissSystemCha
 
 from prefixgate.config import parse_config
 from prefixgate.diagnostics.verdict import EXTENSION
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.diagnostics import keys
@@ -117,7 +117,7 @@ def test_a_restarted_gateway_finds_the_earlier_turn_in_the_store(upstream, tmp_p
             "store": {"dsn": f"sqlite:///{tmp_path / 'r.db'}", "journal_path": str(tmp_path / "j")},
         }
     )
-    with ServerThread(build_app(config)) as gw:
+    with ServerThread(create_app(config)) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
         first = client.responses.create(
             model="m",
@@ -125,7 +125,7 @@ def test_a_restarted_gateway_finds_the_earlier_turn_in_the_store(upstream, tmp_p
             input=[{"role": "user", "content": "Fix the failing test."}],
             prompt_cache_options={"comparison_response_id": None},
         )
-    with ServerThread(build_app(config)) as gw:
+    with ServerThread(create_app(config)) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
         second = client.responses.create(
             model="m",

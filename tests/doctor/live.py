@@ -10,7 +10,7 @@ import httpx
 from prefixgate.config import parse_config
 from prefixgate.lab.traffic import breakers as bk
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 
 MODEL = "claude-opus-4-8"
@@ -65,6 +65,6 @@ def record(
         server = {"shed_loop_lag": None, **extra.pop("server", {})}
         cfg = parse_config({"channels": [ch], "store": {"dsn": dsn}, "server": server, **extra})
         spec = bk.spec_for(sessions=sessions, turns=turns, models=(model,))
-        with ServerThread(build_app(cfg)) as gw:
+        with ServerThread(create_app(cfg)) as gw:
             statuses = asyncio.run(send(gw.url, bk.sessions(case, spec), ok_only=ok_only))
     return dsn, statuses

@@ -11,7 +11,7 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.doctor import diagnose
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.web.conftest import dashboard_app
@@ -74,7 +74,7 @@ def traffic(tmp_path_factory) -> tuple[str, str]:
                 "store": {"dsn": dsn, "journal_path": str(tmp / "journal")},
             }
         )
-        with ServerThread(build_app(config)) as gw, httpx.Client(base_url=gw.url) as client:
+        with ServerThread(create_app(config)) as gw, httpx.Client(base_url=gw.url) as client:
             for s in range(SESSIONS):
                 _codex_session(client, s)
                 _stable_session(client, s)

@@ -10,7 +10,7 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.engine.order import learn, order_from_tokens, order_of
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from prefixgate.upstream import Upstream
@@ -43,7 +43,7 @@ def _serve_one(upstream_url: str, dsn: str, **channel) -> tuple[dict, list]:
         "tools": TOOLS,
         "messages": [{"role": "user", "content": "hello"}],
     }
-    with ServerThread(build_app(cfg)) as gw:
+    with ServerThread(create_app(cfg)) as gw:
         assert httpx.post(gw.url + "/v1/messages", json=body, timeout=30).status_code == 200
         learned = order_of(cfg.channels[0])
     with open_store(dsn) as store:

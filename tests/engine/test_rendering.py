@@ -15,7 +15,7 @@ from prefixgate.config import parse_config
 from prefixgate.engine.order import learn, rendering_of
 from prefixgate.engine.rendering import Rendering, from_renderings
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.upstream import Upstream
 
@@ -88,7 +88,7 @@ def test_the_gateway_shows_the_rendering_and_turns_the_protection_on_where_it_ho
     sim = SimSettings(chat_template="hoisting", max_model_len=1_048_576)
     with ServerThread(create_upstream_app(sim)) as up:
         cfg = parse_config({"channels": [{"name": "e", "base_url": up.url + "/v1"}]})
-        with ServerThread(build_app(cfg)) as gw:
+        with ServerThread(create_app(cfg)) as gw:
             details = httpx.get(gw.url + "/healthz?details=1", timeout=30).json()
     [ch] = details["details"]["rendering"]
     assert ch["channel"] == "e" and ch["system"] == "hoisted" and ch["source"] == "tokenize"
@@ -182,7 +182,7 @@ def test_a_merging_template_is_told_from_tokenize_shown_and_read_alike(tmp_path)
     sim = SimSettings(chat_template=str(path), max_model_len=1_048_576)
     with ServerThread(create_upstream_app(sim)) as up:
         cfg = parse_config({"channels": [{"name": "m", "base_url": up.url + "/v1"}]})
-        with ServerThread(build_app(cfg)) as gw:
+        with ServerThread(create_app(cfg)) as gw:
             details = httpx.get(gw.url + "/healthz?details=1", timeout=30).json()
     [ch] = details["details"]["rendering"]
     assert (ch["same_role"], ch["tool_results"], ch["source"]) == ("merged", "grouped", "tokenize")

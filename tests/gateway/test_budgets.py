@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from prefixgate.config import parse_config
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.spend.counters import RedisCounters
 from prefixgate.store import open_store
@@ -159,10 +159,10 @@ def test_a_restart_keeps_what_was_spent(upstream, tmp_path):
         "store": {"dsn": f"sqlite:///{tmp_path}/r.db", "journal_path": str(tmp_path / "j")},
     }
 
-    with ServerThread(build_app(parse_config(raw))) as gw:
+    with ServerThread(create_app(parse_config(raw))) as gw:
         assert [_chat(gw, secret).status_code for _ in range(2)] == [200, 200]
     with open_store(f"sqlite:///{tmp_path}/r.db") as store:
         assert store.count() == 2
-    with ServerThread(build_app(parse_config(raw))) as gw:
+    with ServerThread(create_app(parse_config(raw))) as gw:
         # seeded with 214 tokens: room for one more, then spent
         assert [_chat(gw, secret).status_code for _ in range(2)] == [200, 429]

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from prefixgate.config import parse_config
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.conftest import load_fixture, pg_schema_dsn
@@ -45,7 +45,7 @@ def test_records_reach_the_store_with_segments(upstream, tmp_path):
         "user-agent": fx["headers"]["User-Agent"],
         "x-api-key": "sk-ant-api03-SECRETSECRETSECRET",
     }
-    with ServerThread(build_app(config)) as gw:
+    with ServerThread(create_app(config)) as gw:
         for stream in (False, True):
             r = httpx.post(
                 gw.url + "/v1/messages?beta=true",

@@ -18,7 +18,7 @@ from prefixgate.config import parse_config
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.record.capture import Capturer
 from prefixgate.record.segments import first_changed
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from tests.conftest import FIXTURE_ROOT, ListRecorder, settled
 from tests.fakes import RecordingUpstream
@@ -72,7 +72,7 @@ def _gateway(channel: dict, **top) -> tuple[ServerThread, ListRecorder, object]:
     """A gateway (not started), its records, and its ``Gateway`` object."""
     config = parse_config({"channels": [{"name": "up", **channel}], "store": None, **top})
     records = ListRecorder()
-    app = build_app(config, recorder=records, capture=Capturer())
+    app = create_app(config, recorder=records, capture=Capturer())
     return ServerThread(app), records, app.state.gateway
 
 

@@ -17,7 +17,7 @@ from prefixgate.hygiene.system_in_place import (
 )
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.protocol.messages_body import typed_request
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from tests.fakes import RecordingUpstream
 
@@ -95,7 +95,7 @@ def _gateway(tmp_path, template: str, **channel):
     cfg = {"channels": [ch], "store": {"dsn": f"sqlite:///{tmp_path}/s.db"}}
     # no load shedding: on a busy shared machine a refused request tests nothing here
     cfg["server"] = {"shed_loop_lag": None}
-    return sim, up, ServerThread(build_app(parse_config(cfg)))
+    return sim, up, ServerThread(create_app(parse_config(cfg)))
 
 
 @pytest.mark.parametrize(

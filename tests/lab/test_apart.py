@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "prefixgate"
 # Where the gateway may reach into the lab: the CLI's ``demo``/``bench``/``simulate``/
 # ``upstream-sim`` commands and the embedded upstream of ``serve`` with no config.
-MAY_IMPORT_LAB = {"cli.py"}
+MAY_IMPORT_LAB = {"cli.py", "commands/serve.py"}
 
 
 def _lab_imports(path: Path) -> list[str]:

@@ -15,7 +15,7 @@ from prefixgate.config import parse_config
 from prefixgate.lab.events.publisher import PublisherSettings
 from prefixgate.lab.upstream_sim import SimSettings, running_upstreams
 from prefixgate.ledger import CAUSES
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.conftest import settled
@@ -90,7 +90,7 @@ def gateway_config(ups, tmp_path, routing: str) -> dict:
 
 def test_every_request_gets_a_ledger_from_the_events(sim, tmp_path) -> None:
     ups = sim
-    app = build_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
+    app = create_app(parse_config(gateway_config(ups, tmp_path, "round_robin")))
     with ServerThread(app) as srv:
         hub = app.state.events
         deadline = time.monotonic() + 30

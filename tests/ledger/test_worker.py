@@ -116,9 +116,9 @@ def test_the_gateway_without_a_ledger_takes_what_the_worker_takes() -> None:
     calls both alike."""
     import inspect
 
-    from prefixgate.gateway import _NullLedger
+    from prefixgate.gateway import NullLedger
 
-    assert list(inspect.signature(_NullLedger.feed).parameters) == list(
+    assert list(inspect.signature(NullLedger.feed).parameters) == list(
         inspect.signature(LedgerWorker.feed).parameters
     )
-    _NullLedger().feed(Record(request_id="a", received_at=1.0), {}, None)
+    NullLedger().feed(Record(request_id="a", received_at=1.0), {}, None)

@@ -42,7 +42,7 @@ def _exchange(
     endpoint, body: dict, reply: FakeReply
 ) -> tuple[Exchange, FakeResponse, ListRecorder]:
     recorder = ListRecorder()
-    gw = Gateway(CONFIG, recorder=recorder)
+    gw = Gateway.from_config(CONFIG, recorder=recorder)
     scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
     x = Exchange(gw, Request(scope), endpoint)
     raw = json.dumps(body).encode()

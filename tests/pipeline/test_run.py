@@ -17,7 +17,7 @@ CONFIG = parse_config({"channels": [{"name": "c", "base_url": "http://up/v1"}], 
 
 def test_a_client_that_leaves_mid_body_leaves_a_499_record_and_no_traceback(caplog):
     recorder = ListRecorder()
-    gw = Gateway(CONFIG, recorder=recorder)
+    gw = Gateway.from_config(CONFIG, recorder=recorder)
     messages = [
         {"type": "http.request", "body": b'{"model": "m", "mess', "more_body": True},
         {"type": "http.disconnect"},

@@ -2,7 +2,7 @@
 
 A stack is: upstream (the simulated vLLM in-process, or a real vLLM behind a forwarding
 app) wrapped in a :class:`~tests.fakes.RecordingUpstream` that keeps every body the gateway
-sent → the gateway (``build_app``, a SQLite store, segment texts captured). Each CLI runs
+sent → the gateway (``create_app``, a SQLite store, segment texts captured). Each CLI runs
 offline in a throw-away HOME and work folder, so it talks to nothing but the gateway.
 
 Shared by the tests in this folder and by ``benchmarks/clients.py`` (the hit-rate table
@@ -28,7 +28,7 @@ from prefixgate.config import parse_config
 from prefixgate.lab.events.publisher import PublisherSettings
 from prefixgate.lab.traffic.template_sessions import until_rendering_learned
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.conftest import settled
@@ -179,7 +179,7 @@ def stack(
                 "server": {"shed_loop_lag": None},
             }
         )
-        app = build_app(config)
+        app = create_app(config)
         received = RecordingUpstream(app)
         with ServerThread(received) as gw:
             if events:

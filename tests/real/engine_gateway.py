@@ -1,7 +1,7 @@
 """The gateway over a real engine's KV-events channel, with a store: the set-up the vLLM
 and SGLang tests share (the ledger, precise routing, diagnostics, the render order).
 
-- :func:`gateway`: ``build_app`` over one channel and a SQLite store, on a loopback port;
+- :func:`gateway`: ``create_app`` over one channel and a SQLite store, on a loopback port;
 - :func:`drive`: three agent sessions sharing a team prompt, one request at a time, each
   followed by a wait until the index holds the prompt's full blocks (the events of a step
   arrive after its response: a wait on the index's state, not on time);
@@ -29,7 +29,7 @@ from prefixgate.config import parse_config
 from prefixgate.engine.order import learn
 from prefixgate.events import content_keys
 from prefixgate.ledger import CAUSES
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from prefixgate.upstream import Upstream
@@ -54,7 +54,7 @@ def gateway(tmp_path: Path, channel: dict, name: str = "real") -> Iterator[Gatew
     config = parse_config(
         {"channels": [channel], "store": {"dsn": dsn, "journal_path": str(tmp_path / "j")}}
     )
-    app = build_app(config)
+    app = create_app(config)
     with ServerThread(app) as srv:
         yield Gateway(app, srv.url, dsn)
 

@@ -26,7 +26,7 @@ import pytest
 from prefixgate.config import parse_config
 from prefixgate.doctor import cache_report, diagnose, render_text
 from prefixgate.routing.health import HealthChecker
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.conftest import settled
@@ -62,7 +62,7 @@ def tokenize(server, messages: list[dict]) -> list[int]:
 
 @contextlib.contextmanager
 def gateway(server, tmp_path: Path, **channel) -> Iterator[tuple[str, str, object]]:
-    """The gateway (``build_app``, a SQLite store) in front of ``server``; yields
+    """The gateway (``create_app``, a SQLite store) in front of ``server``; yields
     ``(url, dsn, app)``. The store is complete once the block exits. No load shedding:
     on the shared two cores, a 70k-token body can make the loop run late enough to shed
     the next request, and these tests are about SGLang's answers."""
@@ -81,7 +81,7 @@ def gateway(server, tmp_path: Path, **channel) -> Iterator[tuple[str, str, objec
             "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
         }
     )
-    app = build_app(config)
+    app = create_app(config)
     with ServerThread(app) as srv:
         yield srv.url, dsn, app
 

@@ -26,7 +26,7 @@ from prefixgate.cache import HFTokenizer, JinjaChatTemplate, PrefixCache
 from prefixgate.config import parse_config
 from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.doctor import diagnose, render_text
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from tests.real import harness
 from tests.real.engine_gateway import check_render_order
@@ -106,7 +106,7 @@ def chat(server: harness.VllmServer, messages: list[dict], tools=None, **extra) 
 
 @contextlib.contextmanager
 def gateway(server: harness.VllmServer, tmp_path: Path, *, strip: bool = True) -> Iterator[tuple]:
-    """The gateway (``build_app``, a SQLite store) in front of ``server``; yields
+    """The gateway (``create_app``, a SQLite store) in front of ``server``; yields
     ``(url, dsn)``. The store is complete once the block exits (the writer drains)."""
     dsn = f"sqlite:///{tmp_path / 'store.db'}"
     config = parse_config(
@@ -122,7 +122,7 @@ def gateway(server: harness.VllmServer, tmp_path: Path, *, strip: bool = True) -
             "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
         }
     )
-    with ServerThread(build_app(config)) as srv:
+    with ServerThread(create_app(config)) as srv:
         yield srv.url, dsn
 
 

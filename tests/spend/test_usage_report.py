@@ -17,7 +17,7 @@ from prefixgate.cli import main
 from prefixgate.config import parse_config
 from prefixgate.record import Record
 from prefixgate.record.model import Segment
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.spend.prices import Price, PriceTable
 from prefixgate.spend.usage_report import render_csv, render_text, usage_report
@@ -168,7 +168,7 @@ def test_usage_command_with_prices_from_the_config(tmp_path, upstream):
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    with ServerThread(build_app(parse_config(cfg))) as gw:
+    with ServerThread(create_app(parse_config(cfg))) as gw:
         for _ in range(3):
             r = httpx.post(
                 gw.url + "/v1/chat/completions",
@@ -210,7 +210,7 @@ def test_store_key_budgets_and_what_is_left(tmp_path, upstream):
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
     statuses = []
-    with ServerThread(build_app(config)) as gw:
+    with ServerThread(create_app(config)) as gw:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # the store's keys are loaded within seconds
             s = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"x-api-key": key})

@@ -275,8 +275,8 @@ def test_off_by_default_loads_nothing():
     code = (
         "import sys\n"
         "from prefixgate.config import parse_config\n"
-        "from prefixgate.serve.app import build_app\n"
-        "app = build_app(parse_config({'channels': [{'name': 'c', 'base_url': 'http://127.0.0.1:9/v1'}], 'store': None}))\n"
+        "from prefixgate.serve.app import create_app\n"
+        "app = create_app(parse_config({'channels': [{'name': 'c', 'base_url': 'http://127.0.0.1:9/v1'}], 'store': None}))\n"
         "assert app.state.gateway.telemetry is None\n"
         "loaded = [m for m in sys.modules if m.startswith('opentelemetry') or m == 'prefixgate.telemetry']\n"
         "assert not loaded, loaded\n"

@@ -14,6 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from prefixgate.config import parse_config
+from prefixgate.gateway import NullRecorder
 from prefixgate.lab import incident
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
@@ -93,7 +94,7 @@ def dashboard_app(
         raw["admin_key_sha256"] = hashlib.sha256(admin_key.encode()).hexdigest()
     if dashboard:
         raw["dashboard"] = dashboard
-    app = create_app(parse_config(raw))
+    app = create_app(parse_config(raw), recorder=NullRecorder())
     if not any(getattr(r, "path", "") == "/dashboard" for r in app.routes):
         app.router.routes.extend(dashboard_routes(app.state.gateway, dsn))
     return app

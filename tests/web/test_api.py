@@ -7,6 +7,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from prefixgate.gateway import NullRecorder
 from prefixgate.store import open_store
 from tests.web.conftest import SPARE_REPLICA
 
@@ -252,7 +253,7 @@ def test_usage_groups_cost_by_owner(tmp_path):
     with open_store(config.store.dsn) as store:
         store.migrate()
         store.write_batch(recs)
-    with ServerThread(create_app(config)) as srv:
+    with ServerThread(create_app(config, recorder=NullRecorder())) as srv:
         d = get(srv.url, "usage", by="owner")
         bad = httpx.get(f"{srv.url}/dashboard/api/usage", params={"by": "colour"})
     rows = {r["group"]: r for r in d["rows"]}

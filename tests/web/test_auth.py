@@ -9,6 +9,7 @@ import hashlib
 import httpx
 
 from prefixgate.config import parse_config
+from prefixgate.gateway import NullRecorder
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.web import dashboard_routes
@@ -59,7 +60,7 @@ def test_gateway_with_client_keys_but_no_admin_key_refuses(demo_stores):
             "store": {"dsn": demo_stores.incident},
         }
     )
-    app = create_app(config)
+    app = create_app(config, recorder=NullRecorder())
     if not any(getattr(r, "path", "") == "/dashboard" for r in app.routes):
         app.router.routes.extend(dashboard_routes(app.state.gateway, demo_stores.incident))
     with ServerThread(app) as srv:

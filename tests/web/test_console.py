@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from prefixgate.config import parse_config
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 from tests.conftest import scripted_upstream
@@ -41,7 +41,7 @@ def console_gateway(tmp_path, **extra) -> Iterator[tuple[str, str]]:
             "admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
             **extra,
         }
-        with ServerThread(build_app(parse_config(raw))) as srv:
+        with ServerThread(create_app(parse_config(raw))) as srv:
             yield srv.url, raw["store"]["dsn"]
 
 

@@ -1,1 +1,1 @@
-"""Subcommands of `prefixgate` that live beside the main entry point (cli.py)."""
+"""Subcommands of `prefixgate`, registered by the main entry point (cli.py)."""

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import click
 
 from prefixgate.config import ConfigError, load_config
+
+
+def setup_logging(level: str) -> None:
+    """Log lines on stderr at ``level`` (a command's --log-level)."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
 
 _store_opts = [
     click.option(

@@ -23,7 +23,7 @@ from prefixgate.config import parse_config
 from prefixgate.lab.traffic import TrafficSpec, generate
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.record import Record
-from prefixgate.serve.app import build_app
+from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.store import open_store
 
@@ -157,7 +157,7 @@ def run_phase(
             }
         )
         t0 = time.time()
-        with ServerThread(build_app(config)) as gw:
+        with ServerThread(create_app(config)) as gw:
             asyncio.run(replay(gw.url, sessions, concurrency, progress))
         seconds = time.time() - t0
     with open_store(dsn) as store:

@@ -17,7 +17,7 @@ from prefixgate import hygiene as _hygiene
 from prefixgate.convert.request import plain
 from prefixgate.pipeline.count import count_tokens, decode_count_tokens
 from prefixgate.pipeline.diagnose import diagnose
-from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, run
+from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, handler, run
 from prefixgate.pipeline.finish import FINISH_STEPS, close
 from prefixgate.pipeline.relays import relay_chat, relay_messages
 from prefixgate.pipeline.responses import (
@@ -199,5 +199,6 @@ __all__ = [
     "Exchange",
     "describe",
     "error_response",
+    "handler",
     "run",
 ]

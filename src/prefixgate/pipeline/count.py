@@ -10,6 +10,7 @@ hold the event loop (and every open stream with it) while it is read.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from starlette.responses import JSONResponse, Response
 
@@ -19,6 +20,9 @@ from prefixgate.identify import session_of_messages
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol.common import decode_body
+
+if TYPE_CHECKING:
+    from prefixgate.config import ChannelConfig
 
 OFF_LOOP_BYTES = 256 * 1024  # bodies from this size are decoded and counted in a thread
 
@@ -64,3 +68,17 @@ async def count_tokens(x: Exchange) -> Response:
     rec.channel, rec.status = channel.name, 200
     x.finish()
     return JSONResponse({"input_tokens": n}, headers=x.id_headers())
+
+
+def estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
+    """The prompt's tokens as the cache model renders it for the channel (the approximate
+    tokenizer: about 4 characters a token): the gateway's token counter unless it is
+    given another."""
+    from prefixgate.cache import ApproxTokenizer, ChatRenderer
+    from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+    from prefixgate.engine.order import render_order
+
+    order = render_order(channel) if channel is not None else "tools_first"
+    upstream = anthropic_to_openai({"max_tokens": 1, **body}, ConvertOptions(upstream_model=""))
+    text = ChatRenderer(order=order).render(upstream["messages"], upstream.get("tools"))
+    return max(1, ApproxTokenizer().count(text))

@@ -54,10 +54,11 @@ async def diagnose(x: Exchange) -> None:
         # Responses field is its to answer; Anthropic's ``diagnostics`` is not forwarded.
         x.verdict = None
         return
-    if gw.capture_pending:
-        gw.capture_now(rec.request_id)
+    captures = gw.captures
+    if captures.pending:
+        captures.now(rec.request_id)
     if rec.segments_in is None:  # no capture configured: segments for this comparison only
-        gw.diagnostics_capture(rec, x.body, x.out, ch, x.principal, x.raw, x.data)
+        captures.for_diagnostics(rec, x.body, x.out, ch, x.principal, x.raw, x.data)
     (prev, where), failed = await x.prev if x.prev is not None else ((None, None), False)
     if ask.previous is None:
         verdict = vd.Verdict(vd.NONE)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -226,6 +226,16 @@ def error_response(
     return Response(
         error_bytes(err), status_code=err.status, media_type="application/json", headers=headers
     )
+
+
+def handler(gateway: Gateway, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """The route handler of an endpoint: an exchange per request, run through its steps."""
+
+    async def handle(request: Request) -> Response:
+        return await run(Exchange(gateway, request, endpoint))
+
+    handle.__name__ = handle.__qualname__ = endpoint.name
+    return handle
 
 
 async def run(x: Exchange) -> Response:

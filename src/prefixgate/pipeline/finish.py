@@ -32,8 +32,8 @@ def close(x: Exchange, usage: Usage | None) -> None:
     if rec.status == 0:
         rec.status, rec.error_type = 499, "client_disconnected"
         rec.error_message = "the client left before the answer was complete"
-    if gw.capture_pending:
-        gw.capture_now(rec.request_id)
+    if gw.captures.pending:
+        gw.captures.now(rec.request_id)
     x.live.router.release(rec.request_id)
     rec.done_at = time.time()
     rec.latency_ms = (rec.done_at - rec.received_at) * 1000.0
@@ -57,9 +57,12 @@ def charge(x: Exchange, rec: Record) -> None:
 
 
 def limits(x: Exchange, rec: Record) -> None:
-    """The rate limiter's slot given back and its tokens counted (``ratelimit.py``)."""
+    """The rate limiter's slot given back and its tokens counted (``ratelimit.py``), off
+    the request path."""
     if x.admitted:
-        x.gateway.limits_done(x.principal, rec)
+        gw, principal = x.gateway, x.principal
+        tokens = (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
+        gw.spawn(gw.limiter.done(principal.name, principal.limits, tokens))
 
 
 def budgets(x: Exchange, rec: Record) -> None:

@@ -196,10 +196,27 @@ class Failover:
                 if not err.retryable:
                     raise
                 if not isinstance(err, ChannelBusy):  # a full channel is not a failure
-                    x.gateway.failed_attempt(target, err, x.raw)
+                    _failed(x, target, err)
                     x.record.retries += 1
                 last = err
         raise last or NotFound(f"no channel serves model {x.body['model']!r}")
+
+
+def _failed(x: Exchange, target, err: UpstreamError) -> None:
+    """A retryable failure of one target: its health hears of it, the log says so (once
+    per interval per replica, with the count of the others). An upstream's own internal
+    error (500 …, not 502-504) may be the request's doing: it ejects the replica only when
+    a second request's content failed there too (``report_failure``)."""
+    gw, status = x.gateway, err.upstream_status
+    own = status is not None and status >= 500 and status not in (502, 503, 504)
+    gw.router.report_failure(target, x.raw if own else None)
+    gw.failures.warning(
+        (target.name, target.base_url),
+        "channel %s (%s) failed: %s",
+        target.name,
+        target.base_url,
+        err.message,
+    )
 
 
 async def hygiene(x: Exchange) -> None:
@@ -268,8 +285,9 @@ async def convert_chat(x: Exchange) -> None:
 async def capture(x: Exchange) -> None:
     """Segment hashes of the request as received and as sent (when the store captures),
     scheduled for the loop's next turn: they are computed while the upstream works."""
-    if x.gateway.capture is not None:
-        x.gateway.capture_soon(x.record, x.body, x.out, x.channel, x.principal, x.raw, x.data)
+    captures = x.gateway.captures
+    if captures.capture is not None:
+        captures.soon(x.record, x.body, x.out, x.channel, x.principal, x.raw, x.data)
 
 
 async def send(x: Exchange) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -14,12 +13,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from prefixgate.auth import refresh_keys
+from prefixgate import pipeline
 from prefixgate.config import Config
+from prefixgate.diagnostics.route import diagnosis
 from prefixgate.engine import order as render_orders
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
-from prefixgate.gateway import Gateway
+from prefixgate.gateway import Gateway, NullLedger
 from prefixgate.pipeline import error_response
+from prefixgate.pipeline.models import models
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.reload import config_state
@@ -29,19 +30,12 @@ from prefixgate.serve.edge import send_refusal
 log = logging.getLogger("prefixgate")
 
 
-def create_app(
-    config: Config, *, recorder=None, upstream=None, capture=None, token_counter=None
-) -> Starlette:
-    events = _engine_events(config)
-    gateway = Gateway(
-        config,
-        upstream=upstream,
-        recorder=recorder,
-        capture=capture,
-        token_counter=token_counter,
-        events=events,
-    )
-    ledger = _ledger(config, gateway, events)
+def create_app(gateway: Gateway | Config, **services) -> Starlette:
+    """The app over ``gateway`` (or over ``Gateway.from_config(config, **services)``): its
+    routes, and a lifespan that is ``async with gateway``."""
+    if not isinstance(gateway, Gateway):
+        gateway = Gateway.from_config(gateway, **services)
+    config, events = gateway.config, gateway.events
 
     async def healthz(request: Request) -> Response:
         """``ok`` for anyone; with ``?details`` (and the admin key) also the state of each
@@ -106,79 +100,20 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        if config.server.loop_watch:
-            gateway.metrics.loop.start()
-        if gateway.admission.shed is not None:
-            gateway.admission.shed.start()
-        start = getattr(gateway.recorder, "start", None)
-        if start is not None:
-            await start()
-        await gateway.router.start()  # active health checks, shared routing state
-        if events is not None:
-            await events.start()  # the engines' KV events (opens in the background)
-        if ledger is not None:
-            await ledger.start()
-        tasks = []
-        learning = await render_orders.start(config.channels, gateway.upstream)
-        if learning is not None:
-            tasks.append(learning)
-        store = config.store
-        if gateway.budgets is not None and store is not None:
-            await seed_budgets(gateway.budgets, store)
-        if config.telemetry is not None:
-            from prefixgate.telemetry import Telemetry
-
-            gateway.telemetry = Telemetry(config.telemetry, config.channels)
-        if store is not None and store.retention_days:
-            tasks.append(asyncio.create_task(_prune_forever(store, store.retention_days)))
-        if store is not None and config.store_keys:
-            tasks.append(
-                asyncio.create_task(
-                    refresh_keys(gateway, store.dsn, (store.statement_timeout, store.lock_timeout))
-                )
-            )
-        try:
+        async with gateway:
             yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            if ledger is not None:
-                await ledger.aclose()
-            if events is not None:
-                await events.aclose()
-            await gateway.router.aclose()
-            close = getattr(gateway.recorder, "close", None)
-            if close is not None:
-                await close()
-            await gateway.upstream.aclose()
-            await gateway.limiter.aclose()
-            await asyncio.to_thread(gateway.fingerprints.close)  # its store connection
-            await asyncio.to_thread(gateway.auth.attempts.close)  # the admin checks' store
-            gateway.metrics.loop.stop()
-            if gateway.admission.shed is not None:
-                gateway.admission.shed.stop()
-            if gateway.budgets is not None:
-                await gateway.budgets.aclose()
-            if gateway.telemetry is not None:
-                await asyncio.to_thread(gateway.telemetry.shutdown)
 
-    # The inference entry points: also the hot-route table below, which reaches them
-    # without Starlette's router.
+    # The one route list; its inference routes are also the hot-route table below, which
+    # reaches their handlers without Starlette's router.
     inference = [
-        Route("/v1/messages", gateway.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
-        Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
-        Route("/chat/completions", gateway.chat, methods=["POST"]),
-        Route("/v1/responses", gateway.responses, methods=["POST"]),
-        Route("/responses", gateway.responses, methods=["POST"]),
-        Route("/v1/responses/compact", gateway.compact, methods=["POST"]),
-        Route("/responses/compact", gateway.compact, methods=["POST"]),
+        Route(path, pipeline.handler(gateway, endpoint), methods=["POST"])
+        for path, endpoint in INFERENCE
     ]
     routes = [
         *inference,
-        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/models", _bound(models, gateway), methods=["GET"]),
         Route("/v1/me", me, methods=["GET"]),
-        Route("/v1/diagnostics/{id}", gateway.diagnosis, methods=["GET"]),
+        Route("/v1/diagnostics/{id}", _bound(diagnosis, gateway), methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/", root, methods=["GET", "HEAD"]),
@@ -191,7 +126,8 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
     app.state.gateway = gateway
     app.state.events = events  # EngineEvents, or None when no channel has kv_events
-    app.state.ledger = ledger  # LedgerWorker, or None without a store or events
+    # LedgerWorker, or None without a store or events
+    app.state.ledger = None if isinstance(gateway.ledger, NullLedger) else gateway.ledger
     hot = {route.path: route.endpoint for route in inference}
     outer = HeaderLimit(HotRoutes(app, hot), config.limits.max_header_bytes)
     if config.open_access:  # no key to ask for: refuse what only a web page would send
@@ -199,39 +135,26 @@ def create_app(
     return AccessLog(outer) if config.server.access_log else outer
 
 
-def _engine_events(config: Config):
-    """The hub of the engines' KV events, when a channel has ``kv_events`` (pyzmq is only
-    loaded then)."""
-    if not any(ch.kv_events is not None for ch in config.channels):
-        return None
-    from prefixgate.events import EngineEvents
+INFERENCE = (  # path, endpoint (pipeline/__init__.py)
+    ("/v1/messages", pipeline.MESSAGES),
+    ("/v1/messages/count_tokens", pipeline.COUNT_TOKENS),
+    ("/v1/chat/completions", pipeline.CHAT),
+    ("/chat/completions", pipeline.CHAT),
+    ("/v1/responses", pipeline.RESPONSES),
+    ("/responses", pipeline.RESPONSES),
+    ("/v1/responses/compact", pipeline.COMPACT),
+    ("/responses/compact", pipeline.COMPACT),
+)
 
-    return EngineEvents.from_config(config)
 
+def _bound(endpoint, gateway: Gateway):
+    """A route handler of ``endpoint(gateway, request)``."""
 
-def _ledger(config: Config, gateway: Gateway, events):
-    """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in
-    (``store.ledger``, on by default) or engine events to read; fed by each record's
-    finish, its figures on ``/metrics``."""
-    store = config.store if config.store is not None and config.store.ledger else None
-    if store is None and events is None:
-        return None
-    from prefixgate.ledger.cause_metrics import LedgerCollector
-    from prefixgate.ledger.worker import LedgerWorker
+    async def handle(request: Request) -> Response:
+        return await endpoint(gateway, request)
 
-    factory = None
-    if store is not None:
-        from prefixgate.store import open_store
-
-        dsn, statement, lock = store.dsn, store.statement_timeout, store.lock_timeout
-
-        def factory():
-            return open_store(dsn, statement_timeout=statement, lock_timeout=lock)
-
-    worker = LedgerWorker(config, events=events, store=factory, upstream=gateway.upstream)
-    gateway.ledger = worker
-    gateway.metrics.registry.register(LedgerCollector(worker))
-    return worker
+    handle.__name__ = handle.__qualname__ = endpoint.__name__
+    return handle
 
 
 class HotRoutes:
@@ -389,53 +312,3 @@ class AccessLog:
                 seen["id"],
                 "" if seen["done"] else " incomplete",
             )
-
-
-async def seed_budgets(keeper, store_config) -> None:
-    """What keys and owners used in the current windows, from the store into the budget
-    ledger (a restart renews nobody's budget); a store that is down is said and passed."""
-    from prefixgate.spend.standing import seed_counters
-
-    try:
-        await seed_counters(
-            keeper, store_config.dsn, (store_config.statement_timeout, store_config.lock_timeout)
-        )
-    except Exception as exc:
-        log.warning("budgets: cannot read what was spent from the store: %s", exc)
-
-
-async def _prune_forever(store_config, days: float, every: float = 3600.0) -> None:
-    """Retention: delete records older than ``days``, hourly, off the event loop. A lock
-    held elsewhere fails the round (``lock_timeout``) rather than hold a thread, which
-    the interpreter would wait for at exit; the delete itself may take minutes."""
-    from prefixgate.store import open_store
-
-    def prune() -> int:
-        with open_store(
-            store_config.dsn, statement_timeout=600.0, lock_timeout=store_config.lock_timeout
-        ) as store:
-            return store.prune(days * 86400.0)
-
-    while True:
-        try:
-            n = await asyncio.to_thread(prune)
-            if n:
-                log.info("retention: pruned %d records older than %g days", n, days)
-        except Exception as exc:  # the store may be down; try again next round
-            log.warning("retention prune failed: %s", exc)
-        await asyncio.sleep(every)
-
-
-def build_app(config: Config, **kw) -> Starlette:
-    """The app with its record writer and capture step, as configured."""
-    recorder = kw.pop("recorder", None)
-    capture = kw.pop("capture", None)
-    if config.store is not None:
-        from prefixgate.record.capture import Capturer
-        from prefixgate.record.writer import RecordWriter
-
-        if recorder is None:
-            recorder = RecordWriter.from_config(config.store)
-        if capture is None and config.store.capture_segments:
-            capture = Capturer(int(config.store.change_memory_mb * 1024 * 1024))
-    return create_app(config, recorder=recorder, capture=capture, **kw)

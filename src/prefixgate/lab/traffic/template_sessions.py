@@ -217,7 +217,7 @@ def through_gateway(
     from prefixgate.doctor import diagnose
     from prefixgate.lab.events.publisher import PublisherSettings
     from prefixgate.lab.upstream_sim import SimSettings, running_upstreams
-    from prefixgate.serve.app import build_app
+    from prefixgate.serve.app import create_app
     from prefixgate.serve.process import ServerThread
     from prefixgate.store import open_store
 
@@ -251,7 +251,7 @@ def through_gateway(
         store = {"dsn": dsn, "journal_path": str(folder / "journal")}
         # no load shedding: a bench on a shared machine measures hits, not the loop's pace
         server = {"shed_loop_lag": None}
-        app = build_app(parse_config({"channels": [ch], "store": store, "server": server}))
+        app = create_app(parse_config({"channels": [ch], "store": store, "server": server}))
         gw = stack.enter_context(ServerThread(app))
         if events:
             deadline = time.monotonic() + 30
