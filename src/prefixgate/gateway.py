@@ -20,6 +20,8 @@ from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config, StoreConfig
 from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_to_openai
 from prefixgate.diagnostics.lookup import Fingerprints
+from prefixgate.engine.channel import anthropic_headers, anthropic_url, bearer
+from prefixgate.engine.client import EngineClient
 from prefixgate.engine.order import render_order
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.events.tokens import EngineTokens
@@ -35,7 +37,6 @@ from prefixgate.routing.channels import ChannelRouter, Target
 from prefixgate.spend.keeper import BudgetKeeper
 from prefixgate.spend.prices import PriceTable
 from prefixgate.upstream import Upstream
-from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
 
 if TYPE_CHECKING:
     from prefixgate.events.hub import EngineEvents
@@ -68,7 +69,7 @@ class Gateway:
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
         events: EngineEvents | None = None,
     ) -> None:
-        self.upstream = upstream or _upstream_for(config)
+        self.upstream = EngineClient(upstream or _upstream_for(config))
         self.events = events  # the engines' KV events (events/hub.py), or None
         # The config and what is built from it (keys, router, prices, budgets): replaced
         # whole by a reload (reload.py); each request keeps the one it arrived on.
