@@ -17,9 +17,17 @@ from prefixgate.errors import (
     UpstreamError,
     UpstreamRateLimited,
 )
-from tests.upstream.test_http1 import RawServer, Request, chunked, echo, pool_of, response, run
+from tests.upstream.test_http1 import (
+    RawServer,
+    Request,
+    chunked,
+    echo,
+    fetch,
+    pool_of,
+    response,
+    run,
+)
 from tests.upstream.test_http1 import client as http_client
-from tests.upstream.test_http1 import fetch as http_fetch
 
 
 @contextlib.asynccontextmanager
@@ -28,11 +36,7 @@ async def client(**kwargs):
         yield EngineClient(up)
 
 
-async def fetch(engine: EngineClient, url: str, **kwargs) -> bytes:
-    return await http_fetch(engine, url, **kwargs)
-
-
-# -- 6. error statuses ----------------------------------------------------------------------
+# -- error statuses -------------------------------------------------------------------------
 SECRET = "sk-live-0123456789abcdef"
 
 
