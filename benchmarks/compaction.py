@@ -35,7 +35,7 @@ from tests.real.compactions import (  # noqa: E402
     holds,
 )
 
-from prefixgate.upstream.client import parse_context_error  # noqa: E402
+from prefixgate.engine.errors import parse_context_error  # noqa: E402
 
 
 def say(msg: str) -> None:

@@ -18,6 +18,7 @@ from prefixgate.auth import Authenticator
 from prefixgate.config import ChannelConfig, Config, StoreConfig
 from prefixgate.convert.request import SessionTurns
 from prefixgate.diagnostics.lookup import Fingerprints
+from prefixgate.engine.client import EngineClient
 from prefixgate.events.tokens import EngineTokens
 from prefixgate.live import Live
 from prefixgate.logthrottle import LogThrottle
@@ -64,7 +65,7 @@ class Gateway:
         self,
         config: Config,
         *,
-        upstream: Upstream,
+        upstream: EngineClient,
         recorder=None,
         capture: Callable[..., None] | None = None,
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
@@ -136,16 +137,16 @@ class Gateway:
                 from prefixgate.record.capture import Capturer
 
                 capture = Capturer(int(store.change_memory_mb * 1024 * 1024))
-        upstream = upstream or _upstream_for(config)
+        client = EngineClient(upstream or _upstream_for(config))
         events = _engine_events(config)
         return cls(
             config,
-            upstream=upstream,
+            upstream=client,
             recorder=recorder,
             capture=capture,
             token_counter=token_counter,
             events=events,
-            ledger=_ledger(config, upstream, events),
+            ledger=_ledger(config, client, events),
         )
 
     async def __aenter__(self) -> Gateway:
@@ -259,7 +260,7 @@ def _engine_events(config: Config) -> EngineEvents | None:
     return EngineEvents.from_config(config)
 
 
-def _ledger(config: Config, upstream: Upstream, events: EngineEvents | None):
+def _ledger(config: Config, upstream: EngineClient, events: EngineEvents | None):
     """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in
     (``store.ledger``, on by default) or engine events to read; fed by each record's
     finish, its figures on ``/metrics``."""

@@ -21,8 +21,8 @@ from prefixgate.spend.prices import PriceTable
 
 if TYPE_CHECKING:
     from prefixgate.config import Config
+    from prefixgate.engine.client import EngineClient
     from prefixgate.events.hub import EngineEvents
-    from prefixgate.upstream import Upstream
 
 
 @dataclass(eq=False)
@@ -46,7 +46,7 @@ class Live:
         cls,
         config: Config,
         *,
-        upstream: Upstream,
+        upstream: EngineClient,
         events: EngineEvents | None,
         previous: Live | None = None,
     ) -> Live:

@@ -218,13 +218,14 @@ def test_upstream_connection_caps_follow_admission_and_the_channels_settings(gat
     gw = gateway({"max_in_flight": 3, "keepalive": 2.5}, server={"max_in_flight": 50})
     r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": False}, timeout=60)
     assert r.status_code == 200
-    up = gw.gateway.upstream
+    up = gw.gateway.upstream.http  # the HTTP client under the engines' reading of errors
     assert up._pool.max_connections >= 50
     [(origin, _path)] = [t for k, t in up._targets.items() if k[2] == "main"]
     assert (origin.limit, origin.keepalive) == (3, 2.5)
     gw2 = gateway({"max_in_flight": 3, "max_connections": 7})
-    assert gw2.gateway.upstream._pool is None or gw2.gateway.upstream._pool.max_connections >= 2000
-    assert set(gw2.gateway.upstream._limits.values()) == {(7, 4.0)}
+    up2 = gw2.gateway.upstream.http
+    assert up2._pool is None or up2._pool.max_connections >= 2000
+    assert set(up2._limits.values()) == {(7, 4.0)}
 
 
 def test_while_the_loop_runs_late_new_requests_are_refused_and_then_taken_again(gateway, upstream):

@@ -11,8 +11,8 @@ import pytest
 
 from prefixgate.convert.compaction import SUMMARY_HEAD, SUMMARY_REQUEST
 from prefixgate.doctor import breakers
+from prefixgate.engine.errors import parse_context_error
 from prefixgate.store import open_store
-from prefixgate.upstream.client import parse_context_error
 from tests.real import harness
 from tests.real.compactions import claude_overflows, codex_compacts, hit_rate, holds
 

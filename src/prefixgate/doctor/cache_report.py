@@ -115,7 +115,7 @@ def _probe_body(model: str) -> bytes:
 async def probe(channel, transport) -> Evidence:
     """Two identical requests to the channel's upstream (``openai`` channels): does the
     second one's answer carry a cached-token figure?"""
-    from prefixgate.upstream.channel import bearer, post_for_json
+    from prefixgate.engine.channel import bearer, post_for_json
 
     model = channel.upstream_model(channel.models[0]) if channel.models else None
     url = channel.base_url + "/chat/completions"
@@ -149,10 +149,11 @@ async def probe(channel, transport) -> Evidence:
 
 def probe_all(channels, transport=None) -> dict[str, Evidence]:
     """:func:`probe` for every ``openai`` channel, one after the other."""
+    from prefixgate.engine.client import EngineClient
     from prefixgate.upstream import Upstream
 
     async def run() -> dict[str, Evidence]:
-        t = transport or Upstream()
+        t = transport or EngineClient(Upstream())
         try:
             return {ch.name: await probe(ch, t) for ch in channels if ch.kind == "openai"}
         finally:

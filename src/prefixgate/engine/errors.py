@@ -1,17 +1,15 @@
 """What vLLM and SGLang say when they refuse a request, read: the context-window error
-texts (how big the window is, how long the prompt was), the unknown-model text, and the
-counts behind them (the engine's ``/tokenize``, else the cache model's estimate).
+texts (how big the window is, how long the prompt was) and the unknown-model text.
 
-The upstream client (:mod:`prefixgate.upstream.client`) moves the bytes and maps a status
-into the error tree; what the engine's words mean is here.
+The upstream client (:mod:`prefixgate.upstream.client`) moves the bytes; what the
+engine's words mean is here, read into the error tree by :mod:`.client`; the counts behind
+a refused prompt are :mod:`.counting`'s.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import msgspec
 
 # Context-window errors as vLLM and SGLang word them.
 # SGLang also refuses a prompt its KV cache cannot hold: "Input length (N tokens) exceeds
@@ -78,22 +76,3 @@ def parse_context_error(message: str) -> ContextOverflow | None:
     if prompt is None:
         return None
     return ContextOverflow(maximum, prompt, "at least" in (found.group(0) if found else ""))
-
-
-def estimate_prompt_tokens(request: bytes) -> int | None:
-    """The prompt tokens of an OpenAI chat request, estimated the way the cache model
-    counts without the upstream's tokenizer (its chat rendering, about four characters a
-    token); None for a body of another shape."""
-    from prefixgate.cache import ApproxTokenizer, ChatRenderer
-
-    try:
-        body = msgspec.json.decode(request)
-        messages, tools = body["messages"], body.get("tools")
-        return ApproxTokenizer().count(ChatRenderer().render(messages, tools))
-    except (msgspec.DecodeError, KeyError, TypeError, AttributeError, ValueError):
-        return None
-
-
-def tokenize_url(base_url: str) -> str:
-    """vLLM serves ``/tokenize`` at the server's root, beside ``/v1``."""
-    return base_url.removesuffix("/v1") + "/tokenize"

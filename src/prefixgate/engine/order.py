@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
-from prefixgate.engine.errors import tokenize_url
+from prefixgate.engine.counting import tokenize_url
 from prefixgate.engine.rendering import ASSUMED, Rendering, first_difference, from_renderings
 from prefixgate.engine.rendering import probes as _probes
 
@@ -112,8 +112,8 @@ async def learn(channel, transport) -> Rendering | None:
     """Ask the channel's upstream (``openai`` channels) how it renders the probe
     conversations; remember and return what they show (None: the upstream did not tell
     where the tools go, its ``/tokenize`` missing or refusing)."""
+    from prefixgate.engine.channel import post_for_json
     from prefixgate.events.tokens import tokenize_messages
-    from prefixgate.upstream.channel import post_for_json
 
     model = channel.upstream_model(channel.models[0]) if channel.models else None
     url = tokenize_url(channel.urls()[0])

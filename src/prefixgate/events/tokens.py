@@ -311,8 +311,8 @@ class EngineTokens:
     ) -> list[int]:
         """The ids the replica's engine reports for ``request`` (vLLM's ``POST /tokenize``
         with ``messages`` and ``tools``, at the server's root), through ``upstream``."""
+        from prefixgate.engine.channel import bearer
         from prefixgate.errors import GatewayError
-        from prefixgate.upstream.channel import bearer
 
         payload: dict[str, Any] = {"messages": tokenize_messages(request.get("messages") or [])}
         for k in ("model", "tools", "chat_template_kwargs", "add_generation_prompt"):

@@ -15,7 +15,7 @@ from prefixgate.errors import GatewayError
 from prefixgate.pipeline.exchange import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
-from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer
+from prefixgate.engine.channel import anthropic_headers, anthropic_url, bearer
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig

@@ -29,6 +29,7 @@ from prefixgate.convert.stream import AnthropicStream
 from prefixgate.convert.template import KEYS, Template, cut
 from prefixgate.diagnostics.request import message_id
 from prefixgate.diagnostics.verdict import EXTENSION, anthropic_diagnostics
+from prefixgate.engine.channel import secret_of, stream_error
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.pipeline.diagnose import extension_head, extension_tail
 from prefixgate.pipeline.exchange import Exchange
@@ -37,7 +38,6 @@ from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.record.reason import failed
 from prefixgate.sse import SSEDecoder, single
-from prefixgate.upstream.channel import secret_of, stream_error
 from prefixgate.usage import Usage
 
 _decode = msgspec.json.decode

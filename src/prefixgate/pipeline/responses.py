@@ -27,6 +27,7 @@ from prefixgate.diagnostics.request import (
     responses_params,
 )
 from prefixgate.diagnostics.verdict import EXTENSION, openai_diagnostics
+from prefixgate.engine.channel import bearer, secret_of, stream_error
 from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.identify import session_of_responses
 from prefixgate.pipeline.diagnose import extension_head, extension_tail, look_up
@@ -42,7 +43,6 @@ from prefixgate.pipeline.relays import (
 from prefixgate.pipeline.steps import _decoded
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.responses import TRIGGER, Item, decode_responses_body
-from prefixgate.upstream.channel import bearer, secret_of, stream_error
 from prefixgate.usage import Usage
 
 _encode = msgspec.json.encode

@@ -15,6 +15,8 @@ from prefixgate import hygiene as hygiene_steps
 from prefixgate.auth import fresh_store_keys
 from prefixgate.convert.request import ConvertOptions, convert
 from prefixgate.diagnostics.request import anthropic_ask, anthropic_params, chat_ask
+from prefixgate.engine.channel import anthropic_headers, anthropic_url, bearer, check_answer
+from prefixgate.engine.client import UpstreamRejected
 from prefixgate.errors import (
     AtCapacity,
     BudgetExceeded,
@@ -28,8 +30,6 @@ from prefixgate.pipeline.diagnose import look_up
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.messages_body import decode_messages_body
-from prefixgate.upstream import UpstreamRejected
-from prefixgate.upstream.channel import anthropic_headers, anthropic_url, bearer, check_answer
 
 _encode = msgspec.json.encode
 

@@ -90,9 +90,10 @@ async def _check_one(client, ch: ChannelConfig, base: str) -> UpstreamCheck:
 async def check_upstreams(config: Config) -> list[UpstreamCheck]:
     """Ask every upstream URL of every channel for its models, all at once (a few
     seconds at most when one does not answer)."""
+    from prefixgate.engine.client import EngineClient
     from prefixgate.upstream.client import Upstream
 
-    client = Upstream()
+    client = EngineClient(Upstream())
     try:
         return list(
             await asyncio.gather(

@@ -1,5 +1,7 @@
 """Upstream access behind one small interface: a pooled HTTP client with connect,
-first-byte and idle timeouts, and every foreign error mapped once into the error tree.
+first-byte and idle timeouts, and every foreign error mapped once into the error tree (a
+status other than 2xx as :class:`UpstreamStatus`: what its body says is the engine's word,
+:mod:`prefixgate.engine.client`).
 
 The client is the project's own (``http1``): on the overhead benchmark
 (``docs/performance.md``) it costs a fraction of aiohttp's CPU a request, which itself
@@ -14,41 +16,21 @@ import ssl
 import msgspec
 
 from prefixgate.config import Timeouts, TLSConfig
-from prefixgate.engine.errors import (
-    NO_SUCH_MODEL,
-    ContextOverflow,
-    estimate_prompt_tokens,
-    parse_context_error,
-)
-from prefixgate.errors import (
-    GatewayError,
-    InvalidRequest,
-    NotFound,
-    Overloaded,
-    PromptTooLong,
-    UpstreamError,
-    UpstreamRateLimited,
-    UpstreamTimeout,
-)
+from prefixgate.errors import UpstreamError, UpstreamTimeout
 from prefixgate.upstream import http1
 
 _MAX_ERROR_BODY = 64 * 1024
 
 
-def error_message(body: bytes) -> str:
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return body[:500].decode("utf-8", "replace").strip() or "upstream error"
-    if isinstance(doc, dict):
-        err = doc.get("error", doc)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(err, str):
-            return err
-        if isinstance(doc.get("message"), str):
-            return doc["message"]
-    return "upstream error"
+class UpstreamStatus(UpstreamError):
+    """The upstream answered a status other than 2xx: its ``upstream_status``, headers and
+    body (up to 64 KB, the request's credentials scrubbed from it). What the body means is
+    the engine's word (:mod:`prefixgate.engine.client` reads it into the error tree)."""
+
+    def __init__(self, status: int, headers, body: bytes) -> None:
+        super().__init__(f"upstream answered {status}", upstream_status=status)
+        self.headers = headers
+        self.body = body
 
 
 def os_error(exc: BaseException) -> str:
@@ -58,74 +40,6 @@ def os_error(exc: BaseException) -> str:
     if isinstance(exc, OSError) and code is not None:
         return f"{errno.errorcode.get(code, code)}: {exc.strerror or exc}"
     return type(exc).__name__
-
-
-def _retry_after(resp) -> float | None:
-    v = resp.headers.get("retry-after")
-    try:
-        return float(v) if v is not None else None
-    except ValueError:
-        return None
-
-
-def map_status(
-    status: int, body: bytes, resp=None, *, request: bytes | None = None
-) -> GatewayError:
-    """The error of an upstream status; ``resp`` (anything with ``headers``) gives the
-    Retry-After. ``request``: the body that was sent, to count a prompt the upstream
-    refused without counting it whole."""
-    msg = error_message(body)
-    retry_after = _retry_after(resp) if resp is not None else None
-    if status in (400, 413, 422):
-        overflow = parse_context_error(msg)
-        if overflow is not None and not overflow.prompt_fits:
-            if overflow.at_least and request is not None:
-                estimate = estimate_prompt_tokens(request)
-                if estimate is not None and estimate > overflow.prompt:
-                    return PromptTooLong(
-                        estimate, overflow.maximum, raw=msg, estimated_from=overflow.prompt
-                    )
-            return PromptTooLong(
-                overflow.prompt, overflow.maximum, raw=msg, at_least=overflow.at_least
-            )
-        return UpstreamRejected(f"upstream rejected the request: {msg}", overflow=overflow)
-    if status == 429:
-        return UpstreamRateLimited(
-            f"upstream rate limit: {msg}", upstream_status=429, retry_after=retry_after
-        )
-    if status == 503 or status == 529:
-        return Overloaded(
-            f"upstream unavailable ({status}): {msg}",
-            upstream_status=status,
-            retry_after=retry_after,
-        )
-    if status >= 500:
-        return UpstreamError(f"upstream error ({status}): {msg}", upstream_status=status)
-    if status in (401, 403):
-        # Our upstream credentials are wrong: not the client's fault; another channel may work.
-        return UpstreamError(
-            f"upstream refused the gateway's credentials ({status})", upstream_status=status
-        )
-    if status == 404 and NO_SUCH_MODEL.search(msg):
-        # The request named a model the upstream does not serve: the client's error (as
-        # Anthropic answers it), never retried elsewhere nor held against the replica.
-        return NotFound(f"upstream has no such model: {msg}")
-    if status == 404:  # a route the upstream lacks: the channel's URL is wrong
-        return UpstreamError(
-            f"upstream has no such route or model ({status}): {msg}", upstream_status=status
-        )
-    return UpstreamError(
-        f"upstream error ({status}): {msg}", upstream_status=status, retryable=False
-    )
-
-
-class UpstreamRejected(InvalidRequest):
-    """The upstream answered 4xx for the request itself. ``overflow`` is set when the
-    prompt fits the context window but prompt + ``max_tokens`` does not."""
-
-    def __init__(self, message: str, *, overflow: ContextOverflow | None = None) -> None:
-        super().__init__(message)
-        self.overflow = overflow
 
 
 class UpstreamResponse:
@@ -330,44 +244,8 @@ class Upstream:
                 body_bytes = await _read_limited(conn, timeouts.idle)
             finally:
                 pool.discard(conn)
-            err = map_status(conn.status, _scrub(body_bytes, headers), conn, request=body)
-            if isinstance(err, PromptTooLong) and err.estimated_from is not None:
-                err = await self._counted(err, url, body, timeouts, extra_headers, tls)
-            raise err
+            raise UpstreamStatus(conn.status, conn.headers, _scrub(body_bytes, headers))
         return UpstreamResponse(conn, pool)
-
-    async def _counted(
-        self, err: PromptTooLong, url: str, request: bytes, timeouts, extra_headers, tls
-    ) -> PromptTooLong:
-        """The refused prompt counted by the upstream's own tokenizer (vLLM's
-        ``/tokenize`` with the request's messages and tools) when the upstream's message
-        gave only a bound; ``err`` (the gateway's estimate) when that cannot be had."""
-        from prefixgate.engine.errors import tokenize_url
-
-        if not url.endswith("/chat/completions"):
-            return err
-        try:
-            sent = msgspec.json.decode(request)
-            ask = {k: sent[k] for k in ("model", "messages", "tools") if sent.get(k)}
-            resp = await self.open(
-                tokenize_url(url.removesuffix("/chat/completions")),
-                msgspec.json.encode(ask),
-                timeouts=timeouts,
-                extra_headers=extra_headers,
-                tls=tls,
-            )
-            count = msgspec.json.decode(await read_all(resp, timeouts.idle))["count"]
-        except Exception:  # noqa: BLE001 - no /tokenize, or another shape: the estimate
-            return err
-        if not isinstance(count, int) or count <= err.estimated_from:
-            return err
-        return PromptTooLong(
-            count,
-            err.max_tokens,
-            raw=err.raw,
-            estimated_from=err.estimated_from,
-            counted_by="counted by the upstream tokenizer (/tokenize)",
-        )
 
     async def get_json(
         self,
@@ -378,7 +256,8 @@ class Upstream:
         tls: TLSConfig | None = None,
     ) -> object:
         """``GET url`` and its JSON body (a listing such as ``/v1/models``); raises
-        :class:`UpstreamError` on any failure, a status >= 300 or a body that is not JSON."""
+        :class:`UpstreamError` on any failure or a body that is not JSON,
+        :class:`UpstreamStatus` on a status >= 300."""
         headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
         headers.update(extra_headers or {})
         try:
@@ -388,7 +267,7 @@ class Upstream:
         except (TimeoutError, OSError, http1.HTTPError) as exc:
             raise UpstreamError(f"cannot reach upstream: {os_error(exc)}") from None
         if status >= 300:
-            raise map_status(status, _scrub(body, headers), conn)
+            raise UpstreamStatus(status, conn.headers, _scrub(body, headers))
         try:
             return msgspec.json.decode(body)
         except msgspec.DecodeError:

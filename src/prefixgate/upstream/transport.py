@@ -3,8 +3,9 @@
 The gateway, the health probes and the model listing reach upstreams only through a
 :class:`Transport`: :class:`~prefixgate.upstream.client.Upstream` (the project's own
 HTTP/1.1 client) in service, :class:`FakeTransport` in tests that want the pipeline without
-a network. Both raise the same errors (the error tree, statuses mapped by
-:func:`~prefixgate.upstream.client.map_status`).
+a network. Both raise the same errors: the error tree, a status other than 2xx as
+:class:`~prefixgate.upstream.client.UpstreamStatus` (read as the engine meant it by
+:class:`~prefixgate.engine.client.EngineClient`, which the gateway sends through).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from prefixgate.errors import UpstreamError
+from prefixgate.upstream.client import UpstreamStatus
 
 if TYPE_CHECKING:
     from prefixgate.config import Timeouts, TLSConfig
@@ -46,7 +48,7 @@ class Transport(Protocol):
         channel: str | None = None,
     ) -> Response:
         """``POST`` a JSON body; the response once its head arrived with a 2xx status
-        (any other status raises its mapped error). ``channel``: whose connection limits
+        (any other status raises :class:`~prefixgate.upstream.client.UpstreamStatus`). ``channel``: whose connection limits
         apply (each channel's connections are its own)."""
 
     async def get_json(
@@ -126,22 +128,18 @@ class FakeTransport:
     async def open(
         self, url, body, *, timeouts, extra_headers=None, tls=None, channel=None
     ) -> FakeResponse:
-        from prefixgate.upstream.client import map_status
-
         reply = await self._reply("POST", url, dict(extra_headers or {}), body)
         if reply.status >= 300:
-            raise map_status(reply.status, b"".join(reply.chunks), reply, request=body)
+            raise UpstreamStatus(reply.status, reply.headers, b"".join(reply.chunks))
         resp = FakeResponse(reply)
         self.responses.append(resp)
         return resp
 
     async def get_json(self, url, *, timeouts, extra_headers=None, tls=None) -> object:
-        from prefixgate.upstream.client import map_status
-
         reply = await self._reply("GET", url, dict(extra_headers or {}), b"")
         data = b"".join(reply.chunks)
         if reply.status >= 300:
-            raise map_status(reply.status, data, reply)
+            raise UpstreamStatus(reply.status, reply.headers, data)
         return msgspec.json.decode(data)
 
     async def probe(self, url: str, *, timeout: float, tls=None) -> int:

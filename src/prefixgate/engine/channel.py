@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from prefixgate.engine.client import map_status
 from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.sse import first_event
-from prefixgate.upstream.client import UpstreamResponse, map_status, read_all
+from prefixgate.upstream.client import UpstreamResponse, read_all
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
