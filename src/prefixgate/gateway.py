@@ -16,9 +16,9 @@ from starlette.responses import JSONResponse, Response
 
 from prefixgate import pipeline
 from prefixgate.admission import Admission
+from prefixgate.apis.messages.request import ConvertOptions, SessionTurns, anthropic_to_openai
 from prefixgate.auth import Authenticator, Principal
 from prefixgate.config import ChannelConfig, Config, StoreConfig
-from prefixgate.convert.request import ConvertOptions, SessionTurns, anthropic_to_openai
 from prefixgate.diagnostics.lookup import Fingerprints
 from prefixgate.engine.order import render_order
 from prefixgate.errors import GatewayError, UpstreamError
@@ -87,7 +87,7 @@ class Gateway:
 
             self.metrics.registry.register(EventsCollector(events))
         self.capture = capture
-        # Each session's latest conversion (convert/request.py), within the change
+        # Each session's latest conversion (apis/messages/request.py), within the change
         # memory's bound (store.change_memory_mb; its default without a store).
         change_mb = (config.store or StoreConfig()).change_memory_mb
         self.turns = SessionTurns(int(change_mb * 1024 * 1024))
