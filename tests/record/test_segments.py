@@ -331,20 +331,20 @@ def test_digest_memo_gives_the_same_segments_and_keeps_to_its_budget():
         "tools": [{"name": f"t{i}", "description": "d" * 3000} for i in range(4)],
         "messages": [{"role": "user", "content": "é" * 4000}, {"role": "user", "content": "x"}],
     }
-    saved = seg._DIGESTS
+    saved = seg.DIGESTS
     try:
-        seg._DIGESTS = seg._Digests(budget=0)  # nothing kept: the reference
+        seg.DIGESTS = seg._Digests(budget=0)  # nothing kept: the reference
         reference = segments_anthropic(big)
-        memo = seg._DIGESTS = seg._Digests(budget=1 << 20)
+        memo = seg.DIGESTS = seg._Digests(budget=1 << 20)
         cold = segments_anthropic(big)
         warm = segments_anthropic(json.loads(json.dumps(big)))  # equal content, new objects
         assert cold == warm == reference
         assert memo._bytes > 0
-        small = seg._DIGESTS = seg._Digests(budget=10_000)
+        small = seg.DIGESTS = seg._Digests(budget=10_000)
         assert segments_anthropic(big) == reference
         assert small._bytes <= 10_000 and len(small._d) == 1  # the least recently used went
     finally:
-        seg._DIGESTS = saved
+        seg.DIGESTS = saved
 
 
 # -- from the request bytes: the same segments as from the decoded object ----------------
