@@ -33,12 +33,12 @@ from pathlib import Path
 
 import msgspec
 
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai, convert
+from prefixgate.apis.messages.stream import AnthropicStream
+from prefixgate.apis.responses import request as responses_request
+from prefixgate.apis.responses.response import response_base
+from prefixgate.apis.responses.stream import ResponsesStream
 from prefixgate.config import Limits
-from prefixgate.convert import responses_request
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert
-from prefixgate.convert.responses_response import response_base
-from prefixgate.convert.responses_stream import ResponsesStream
-from prefixgate.convert.stream import AnthropicStream
 from prefixgate.hygiene import strip_billing_header
 from prefixgate.hygiene.billing import strip_billing_header_typed
 from prefixgate.protocol.messages_body import _plain_path, decode_messages_body

@@ -41,7 +41,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_load as load  # noqa: E402
 
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai  # noqa: E402
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -42,8 +42,8 @@ def inner(turn: int, stage: str) -> None:
     import msgspec
 
     from prefixgate import hygiene
+    from prefixgate.apis.messages.request import ConvertOptions, convert
     from prefixgate.config import ChannelConfig, Limits
-    from prefixgate.convert.request import ConvertOptions, convert
     from prefixgate.ledger.cachemodel import model_blocks
     from prefixgate.protocol.messages_body import decode_messages_body
     from prefixgate.record.capture import Capturer
@@ -55,7 +55,7 @@ def inner(turn: int, stage: str) -> None:
     limits, cap, opts = Limits(), Capturer(), ConvertOptions("fake")
 
     try:  # the gateway's conversion, lent by the session's previous turn
-        from prefixgate.convert.request import SessionTurns
+        from prefixgate.apis.messages.request import SessionTurns
 
         gateway_turns = SessionTurns(1 << 30)
         converted = lambda typed, size: gateway_turns.convert(("g", sid), typed, opts, size)  # noqa: E731
@@ -104,7 +104,7 @@ def inner(turn: int, stage: str) -> None:
         "model_blocks": lambda: model_blocks(rec.segments_out),  # replaced below if lent
     }
     try:
-        from prefixgate.convert.request import SessionTurns
+        from prefixgate.apis.messages.request import SessionTurns
     except ImportError:
         pass
     else:

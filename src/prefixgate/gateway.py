@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from prefixgate import services
 from prefixgate.admission import Admission
+from prefixgate.apis.messages.request import SessionTurns
 from prefixgate.auth import Authenticator
 from prefixgate.config import ChannelConfig, Config, StoreConfig
-from prefixgate.convert.request import SessionTurns
 from prefixgate.diagnostics.lookup import Fingerprints
 from prefixgate.engine.client import EngineClient
 from prefixgate.events.tokens import EngineTokens
@@ -97,7 +97,7 @@ class Gateway:
 
             self.metrics.registry.register(LedgerCollector(ledger))
         self.captures = DeferredCapture(capture)  # the capture step's, off its clock
-        # Each session's latest conversion (convert/request.py), within the change
+        # Each session's latest conversion (apis/messages/request.py), within the change
         # memory's bound (store.change_memory_mb; its default without a store).
         change_mb = (config.store or StoreConfig()).change_memory_mb
         self.turns = SessionTurns(int(change_mb * 1024 * 1024))

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from prefixgate.convert.responses_stream import ResponsesStream
-from prefixgate.convert.stream import AnthropicStream
+from prefixgate.apis.messages.stream import AnthropicStream
+from prefixgate.apis.responses.stream import ResponsesStream
 
 
 def _anthropic():
@@ -89,7 +89,7 @@ def test_sglangs_matched_stop_and_reasoning_tokens_reach_the_anthropic_stream() 
 
 
 def test_sglangs_matched_stop_in_a_whole_answer() -> None:
-    from prefixgate.convert.response import openai_to_anthropic
+    from prefixgate.apis.messages.response import openai_to_anthropic
 
     whole = {
         "choices": [

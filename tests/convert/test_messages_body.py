@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai, convert
 from prefixgate.config import Limits
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert
 from prefixgate.errors import GatewayError
 from prefixgate.hygiene.billing import strip_billing_header, strip_billing_header_typed
 from prefixgate.protocol import messages_body
@@ -456,8 +456,8 @@ def request_pair(draw):
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(request_pair(), st.sampled_from([Limits(), TIGHT]))
 def test_a_lent_decode_is_the_decode_alone(pair, limits):
-    from prefixgate.convert.request import SessionTurns
-    from prefixgate.record.segments import cut_from_bytes, cut_from_pieces
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.record.cut import cut_from_bytes, cut_from_pieces
 
     turns = SessionTurns(1 << 24)
     first, second = (json.dumps(b).encode() for b in pair)
@@ -487,7 +487,7 @@ def test_the_lent_decode_holds_no_body_alive_and_keeps_within_its_budget():
     import gc
     import sys
 
-    from prefixgate.convert.request import SessionTurns
+    from prefixgate.apis.messages.request import SessionTurns
 
     turns = SessionTurns(1 << 20)
     bodies = [

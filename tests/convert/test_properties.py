@@ -9,8 +9,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, system_text
-from prefixgate.convert.stream import AnthropicStream
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai, system_text
+from prefixgate.apis.messages.stream import AnthropicStream
 
 OPTS = ConvertOptions(upstream_model="up")
 text = st.text(min_size=0, max_size=40)

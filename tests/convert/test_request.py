@@ -8,8 +8,8 @@ import gc
 import json
 import sys
 
+from prefixgate.apis.messages.request import ConvertOptions, SessionTurns, convert, plain
 from prefixgate.config import Limits
-from prefixgate.convert.request import ConvertOptions, SessionTurns, convert, plain
 from prefixgate.protocol.messages_body import decode_messages_body
 
 

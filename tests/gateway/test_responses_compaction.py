@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai.types.responses import CompactedResponse, Response, ResponseCompactionItem
 
-from prefixgate.convert.compaction import SUMMARY_HEAD, SUMMARY_REQUEST, unseal
+from prefixgate.apis.responses.compaction import SUMMARY_HEAD, SUMMARY_REQUEST, unseal
 from tests.gateway.test_responses_sim import DEVELOPER, TOOLS, _msg, _stream, stack
 
 TRIGGER = {"type": "compaction_trigger"}

@@ -12,8 +12,8 @@ import httpx
 import msgspec
 
 from prefixgate import hygiene
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai, convert
 from prefixgate.config import Limits, parse_config
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai, convert
 from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
 from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
 from prefixgate.protocol.messages_body import decode_messages_body

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.convert import responses_stream
-from prefixgate.convert.responses_stream import ResponsesStream
+from prefixgate.apis.responses import stream as responses_stream
+from prefixgate.apis.responses.stream import ResponsesStream
 from prefixgate.convert.template import Template
 from prefixgate.errors import GatewayError
 from prefixgate.pipeline import CHAT, MESSAGES, relays

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixgate.convert.compaction import SUMMARY_HEAD, SUMMARY_REQUEST
+from prefixgate.apis.responses.compaction import SUMMARY_HEAD, SUMMARY_REQUEST
 from prefixgate.doctor import breakers
 from prefixgate.engine.errors import parse_context_error
 from prefixgate.store import open_store

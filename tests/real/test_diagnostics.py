@@ -17,7 +17,7 @@ import secrets
 import anthropic
 import httpx
 
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 from prefixgate.diagnostics.verdict import EXTENSION
 from prefixgate.events import content_keys
 from prefixgate.store import open_store

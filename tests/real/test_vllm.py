@@ -22,9 +22,9 @@ import anthropic
 import httpx
 import pytest
 
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 from prefixgate.cache import HFTokenizer, JinjaChatTemplate, PrefixCache
 from prefixgate.config import parse_config
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.doctor import diagnose, render_text
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread

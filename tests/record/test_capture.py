@@ -8,8 +8,8 @@ import json
 import msgspec
 import pytest
 
+from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 from prefixgate.config import parse_config
-from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
 from prefixgate.protocol.openai import decode_chat_body
 from prefixgate.record.capture import Capturer
 from prefixgate.record.model import Record
@@ -55,7 +55,7 @@ _ESCAPED = (
 def test_messages_as_the_gateway_converts_them_agree_with_the_objects(raw_in, order):
     """The gateway's typed request and its chat request with raw texts (their pieces
     encoded one by one) give the segments the plain objects give."""
-    from prefixgate.convert.request import convert
+    from prefixgate.apis.messages.request import convert
     from prefixgate.protocol.messages_body import decode_messages_body
 
     config = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]})

@@ -7,9 +7,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from prefixgate.apis.messages.request import ConvertOptions, convert
+from prefixgate.apis.responses.request import convert as convert_responses
 from prefixgate.config import parse_config
-from prefixgate.convert.request import ConvertOptions, convert
-from prefixgate.convert.responses_request import convert as convert_responses
 from prefixgate.identify import session_of_messages, session_of_responses
 from prefixgate.lab.traffic import breakers as bk
 from prefixgate.protocol.messages_body import decode_messages_body
@@ -390,7 +390,7 @@ def test_what_the_previous_turn_lends_changes_nothing_the_capture_finds(case, ki
     # The gateway decodes and converts a turn lent by the session's previous one
     # (SessionTurns) and the capture takes the decode's parts: every record must be what
     # the turn decoded, converted and captured alone gives.
-    from prefixgate.convert.request import SessionTurns
+    from prefixgate.apis.messages.request import SessionTurns
 
     limits = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1"}]}).limits
     ch, alone, lent, turns = channel(kind=kind), Capturer(), Capturer(), SessionTurns(1 << 26)

@@ -301,7 +301,7 @@ def test_float_walk_flags_exactly_the_objects_msgspec_writes_differently():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from prefixgate.record.segments import _floats_differ
+    from prefixgate.record.segments import floats_differ
 
     floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
         [1e16, 1e-7, 0.00001, 1.5, -0.0, 123456789.0, 1e22, 5e-324]
@@ -318,7 +318,7 @@ def test_float_walk_flags_exactly_the_objects_msgspec_writes_differently():
     def check(value):
         fast = msgspec.json.Encoder(order="sorted").encode(value)
         slow = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        assert _floats_differ(value) == (fast != slow.encode("utf-8", "surrogatepass"))
+        assert floats_differ(value) == (fast != slow.encode("utf-8", "surrogatepass"))
 
     check()
 
@@ -331,25 +331,25 @@ def test_digest_memo_gives_the_same_segments_and_keeps_to_its_budget():
         "tools": [{"name": f"t{i}", "description": "d" * 3000} for i in range(4)],
         "messages": [{"role": "user", "content": "é" * 4000}, {"role": "user", "content": "x"}],
     }
-    saved = seg._DIGESTS
+    saved = seg.DIGESTS
     try:
-        seg._DIGESTS = seg._Digests(budget=0)  # nothing kept: the reference
+        seg.DIGESTS = seg._Digests(budget=0)  # nothing kept: the reference
         reference = segments_anthropic(big)
-        memo = seg._DIGESTS = seg._Digests(budget=1 << 20)
+        memo = seg.DIGESTS = seg._Digests(budget=1 << 20)
         cold = segments_anthropic(big)
         warm = segments_anthropic(json.loads(json.dumps(big)))  # equal content, new objects
         assert cold == warm == reference
         assert memo._bytes > 0
-        small = seg._DIGESTS = seg._Digests(budget=10_000)
+        small = seg.DIGESTS = seg._Digests(budget=10_000)
         assert segments_anthropic(big) == reference
         assert small._bytes <= 10_000 and len(small._d) == 1  # the least recently used went
     finally:
-        seg._DIGESTS = saved
+        seg.DIGESTS = saved
 
 
 # -- from the request bytes: the same segments as from the decoded object ----------------
 def _both_ways(body: dict, api: str, tools_first: bool | None = None):
-    from prefixgate.record.segments import segments_from_bytes
+    from prefixgate.record.cut import segments_from_bytes
 
     first = api == "openai" if tools_first is None else tools_first
     by_object = (segments_anthropic if api == "anthropic" else segments_openai)(
@@ -362,7 +362,7 @@ def _both_ways(body: dict, api: str, tools_first: bool | None = None):
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.json")))
 @pytest.mark.parametrize("tools_first", [False, True])
 def test_segments_from_bytes_equal_the_object_way_on_claude_code_requests(name, tools_first):
-    from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+    from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 
     body = json.loads((FIXTURES / name).read_text())["body"]
     body = json.loads(body) if isinstance(body, str) else body
@@ -376,7 +376,7 @@ def test_segments_from_bytes_equal_the_object_way_on_claude_code_requests(name, 
 
 
 def test_segments_from_bytes_follow_a_growing_session_and_moving_markers(body):
-    from prefixgate.record.segments import segments_from_bytes
+    from prefixgate.record.cut import segments_from_bytes
 
     turn = copy.deepcopy(body)
     for k in range(4):
@@ -398,7 +398,7 @@ def test_segments_from_bytes_follow_a_growing_session_and_moving_markers(body):
 
 
 def test_segments_from_bytes_decline_other_shapes_and_agree_on_odd_ones():
-    from prefixgate.record.segments import segments_from_bytes
+    from prefixgate.record.cut import segments_from_bytes
 
     declined = [
         {"tools": {"name": "x"}, "messages": []},
@@ -465,7 +465,7 @@ def test_segments_from_bytes_match_on_generated_bodies():
 
 
 def test_a_tools_list_seen_before_is_looked_up_whole_and_a_changed_tool_shows():
-    from prefixgate.record.segments import segments_from_bytes
+    from prefixgate.record.cut import segments_from_bytes
 
     tools = [
         {"name": f"t{i}", "description": "d" * 300 + str(i), "input_schema": {"type": "object"}}
@@ -487,7 +487,7 @@ def test_a_tools_list_seen_before_is_looked_up_whole_and_a_changed_tool_shows():
 
 # -- one cut, and the session's previous request lending what did not change -------------
 def _cut_checked(body: dict, api: str, previous=None):
-    from prefixgate.record.segments import cut_from_bytes, pieces_of
+    from prefixgate.record.cut import cut_from_bytes, pieces_of
 
     raw = json.dumps(body).encode()
     cut = cut_from_bytes(raw, api, previous=previous)
@@ -577,12 +577,12 @@ def test_a_cut_lent_any_previous_request_matches_on_generated_bodies():
 
 # -- the chat request the gateway built, lent by the conversion ----------------------------
 def test_a_chat_cut_lent_by_the_conversion_equals_a_fresh_one_through_edits():
+    from prefixgate.apis.messages.request import ConvertOptions, SessionTurns
     from prefixgate.config import Limits
-    from prefixgate.convert.request import ConvertOptions, SessionTurns
     from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
     from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
     from prefixgate.protocol.messages_body import decode_messages_body
-    from prefixgate.record.segments import cut_of_chat
+    from prefixgate.record.cut import cut_of_chat
 
     spec = TrafficSpec(
         sessions=1, turns=12, titles=False, compact_chars=60_000, mix={AGENT_CLAUDE_CODE: 1.0}
@@ -617,7 +617,7 @@ def test_a_chat_cut_lent_by_the_conversion_equals_a_fresh_one_through_edits():
 
 
 def test_a_lent_chat_message_that_leads_now_is_cut_as_a_fresh_one():
-    from prefixgate.record.segments import cut_of_chat
+    from prefixgate.record.cut import cut_of_chat
 
     b = {"role": "system", "content": "b" * 300}
     tools = [{"type": "function", "function": {"name": "t", "parameters": {}}}]

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from prefixgate.apis.messages.request import plain
 from prefixgate.cache.blocks import hash_blocks, hit_tokens_cap
 from prefixgate.config import ChannelConfig, Config
-from prefixgate.convert.request import plain
 from prefixgate.record.model import Record, Segment
 from prefixgate.record.segments import first_changed
 from prefixgate.record.writer import _Worker

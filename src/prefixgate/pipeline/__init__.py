@@ -14,7 +14,7 @@ The steps live in :mod:`.steps` and :mod:`.relays`; the hygiene steps are
 from __future__ import annotations
 
 from prefixgate import hygiene as _hygiene
-from prefixgate.convert.request import plain
+from prefixgate.apis.messages.request import plain
 from prefixgate.pipeline.count import count_tokens, decode_count_tokens
 from prefixgate.pipeline.diagnose import diagnose
 from prefixgate.pipeline.exchange import Endpoint, Exchange, error_response, handler, run

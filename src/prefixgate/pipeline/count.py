@@ -74,8 +74,8 @@ def estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
     """The prompt's tokens as the cache model renders it for the channel (the approximate
     tokenizer: about 4 characters a token): the gateway's token counter unless it is
     given another."""
+    from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
     from prefixgate.cache import ApproxTokenizer, ChatRenderer
-    from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
     from prefixgate.engine.order import render_order
 
     order = render_order(channel) if channel is not None else "tools_first"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
+from prefixgate.apis import API_OF
 from prefixgate.diagnostics import verdict as vd
 from prefixgate.diagnostics.lookup import LookupFailed
 from prefixgate.diagnostics.request import request_id_of
@@ -23,8 +24,6 @@ from prefixgate.hygiene import keeps_system_in_place
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.record.model import Diagnosis
 from prefixgate.usage import Usage
-
-_API = {"messages": "anthropic", "responses": "responses", "chat": "chat"}
 
 
 def look_up(x: Exchange) -> None:
@@ -49,7 +48,8 @@ async def diagnose(x: Exchange) -> None:
     if ask is None:
         return
     gw, rec, ch = x.gateway, x.record, x.channel
-    if ch.kind != "openai" or (rec.endpoint == "responses" and ch.responses_api == "passthrough"):
+    api = API_OF[rec.endpoint]
+    if api.native(ch):
         # The upstream speaks the client's protocol and answers with its own ids: the
         # Responses field is its to answer; Anthropic's ``diagnostics`` is not forwarded.
         x.verdict = None
@@ -70,7 +70,7 @@ async def diagnose(x: Exchange) -> None:
             prev,
             rec,
             x.params,
-            api=_API[rec.endpoint],
+            api=api.diagnostics,
             tools_first=rendering.tools == "tools_first",
             # the template moves later system messages to the head, unless the channel
             # delivers them inside the turns (hygiene/system_in_place.py)

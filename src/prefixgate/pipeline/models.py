@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from prefixgate.engine.channel import anthropic_headers, anthropic_url, bearer
 from prefixgate.errors import GatewayError
 from prefixgate.pipeline.exchange import error_response
 from prefixgate.protocol import anthropic as anthropic_proto
 from prefixgate.protocol import openai as openai_proto
-from prefixgate.engine.channel import anthropic_headers, anthropic_url, bearer
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig

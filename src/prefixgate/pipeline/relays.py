@@ -24,8 +24,8 @@ from collections.abc import Callable
 import msgspec
 from starlette.responses import Response
 
-from prefixgate.convert.response import openai_to_anthropic
-from prefixgate.convert.stream import AnthropicStream
+from prefixgate.apis.messages.response import openai_to_anthropic
+from prefixgate.apis.messages.stream import AnthropicStream
 from prefixgate.convert.template import KEYS, Template, cut
 from prefixgate.diagnostics.request import message_id
 from prefixgate.diagnostics.verdict import EXTENSION, anthropic_diagnostics

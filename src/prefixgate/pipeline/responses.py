@@ -3,8 +3,8 @@ from the other endpoints' (their order is in :mod:`prefixgate.pipeline`): decode
 relay.
 
 For a channel with ``responses_api: convert`` (the default: any OpenAI-compatible server)
-the request goes upstream as Chat Completions (``convert/responses_request.py``) and the
-answer comes back as Responses events (``convert/responses_stream.py``); with
+the request goes upstream as Chat Completions (``apis/responses/request.py``) and the
+answer comes back as Responses events (``apis/responses/stream.py``); with
 ``responses_api: passthrough`` the upstream's own ``/responses`` gets the request as it
 came, the model mapped. Nothing is stored between requests: Codex sends ``store: false``
 and its whole conversation each turn.
@@ -16,10 +16,10 @@ import msgspec
 from starlette.responses import Response
 
 from prefixgate import hygiene
-from prefixgate.convert.request import ConvertOptions
-from prefixgate.convert.responses_request import convert, tool_map
-from prefixgate.convert.responses_response import chat_to_response, response_base
-from prefixgate.convert.responses_stream import ResponsesStream
+from prefixgate.apis.messages.request import ConvertOptions
+from prefixgate.apis.responses.request import convert, tool_map
+from prefixgate.apis.responses.response import chat_to_response, response_base
+from prefixgate.apis.responses.stream import ResponsesStream
 from prefixgate.diagnostics.request import (
     echoed_options,
     response_id,
@@ -63,7 +63,7 @@ async def decode_responses(x: Exchange) -> None:
 async def decode_compact(x: Exchange) -> None:
     """A compaction asked for by ``POST /v1/responses/compact`` (the conversation in
     ``input``): served as a Responses request whose input ends with a
-    ``compaction_trigger``, answered whole (``convert/compaction.py``)."""
+    ``compaction_trigger``, answered whole (``apis/responses/compaction.py``)."""
     _decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
     typed = x.body.typed
     items = typed.input

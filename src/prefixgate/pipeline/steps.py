@@ -12,8 +12,8 @@ from __future__ import annotations
 import msgspec
 
 from prefixgate import hygiene as hygiene_steps
+from prefixgate.apis.messages.request import ConvertOptions, convert
 from prefixgate.auth import fresh_store_keys
-from prefixgate.convert.request import ConvertOptions, convert
 from prefixgate.diagnostics.request import anthropic_ask, anthropic_params, chat_ask
 from prefixgate.engine.channel import anthropic_headers, anthropic_url, bearer, check_answer
 from prefixgate.engine.client import UpstreamRejected

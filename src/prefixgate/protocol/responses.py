@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 from msgspec import Raw, Struct
 
+from prefixgate.apis.responses.compaction import unseal
 from prefixgate.config import Limits
-from prefixgate.convert.compaction import unseal
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep
 from prefixgate.protocol.messages_body import is_string

@@ -8,27 +8,20 @@ from collections import OrderedDict
 
 import msgspec
 
+from prefixgate.apis import API_OF, MESSAGES
+from prefixgate.apis.messages.request import plain
+from prefixgate.apis.responses.segments import segments_responses
 from prefixgate.config import ChannelConfig
-from prefixgate.convert.request import plain
 from prefixgate.engine.order import rendering_of
 from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
 from prefixgate.record.compaction import summary_request
+from prefixgate.record.cut import cut_from_bytes, cut_of_chat
 from prefixgate.record.model import Record
 from prefixgate.record.rendered import rendered_segments
-from prefixgate.record.segments import (
-    cut_from_bytes,
-    cut_from_pieces,
-    cut_of_chat,
-    segments_anthropic,
-    segments_openai,
-)
-from prefixgate.record.segments_responses import segments_responses, segments_responses_from_bytes
-
-# The protocol a request came in, by the record's endpoint.
-_API_IN = {"chat": "openai", "responses": "responses"}
+from prefixgate.record.segments import segments_anthropic, segments_openai
 
 
 class _SeenHashes:
@@ -46,13 +39,6 @@ class _SeenHashes:
             self._d[h] = None
         while len(self._d) > self._limit:
             self._d.popitem(last=False)
-
-
-_SEGMENTS_OF = {
-    "openai": segments_openai,
-    "anthropic": segments_anthropic,
-    "responses": segments_responses,
-}
 
 
 class Capturer:
@@ -82,7 +68,7 @@ class Capturer:
             {} if (channel.capture_text or getattr(principal, "capture_text", False)) else None
         )
         known = self._seen
-        api_in = _API_IN.get(rec.endpoint, "anthropic")
+        api = API_OF.get(rec.endpoint, MESSAGES)
         rendering = rendering_of(channel)
         tools_first = rendering.tools == "tools_first"
         objects: list[dict] | None = None
@@ -104,41 +90,24 @@ class Capturer:
             else None
         )
         if texts is None and raw_in is not None:
-            if api_in == "responses":
-                segs = segments_responses_from_bytes(raw_in)
-            else:
-                # one cut gives the segments and their bytes (for the change memory); the
-                # session's previous request lends what it sent the same way
-                before = None if prev is None else prev.into
-                lent_pieces = getattr(body_in, "pieces", None)
-                if lent_pieces is not None and api_in == "anthropic":  # the decode cut it
-                    cut = cut_from_pieces(lent_pieces, api_in, previous=before)
-                else:
-                    cut = cut_from_bytes(raw_in, api_in, previous=before)
-                if cut is not None:
-                    segs, pieces_in = cut
+            # one cut gives the segments and their bytes (for the change memory); the
+            # session's previous request lends what it sent the same way
+            cut = api.cut(raw_in, body_in, None if prev is None else prev.into)
+            if cut is not None:
+                segs, pieces_in = cut
         if segs is None:
-            of = _SEGMENTS_OF[api_in]
-            segs = of(decoded()[0], texts=texts, known=known)
+            segs = api.segments(decoded()[0], texts=texts, known=known)
         rec.segments_in = segs
-        if (
-            rec.endpoint == "chat"
-            and channel.kind == "openai"
-            and tools_first
-            and body_out.get("messages") is body_in.get("messages")
-            and body_out.get("tools") is body_in.get("tools")
-        ):
-            # A chat request passed through: the very same messages and tools, in the same
-            # order, so the same segments (computing them again would double the cost).
+        if api.passed_through(channel, body_in, body_out, tools_first):
+            # A request passed through: the same segments (computing them again would
+            # double the cost).
             rec.segments_out = rendered_segments(
                 list(rec.segments_in), rendering, body_out.get("messages"), texts=texts, known=known
             )
             passthrough = True
         else:
             passthrough = False
-            api_out = "openai" if channel.kind == "openai" else "anthropic"
-            if api_in == "responses" and channel.responses_api == "passthrough":
-                api_out = "responses"
+            api_out = api.sent(channel)
             first = tools_first if api_out != "anthropic" else False
             segs = None
             if api_out == "responses":

@@ -33,8 +33,9 @@ import msgspec
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
 from prefixgate.record.compaction import COMPACTED, compacted, rewritten
+from prefixgate.record.cut import ChatCut, pieces_of
 from prefixgate.record.model import Change, Record, Segment
-from prefixgate.record.segments import ChatCut, _strip, pieces_of
+from prefixgate.record.segments import stripped
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 DEFAULT_BUDGET = 64 * 1024 * 1024
@@ -352,7 +353,7 @@ def _culprit(
 def _marker_only(a: bytes, b: bytes) -> bool:
     """Whether two JSON pieces differ only by their ``cache_control`` markers."""
     try:
-        return _encode(_strip(_decode(a))) == _encode(_strip(_decode(b)))
+        return _encode(stripped(_decode(a))) == _encode(stripped(_decode(b)))
     except (msgspec.DecodeError, RecursionError):
         return False
 
@@ -366,13 +367,13 @@ def _text_shape(a: bytes | None, b: bytes | None, kind: str) -> sh.Shape:
         return sh.json_shape(a, b, same_value=False)
     if kind == "tool":
         ta, tb = a.decode("utf-8", "replace"), b.decode("utf-8", "replace")
-        if _strip(va) == _strip(vb):
+        if stripped(va) == stripped(vb):
             return sh.json_shape(a, b, same_value=True)
     else:
         ta, tb = text_of(va), text_of(vb)
     found = sh.shape_of(ta, tb)
     if found is None:
-        return sh.json_shape(a, b, same_value=_strip(va) == _strip(vb))
+        return sh.json_shape(a, b, same_value=stripped(va) == stripped(vb))
     return found
 
 

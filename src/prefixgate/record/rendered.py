@@ -29,7 +29,7 @@ import msgspec
 
 from prefixgate.engine.rendering import Rendering
 from prefixgate.record.model import Segment
-from prefixgate.record.segments import _segment, _sink, _strip, canonical_json
+from prefixgate.record.segments import canonical_json, segment, stripped, text_sink
 
 __all__ = ["AT_HEAD", "NO_REASONING", "hoisted", "rendered_segments"]
 
@@ -109,7 +109,7 @@ def _without_past_reasoning(
     )
     if last_user < 0:
         return segments
-    sink = _sink(texts, known)
+    sink = text_sink(texts, known)
     out = list(segments)
     changed = False
     for k, seg in enumerate(segments):
@@ -120,7 +120,7 @@ def _without_past_reasoning(
         if not isinstance(m, dict) or not any(m.get(key) for key in _REASONING):
             continue
         shown = {key: v for key, v in m.items() if key not in _REASONING}
-        data = canonical_json(_strip(_decode(_encode(shown))))
-        out[k] = _segment(seg.kind, seg.name + NO_REASONING, data, sink)
+        data = canonical_json(stripped(_decode(_encode(shown))))
+        out[k] = segment(seg.kind, seg.name + NO_REASONING, data, sink)
         changed = True
     return out if changed else segments

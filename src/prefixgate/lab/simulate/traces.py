@@ -252,7 +252,7 @@ def _openai_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[A
     """Chat messages and tools of a simulated request as the upstream receives them: an
     Anthropic body goes through the gateway's own converter (which drops cache markers)."""
     if "system" in body or _is_anthropic(body):
-        from prefixgate.convert.request import ConvertOptions, anthropic_to_openai
+        from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 
         body = anthropic_to_openai(body, ConvertOptions(upstream_model="sim"))
     return body.get("messages", []), body.get("tools")

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from prefixgate.apis.messages.response import new_message_id, stop_reason
 from prefixgate.convert.chunks import ChunkWalk, fold_tool_delta
-from prefixgate.convert.response import new_message_id, stop_reason
 from prefixgate.errors import GatewayError
 from prefixgate.protocol.anthropic import error_event
 from prefixgate.usage import Usage, message_start_usage

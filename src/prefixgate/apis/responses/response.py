@@ -17,8 +17,8 @@ import time
 
 import msgspec
 
-from prefixgate.convert.compaction import compaction_item
-from prefixgate.convert.responses_request import tool_map
+from prefixgate.apis.responses.compaction import compaction_item
+from prefixgate.apis.responses.request import tool_map
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.usage import Usage
 

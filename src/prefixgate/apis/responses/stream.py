@@ -17,7 +17,7 @@ calls may come in any order and the client still reads the Responses sequence:
 
 A compaction (the request ended with a ``compaction_trigger``) is one item: the text is
 kept, not sent, and at the end goes out as a ``compaction`` item (added, then done) before
-``response.completed``; reasoning and tool calls are dropped (``convert/compaction.py``).
+``response.completed``; reasoning and tool calls are dropped (``apis/responses/compaction.py``).
 
 Tool calls stay open until the answer ends or text follows them (a chat stream may send a
 call's arguments in pieces between other calls' pieces). A failure after the start is a
@@ -33,9 +33,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from prefixgate.convert.chunks import ChunkWalk, fold_tool_delta
-from prefixgate.convert.compaction import compaction_item
-from prefixgate.convert.responses_response import (
+from prefixgate.apis.responses.compaction import compaction_item
+from prefixgate.apis.responses.response import (
     ToolMap,
     call_item,
     message_item,
@@ -44,6 +43,7 @@ from prefixgate.convert.responses_response import (
     status_of,
     text_part,
 )
+from prefixgate.convert.chunks import ChunkWalk, fold_tool_delta
 from prefixgate.errors import GatewayError
 from prefixgate.protocol.openai import error_body
 from prefixgate.usage import Usage

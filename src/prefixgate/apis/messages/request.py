@@ -12,19 +12,18 @@ Rules that protect the upstream prefix cache:
 The converter reads the typed request (``protocol/messages_body.py``): texts arrive as
 ``msgspec.Raw`` (JSON strings as the client wrote them) and leave the same way, so the
 upstream body is assembled without unescaping or escaping the bulk of the prompt. Where
-texts are joined, their JSON is joined (``_join``). ``convert`` gives that raw-leaved dict
+texts are joined, their JSON is joined (``convert/texts.py``'s ``join``). ``convert`` gives that raw-leaved dict
 (what the gateway encodes and sends); ``anthropic_to_openai`` gives plain objects.
 """
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import msgspec
 from msgspec import Raw
 
+from prefixgate.convert.texts import ConvertOptions, Text, dumps, empty, join, truthy
 from prefixgate.protocol.messages_body import (
     Decoded,
     DocumentBlock,
@@ -45,20 +44,6 @@ from prefixgate.protocol.messages_body import (
 
 _EFFORTS = ("low", "medium", "high")
 
-
-@dataclass(frozen=True, slots=True)
-class ConvertOptions:
-    upstream_model: str
-    thinking: str = "chat_template_kwargs"  # | "reasoning_effort" | "drop"
-    history_thinking: str = "reasoning_content"  # | "drop"
-
-
-def dumps(obj: object) -> str:
-    """Canonical compact JSON used for tool-call arguments."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-Text = str | Raw  # a string, or a JSON string as it came
 
 _ANY = msgspec.json.Decoder()
 _encode = msgspec.json.encode
@@ -189,7 +174,7 @@ def convert(
     conversion, its texts copied out of the request's bytes."""
     messages: list[dict] = []
     sys_text = _system(req.system)
-    if not _empty(sys_text):
+    if not empty(sys_text):
         messages.append({"role": "system", "content": sys_text})
     before = previous.messages if previous is not None else ()
     n = len(before)
@@ -256,28 +241,8 @@ def _owned(obj):
 
 
 # -- texts as JSON -------------------------------------------------------------------------
-def _inner(text: Text):
-    """The JSON of a text between its quotes."""
-    if type(text) is str:
-        return _encode(text)[1:-1]
-    return memoryview(text)[1:-1]
-
-
-def _join(texts: list[Text], sep: str) -> Text:
-    """``sep.join(texts)``, done on the JSON when a text is raw."""
-    if len(texts) == 1:
-        return texts[0]
-    if all(type(t) is str for t in texts):
-        return sep.join(texts)
-    return Raw(b'"' + bytes(_inner(sep)).join(_inner(t) for t in texts) + b'"')
-
-
 def _prefixed(prefix: str, text: Text) -> Text:
-    return prefix + text if type(text) is str else _join([prefix, text], "")
-
-
-def _empty(text: Text) -> bool:
-    return text == "" if type(text) is str else len(text) <= 2
+    return prefix + text if type(text) is str else join([prefix, text], "")
 
 
 def _as_text(raw: Raw, default: str = "") -> Text:
@@ -289,22 +254,6 @@ def _as_text(raw: Raw, default: str = "") -> Text:
     return str(_ANY.decode(raw))
 
 
-def _truthy(raw: Raw) -> bool:
-    """``bool()`` of a raw JSON value as Python would see it decoded."""
-    n = len(raw)
-    if n == 0:
-        return False
-    first = memoryview(raw)[0]
-    if first == 34:  # a string
-        return n > 2
-    if n > 16 and first in _CONTAINER_OPENERS:
-        return True  # an object or array this long has something in it
-    return bool(_ANY.decode(raw))
-
-
-_CONTAINER_OPENERS = (91, 123)  # '[', '{'
-
-
 def _system(system: str | list[SystemBlock] | None) -> Text:
     if system is None:
         return ""
@@ -312,7 +261,7 @@ def _system(system: str | list[SystemBlock] | None) -> Text:
         return system
     if not system:
         return ""
-    return _join([b.text for b in system], "\n")
+    return join([b.text for b in system], "\n")
 
 
 def _user_of(metadata: object) -> str | None:
@@ -350,10 +299,10 @@ def _is_function_tool(tool: Tool) -> bool:
 
 def _convert_tool(tool: Tool) -> dict:
     fn: dict = {"name": tool.name}
-    if _truthy(tool.description):
+    if truthy(tool.description):
         fn["description"] = tool.description
     schema = tool.input_schema
-    fn["parameters"] = schema if _truthy(schema) else {"type": "object", "properties": {}}
+    fn["parameters"] = schema if truthy(schema) else {"type": "object", "properties": {}}
     return {"type": "function", "function": fn}
 
 
@@ -378,7 +327,7 @@ def _convert_message(m, opts: ConvertOptions) -> list[dict]:
         return [_convert_assistant(content, opts)]
     if role == "system":
         texts = [b.text for b in content if type(b) is TextBlock]
-        return [{"role": "system", "content": _join(texts, "\n") if texts else ""}]
+        return [{"role": "system", "content": join(texts, "\n") if texts else ""}]
     return _convert_user(content)
 
 
@@ -401,9 +350,9 @@ def _convert_assistant(blocks: list, opts: ConvertOptions) -> dict:
                 }
             )
         # redacted_thinking and server-tool blocks cannot be replayed upstream: dropped.
-    msg: dict = {"role": "assistant", "content": _join(texts, "") if texts else None}
+    msg: dict = {"role": "assistant", "content": join(texts, "") if texts else None}
     if reasoning and opts.history_thinking == "reasoning_content":
-        msg["reasoning_content"] = _join(reasoning, "")
+        msg["reasoning_content"] = join(reasoning, "")
     if calls:
         msg["tool_calls"] = calls
     if msg["content"] is None and not calls:
@@ -454,16 +403,16 @@ def _tool_result_content(b: ToolResultBlock) -> tuple[Text, list[dict]]:
                 images.append(_image_part(inner.source))
             elif kind is DocumentBlock:
                 pieces.append(_document_text(inner))
-        text = _join(pieces, "\n") if pieces else ""
+        text = join(pieces, "\n") if pieces else ""
     if b.is_error:
-        text = "Error" if _empty(text) else _prefixed("Error: ", text)
+        text = "Error" if empty(text) else _prefixed("Error: ", text)
     return text, images
 
 
 def _image_part(src) -> dict:
     if src.type == "base64":
         data = _as_text(src.data)
-        url = _join([f"data:{src.media_type};base64,", data], "")
+        url = join([f"data:{src.media_type};base64,", data], "")
     else:
         url = src.url
     return {"type": "image_url", "image_url": {"url": url}}

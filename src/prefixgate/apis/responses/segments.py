@@ -1,12 +1,12 @@
 """Segments of an OpenAI Responses request, as received (the sent side of a converted
-request is a chat request, cut by ``segments.py``).
+request is a chat request, cut by ``record/cut.py``).
 
 The pieces, in the order a chat template renders the conversation they become: ``tools``
 and each ``tool`` (a namespace is one tool), then the system part — ``instructions``
 (``system``) and the leading system/developer messages (kind ``system``,
 ``input[i]:developer``) — then every other item (kind ``message``, ``input[i]:user``,
 ``input[i]:function_call``, …). A string ``input`` is one message, ``input:user``. Hashes,
-sizes and texts are those of ``segments.py`` (canonical JSON, blake2b-128), so a
+sizes and texts are those of ``record/segments.py`` (canonical JSON, blake2b-128), so a
 Responses request and the chat request it became compare piece by piece where they hold
 the same JSON.
 """
@@ -18,19 +18,17 @@ from typing import Any
 
 import msgspec
 
+from prefixgate.record.cut import ITEMS, piece_of, tools_of_list
 from prefixgate.record.model import Segment
 from prefixgate.record.segments import (
-    _DIGESTS,
-    _ITEMS,
-    _floats_differ,
-    _openai_tool_name,
-    _piece,
-    _segment,
-    _sink,
-    _strip,
-    _tool_segments,
-    _tools_of_list,
+    DIGESTS,
     canonical_json,
+    floats_differ,
+    openai_tool_name,
+    segment,
+    stripped,
+    text_sink,
+    tool_segments,
 )
 
 _SYSTEM = ("system", "developer")
@@ -56,24 +54,24 @@ def segments_responses(
 ) -> list[Segment]:
     """The segments of a decoded Responses request (``texts`` and ``known`` as in
     :func:`~prefixgate.record.segments.segments_anthropic`)."""
-    texts_ = _sink(texts, known)
-    exact = not _floats_differ(body)
-    tools = _tool_segments(body.get("tools"), _openai_tool_name, texts_, exact)
+    texts_ = text_sink(texts, known)
+    exact = not floats_differ(body)
+    tools = tool_segments(body.get("tools"), openai_tool_name, texts_, exact)
     head: list[Segment] = []
     rest: list[Segment] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str):
-        head.append(_segment("system", "instructions", canonical_json(instructions), texts_))
+        head.append(segment("system", "instructions", canonical_json(instructions), texts_))
     items = body.get("input")
     if isinstance(items, str):
-        rest.append(_segment("message", "input:user", canonical_json(items), texts_))
+        rest.append(segment("message", "input:user", canonical_json(items), texts_))
     elif isinstance(items, list):
         leading = True
         for i, item in enumerate(items):
             label = _label(item)
             leading = leading and label in _SYSTEM
-            data = canonical_json(_strip(item), floats_checked=exact)
-            seg = _segment("system" if leading else "message", f"input[{i}]:{label}", data, texts_)
+            data = canonical_json(stripped(item), floats_checked=exact)
+            seg = segment("system" if leading else "message", f"input[{i}]:{label}", data, texts_)
             (head if leading else rest).append(seg)
     return tools + head + rest if tools_first else head + tools + rest
 
@@ -95,7 +93,7 @@ def segments_responses_from_bytes(raw: bytes, *, tools_first: bool = True) -> li
         shape = _SHAPE.decode(raw)
     except (msgspec.DecodeError, RecursionError):
         return None
-    tools = _tools_of_list(bytes(shape.tools), "openai")
+    tools = tools_of_list(bytes(shape.tools), "openai")
     if tools is None:
         return None
 
@@ -106,18 +104,18 @@ def segments_responses_from_bytes(raw: bytes, *, tools_first: bool = True) -> li
     rest: list[Segment] = []
     instructions = bytes(shape.instructions)
     if instructions[:1] == b'"':
-        digest, chars = _DIGESTS.of(canonical_json(msgspec.json.decode(instructions)))
+        digest, chars = DIGESTS.of(canonical_json(msgspec.json.decode(instructions)))
         head.append(seg("system", "instructions", (digest, chars, None)))
     elif instructions != b"null":
         return None
     data = bytes(shape.input)
     if data[:1] == b'"':
-        piece = _piece("input", data, _label)
+        piece = piece_of("input", data, _label)
         rest.append(seg("message", "input:user", piece))
     elif data[:1] == b"[":
         leading = True
-        for i, item in enumerate(_ITEMS.decode(data)):
-            piece = _piece("item", bytes(item), _label)
+        for i, item in enumerate(ITEMS.decode(data)):
+            piece = piece_of("item", bytes(item), _label)
             leading = leading and piece[2] in _SYSTEM
             (head if leading else rest).append(
                 seg("system" if leading else "message", f"input[{i}]:{piece[2]}", piece)

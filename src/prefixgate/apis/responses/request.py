@@ -13,7 +13,7 @@ The same rules that protect the upstream prefix cache on the Messages path:
   message, so a turn the gateway answered comes back the same way on the next request;
 - a ``compaction`` item (one this gateway made) becomes a user message holding its summary,
   and a closing ``compaction_trigger`` a user message asking for one, with the same tools
-  and ``tool_choice: none`` (``convert/compaction.py``).
+  and ``tool_choice: none`` (``apis/responses/compaction.py``).
 
 Tool names: a ``namespace`` tool's functions are sent as ``<namespace>__<name>`` and a
 ``custom`` tool (free-form text input) as a function taking ``{"input": string}``;
@@ -25,8 +25,8 @@ from __future__ import annotations
 import msgspec
 from msgspec import Raw
 
-from prefixgate.convert import compaction
-from prefixgate.convert.request import ConvertOptions, Text, _empty, _join, _truthy, dumps
+from prefixgate.apis.responses import compaction
+from prefixgate.convert.texts import ConvertOptions, Text, dumps, empty, join, truthy
 from prefixgate.protocol.responses import TRIGGER, Item, Part, Request, Tool
 
 SEP = "__"  # between a namespace and a function name in a chat function name
@@ -108,9 +108,9 @@ _SYSTEM = ("system", "developer")
 
 
 def _system(messages: list[dict], head: list[Text]) -> None:
-    texts = [t for t in head if not _empty(t)]
+    texts = [t for t in head if not empty(t)]
     if texts:
-        messages.append({"role": "system", "content": _join(texts, "\n\n")})
+        messages.append({"role": "system", "content": join(texts, "\n\n")})
 
 
 def _plain_text(content: str | list[Part] | None, sep: str) -> Text:
@@ -119,7 +119,7 @@ def _plain_text(content: str | list[Part] | None, sep: str) -> Text:
     if type(content) is str:
         return content
     texts = [p.refusal if p.type == "refusal" else p.text for p in content if p.text or p.refusal]
-    return _join(texts, sep) if texts else ""
+    return join(texts, sep) if texts else ""
 
 
 class _Turns:
@@ -186,10 +186,10 @@ class _Turns:
     def _assistant(self) -> None:
         if not (self.reasoning or self.texts is not None or self.calls):
             return
-        texts = [t for t in self.texts or () if not _empty(t)]
-        msg: dict = {"role": "assistant", "content": _join(texts, "") if texts else None}
+        texts = [t for t in self.texts or () if not empty(t)]
+        msg: dict = {"role": "assistant", "content": join(texts, "") if texts else None}
         if self.reasoning:
-            msg["reasoning_content"] = _join(self.reasoning, "")
+            msg["reasoning_content"] = join(self.reasoning, "")
         if self.calls:
             msg["tool_calls"] = self.calls
         if msg["content"] is None and not self.calls:
@@ -212,7 +212,7 @@ class _Turns:
                 self.images.append(_image(p))
             elif p.text:
                 texts.append(p.text)
-        return _join(texts, "\n") if texts else ""
+        return join(texts, "\n") if texts else ""
 
 
 def _call(call_id: str | None, name: str, arguments: Text) -> dict:
@@ -252,13 +252,13 @@ def _tools(tools: list[Tool] | None) -> list[dict]:
 
 def _function(name: str, t: Tool) -> dict:
     fn: dict = {"name": name}
-    if _truthy(t.description):
+    if truthy(t.description):
         fn["description"] = t.description
     if t.type == "custom":
         fn["parameters"] = _CUSTOM_PARAMETERS
     else:
         schema = t.parameters
-        fn["parameters"] = schema if _truthy(schema) else {"type": "object", "properties": {}}
+        fn["parameters"] = schema if truthy(schema) else {"type": "object", "properties": {}}
         if t.strict is True:
             fn["strict"] = True
     return {"type": "function", "function": fn}

@@ -1,0 +1,2 @@
+"""The Anthropic Messages API: its request to Chat (``request.py``), the answer and the
+stream from Chat (``response.py``, ``stream.py``), its rules (``api.py``)."""
