@@ -111,7 +111,9 @@ class ChannelConfig(Model):
         if self.kv_events is not None:
             self.kv_events.endpoints_for(self.urls())
         elif self.routing.policy == "precise":
-            raise ValueError("routing: precise needs kv_events (the engines' KV-cache events)")
+            raise ValueError(
+                "routing.policy: precise needs kv_events (the engines' KV-cache events)"
+            )
         return self
 
     @field_validator("tokenizer")
