@@ -61,7 +61,7 @@ def _config(work: Path, port: int, replicas: list[str], price: float) -> dict:
                 "name": "paced",
                 "base_url": replicas[0] + "/v1",
                 "replicas": [r + "/v1" for r in replicas[1:]],
-                "routing": "round_robin",
+                "routing": {"policy": "round_robin"},
                 "render_order": "tools_first",
             }
         ],

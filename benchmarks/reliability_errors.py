@@ -114,7 +114,7 @@ def unknown_model(args) -> dict:
             "name": "vllm",
             "base_url": urls[0] + "/v1",
             "replicas": [urls[1] + "/v1"],
-            "routing": "session",
+            "routing": {"policy": "session"},
         }
         with gateway(Path(tmp), [channel]) as (url, _), httpx.Client(timeout=30) as client:
             statuses = []

@@ -36,7 +36,7 @@ gateway's own estimate (``prefix``) and the engines' truth part ways.
   balancer that sends each request to the next gateway (not sticky per session), each
   with its own routing state: each ``prefix`` estimate sees 1/N of the traffic and of
   the in-flight load; ``precise`` on every gateway subscribes to the same engines' events;
-- ``gateways-4-redis``: the same with ``routing_shared`` on a throwaway ``redis-server``
+- ``gateways-4-redis``: the same with ``routing.shared`` on a throwaway ``redis-server``
   (``prefix``'s block sets and in-flight counts shared; needs ``redis-server`` on PATH);
 - ``restarts``: one gateway, and every 4 s one replica (in turn) restarts: its cache is
   cleared (an ``AllBlocksCleared`` event) at its first idle instant;
@@ -239,7 +239,7 @@ class Scenario:
 
     ``gateways``: gateway instances (or workers) behind a load balancer that spreads the
     requests over them one by one (not sticky), each with its own routing state unless
-    ``shared`` (``routing_shared`` on a Redis); ``restart_every``: seconds between
+    ``shared`` (``routing.shared`` on a Redis); ``restart_every``: seconds between
     restarts of one replica (rotating), its cache cleared (an ``AllBlocksCleared`` event);
     ``capacity_spread``: the replicas' caches differ in size (0.5x to 1.5x the mean), which
     the estimate is not told."""
@@ -319,21 +319,23 @@ def run(policy: str, sessions, args, *, capacity: int, scenario: Scenario = SCEN
     )
     if policy == "prefix-defaults":
         balance = Balance()
-    # prefix remembers routing_lru_blocks per replica (its default unless tuned to the
+    # prefix remembers routing.lru_blocks per replica (its default unless tuned to the
     # replica's cache, which an operator rarely knows exactly)
     lru = max(1, capacity // B) if policy == "prefix-tuned" else 65536
     channel = {
         "name": "sim",
         "base_url": ups[0].base_url,
         "replicas": [u.base_url for u in ups[1:]],
-        "routing": routing,
-        "routing_match_threshold": balance.match_threshold,
-        "routing_balance_abs": balance.abs,
-        "routing_balance_rel": balance.rel,
-        "routing_lru_blocks": lru,
+        "routing": {
+            "policy": routing,
+            "match_threshold": balance.match_threshold,
+            "balance_abs": balance.abs,
+            "balance_rel": balance.rel,
+            "lru_blocks": lru,
+        },
     }
     if scenario.shared and redis_url and routing in ("prefix", "least_busy"):
-        channel["routing_shared"] = redis_url
+        channel["routing"]["shared"] = redis_url
         _flush_redis(redis_url)
     if routing == "precise":
         pubs = [u.app.state.sim.events for u in ups]
@@ -426,7 +428,7 @@ def _flush_redis(url: str) -> None:
 
 
 def _start_redis():
-    """A throwaway redis-server on a free loopback port (for ``routing_shared``)."""
+    """A throwaway redis-server on a free loopback port (for ``routing.shared``)."""
     import shutil
     import subprocess
 

@@ -43,7 +43,7 @@ def _config(dsn: str, journal: str, replicas: list[str], price_in: float) -> dic
                 "base_url": replicas[0],
                 "replicas": replicas[1:],
                 "models": ["m"],
-                "routing": "round_robin",
+                "routing": {"policy": "round_robin"},
                 "render_order": "tools_first",
             }
         ],

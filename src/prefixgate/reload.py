@@ -206,7 +206,7 @@ async def reload_gateway(gw: Gateway, config: Config) -> ReloadResult:
         return result
     try:
         await new.router.start()
-    except Exception as exc:  # e.g. a routing_shared Redis that cannot be reached
+    except Exception as exc:  # e.g. a routing.shared Redis that cannot be reached
         await new.router.aclose()
         result = ReloadResult(False, old.generation, reason=f"cannot start routing: {exc}")
         gw.reloads.add(result)

@@ -45,13 +45,13 @@ def test_cases_and_settings_parse() -> None:
         ab.apply_set(config, "no-equals-sign")
     config = {"channels": [{"name": "fake", "base_url": "http://u:1/v1"}]}
     ab.apply_set(config, 'channels.0.replicas=["{upstream}/v1"]', "http://u:1")
-    ab.apply_set(config, "channels.0.routing=precise")
+    ab.apply_set(config, "channels.0.routing.policy=precise")
     assert config["channels"] == [
         {
             "name": "fake",
             "base_url": "http://u:1/v1",
             "replicas": ["http://u:1/v1"],
-            "routing": "precise",
+            "routing": {"policy": "precise"},
         }  # fmt: skip
     ]
 

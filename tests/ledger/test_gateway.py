@@ -81,7 +81,7 @@ def gateway_config(ups, tmp_path, routing: str) -> dict:
         "name": "sim",
         "base_url": ups[0].base_url,
         "replicas": [u.base_url for u in ups[1:]],
-        "routing": routing,
+        "routing": {"policy": routing},
         "kv_events": {"replicas": endpoints, "topic": "kv"},
     }
     store = {"dsn": f"sqlite:///{tmp_path}/g.db", "journal_path": str(tmp_path / "journal")}

@@ -89,7 +89,7 @@ def precise_channel(pair: tuple, model_dir: Path) -> dict:
         "name": "real",
         "base_url": a.base_url,
         "replicas": [b.base_url],
-        "routing": "precise",
+        "routing": {"policy": "precise"},
         "chat_template": str(model_dir / "tokenizer_config.json"),
         "tokenizer": f"hf:{model_dir}",
         "kv_events": {
@@ -133,7 +133,7 @@ def check_precise_routing(say, sent: list[str], records: dict, ledgers: list) ->
         assert x.source == "events" and x.total() == records[x.request_id].prompt_tokens
     # Each later turn went where its session's prefix was cached: nothing recomputed that
     # the other replica held, and it hit its history. A first request matches only the
-    # team's block elsewhere (1 of 11 blocks, under routing_match_threshold): at most
+    # team's block elsewhere (1 of 11 blocks, under routing.match_threshold): at most
     # that is booked as a routing loss.
     later = ledgers[3:]
     assert sum(x.elsewhere for x in later) == 0

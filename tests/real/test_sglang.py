@@ -242,7 +242,7 @@ def test_sglangs_errors_are_the_clients_and_never_the_replicas(sglang, tmp_path)
     ``models`` and the gateway answers the unknown one."""
     long_text = " ".join(f"word{i}" for i in range(20000))
     assert direct(sglang, [{"role": "user", "content": "hi"}], model="mistyped")["choices"]
-    channel = {"health_check_interval": 3600, "models": ["tiny"]}
+    channel = {"health": {"interval": 3600}, "models": ["tiny"]}
     with gateway(sglang, tmp_path, **channel) as (url, dsn, app):
         gw = app.state.gateway
         with anthropic.Anthropic(base_url=url, api_key="k", max_retries=0, timeout=120) as c:

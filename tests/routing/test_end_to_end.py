@@ -25,7 +25,7 @@ def _stack(policy: str, replicas: int = 3):
         "name": "sim",
         "base_url": ups[0].base_url,
         "replicas": [u.base_url for u in ups[1:]],
-        "routing": policy,
+        "routing": {"policy": policy},
         "timeouts": {"connect": 2.0, "first_byte": 30.0, "idle": 30.0},
     }
     rec = ListRecorder()

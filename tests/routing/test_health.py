@@ -29,8 +29,7 @@ def test_probe_marks_a_dead_replica_down_and_back_up():
                         "name": "c",
                         "base_url": live.base_url,
                         "replicas": [f"http://127.0.0.1:{port}/v1"],
-                        "health_check_interval": 0.05,
-                        "health_timeout": 2.0,
+                        "health": {"interval": 0.05, "timeout": 2.0},
                     }
                 ],
                 "store": None,

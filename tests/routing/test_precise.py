@@ -62,7 +62,7 @@ def deployment(
             "name": "sim",
             "base_url": ups[0].base_url,
             "replicas": [u.base_url for u in ups[1:]],
-            "routing": "precise",
+            "routing": {"policy": "precise"},
             "kv_events": {
                 "replicas": [kv_entry(u) for u in ups],
                 "topic": "kv",
@@ -239,4 +239,10 @@ def test_healthz_details_need_the_admin_key() -> None:
 
 def test_precise_needs_kv_events() -> None:
     with pytest.raises(Exception, match="precise needs kv_events"):
-        parse_config({"channels": [{"name": "c", "base_url": "http://x/v1", "routing": "precise"}]})
+        parse_config(
+            {
+                "channels": [
+                    {"name": "c", "base_url": "http://x/v1", "routing": {"policy": "precise"}}
+                ]
+            }
+        )

@@ -61,9 +61,9 @@ def test_two_router_instances_make_the_same_session_choice():
 
 
 def test_round_robin_and_least_busy_through_the_router():
-    rr = router(routing="round_robin")
+    rr = router(routing={"policy": "round_robin"})
     assert [plan(rr, "k")[0].base_url for _ in range(6)] == URLS * 2
-    lb = router(routing="least_busy")
+    lb = router(routing={"policy": "least_busy"})
     first = plan(lb, "k")[0]
     lb.acquire(first, "req-1")
     second = plan(lb, "k")[0]
@@ -76,7 +76,7 @@ def test_round_robin_and_least_busy_through_the_router():
 
 
 def test_prefix_follows_the_estimated_cache_and_spreads_new_prompts():
-    r = router(routing="prefix", routing_balance_abs=2)
+    r = router(routing={"policy": "prefix", "balance_abs": 2})
     conv = chat("task one: " + "fix the parser " * 40)
     t = plan(r, None, conv)[0]
     assert t.blocks is not None and len(t.blocks) > 10
@@ -93,7 +93,7 @@ def test_prefix_follows_the_estimated_cache_and_spreads_new_prompts():
 
 
 def test_prefix_gives_way_to_load_when_imbalanced():
-    r = router(routing="prefix", routing_balance_abs=2, routing_balance_rel=1.5)
+    r = router(routing={"policy": "prefix", "balance_abs": 2, "balance_rel": 1.5})
     conv = chat("a long task " * 60)
     home = plan(r, "k", conv)[0]
     for i in range(3):  # home: 3 in flight, the others 0: 3 - 0 > 2 and 3 > 0
@@ -119,7 +119,7 @@ def test_unhealthy_replicas_are_tried_last():
 
 
 def test_a_replica_marked_down_loses_its_estimated_cache():
-    r = router(routing="prefix")
+    r = router(routing={"policy": "prefix"})
     conv = chat("some work " * 60)
     t = plan(r, None, conv)[0]
     r.acquire(t, "1")

@@ -30,8 +30,13 @@ def namespace():
         client.close()
 
 
-def routers(ns: str, n: int = 2, url: str = REDIS, **channel) -> list[ChannelRouter]:
-    ch = {"name": "c", "base_url": URLS[0], "replicas": URLS[1:], "routing_shared": url, **channel}
+def routers(ns: str, n: int = 2, url: str = REDIS, **routing) -> list[ChannelRouter]:
+    ch = {
+        "name": "c",
+        "base_url": URLS[0],
+        "replicas": URLS[1:],
+        "routing": {"shared": url, **routing},
+    }
     chans = parse_config({"channels": [ch], "store": None}).channels
     return [ChannelRouter(chans, gateway_id=f"gw{i}", shared_namespace=ns) for i in range(n)]
 
@@ -44,7 +49,7 @@ def chat(text: str) -> dict:
 
 
 def test_a_second_gateway_follows_the_first_ones_blocks(namespace):
-    a, b = routers(namespace, routing="prefix")
+    a, b = routers(namespace, policy="prefix")
 
     async def scenario() -> None:
         try:
@@ -63,7 +68,7 @@ def test_a_second_gateway_follows_the_first_ones_blocks(namespace):
 
 
 def test_in_flight_counts_are_shared_and_die_with_their_gateway(namespace):
-    a, b = routers(namespace, routing="least_busy")
+    a, b = routers(namespace, policy="least_busy")
 
     async def scenario() -> None:
         try:
@@ -90,7 +95,7 @@ def test_in_flight_counts_are_shared_and_die_with_their_gateway(namespace):
 
 
 def test_block_sets_are_trimmed_and_expire(namespace):
-    (a,) = routers(namespace, 1, routing="prefix", routing_lru_blocks=8, routing_shared_ttl=60)
+    (a,) = routers(namespace, 1, policy="prefix", lru_blocks=8, shared_ttl=60)
 
     async def scenario() -> None:
         client = aioredis.Redis.from_url(REDIS)
@@ -114,7 +119,7 @@ def test_block_sets_are_trimmed_and_expire(namespace):
 
 
 def test_redis_down_falls_back_to_local_state(namespace):
-    (a,) = routers(namespace, 1, url="redis://127.0.0.1:1/0", routing="prefix")
+    (a,) = routers(namespace, 1, url="redis://127.0.0.1:1/0", policy="prefix")
 
     async def scenario() -> None:
         try:

@@ -131,7 +131,7 @@ def test_one_requests_internal_error_ejects_no_replica(gateway):
     """A request an upstream cannot digest (500 on every replica) fails over and gets 502,
     but no replica is ejected; two different requests failing on a replica eject it."""
     with scripted_upstream() as second:
-        gw = gateway({"replicas": [second.url], "routing": "round_robin"})
+        gw = gateway({"replicas": [second.url], "routing": {"policy": "round_robin"}})
         broken = {"error": {"message": "internal error", "type": "InternalServerError"}}
         for up in (gw.upstream, second):
             up.script = lambda body: Reply(status=500, error=broken)

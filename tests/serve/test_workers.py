@@ -214,8 +214,7 @@ def shared_channel(upstream, second_upstream):
             "name": name,
             "base_url": urls[0],
             "replicas": urls[1:],
-            "routing": "prefix",
-            "routing_shared": REDIS,
+            "routing": {"policy": "prefix", "shared": REDIS},
         }
     finally:
         for key in client.scan_iter(match=f"prefixgate:routing:blocks:{name}:*"):

@@ -134,8 +134,7 @@ def test_health_probes_use_the_channels_tls(pki, mtls_upstream):
                         "name": "tls",
                         "base_url": mtls_upstream.url,
                         "tls": tls,
-                        "health_check_interval": 60,
-                        "health_path": "/v1/models",
+                        "health": {"interval": 60, "path": "/v1/models"},
                     }
                 ],
                 "store": None,

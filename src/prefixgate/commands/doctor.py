@@ -80,7 +80,7 @@ def doctor(
         window = {k: parse_time(v) for k, v in (("since", since), ("until", until)) if v}
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    policies = {c.name: c.routing for c in config.channels} if config is not None else None
+    policies = {c.name: c.routing.policy for c in config.channels} if config is not None else None
     probes = None
     if probe:
         from prefixgate.doctor.cache_report import probe_all

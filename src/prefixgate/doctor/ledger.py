@@ -217,7 +217,7 @@ _BETTER = {
     "least_busy": "session (a session stays on its replica) or precise",
     "session": "precise (prompts shared across sessions go where they are cached)",
     "prefix": "precise (the index's truth instead of the estimate)",
-    "precise": "precise with a looser load guard (routing_balance_abs / routing_balance_rel)",
+    "precise": "precise with a looser load guard (routing.balance_abs / routing.balance_rel)",
 }
 
 
@@ -248,7 +248,7 @@ def _routing(
             f"held their prefix: {tokens(ch['elsewhere'])} tokens recomputed that another "
             "replica had in cache when the request was sent",
         ],
-        fix=[f"`routing: {better.split(' ', 1)[0]}` on channel {name}: {better}"],
+        fix=[f"`routing.policy: {better.split(' ', 1)[0]}` on channel {name}: {better}"],
         evidence=[
             Table(
                 "where the lost prefixes were",

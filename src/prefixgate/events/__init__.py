@@ -7,7 +7,6 @@ Modules, one concept each:
   SGLang's), decoded with msgspec; unknown and malformed events counted and skipped;
 - :mod:`.index`: per replica and medium, the cached blocks keyed by content (the cache
   model's chained hash of their token ids), bounded; ``longest_prefix``;
-- :mod:`.endpoints`: bind or connect, from the engine's own endpoint setting;
 - :mod:`.status`: one replica's stream for ``/healthz`` and ``/metrics``; stale or not;
 - :mod:`.subscriber`: one replica's SUB socket: order, gaps and replay, restarts;
 - :mod:`.hub`: :class:`EngineEvents`, every channel's subscribers and index, for the app;
@@ -15,8 +14,9 @@ Modules, one concept each:
 The engines' side of the wire (a publisher, and a cache model's stores and evictions as
 the events an engine sends) is the simulated upstream's: :mod:`prefixgate.lab.events`.
 
-Every name is imported on first use: the config reads :mod:`.endpoints` without loading
-pyzmq, numpy or the cache model.
+Every name is imported on first use (pyzmq, numpy and the cache model load with the
+subscriber and the index, not with the package). Bind or connect, from the engine's own
+endpoint setting, is the config's (:mod:`prefixgate.config.kv_events`), re-exported here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .endpoints import Endpoints, engine_binds, subscriber_endpoints
+    from prefixgate.config.kv_events import Endpoints, engine_binds, subscriber_endpoints
+
     from .hub import ChannelEvents, EngineEvents
     from .index import GPU, EventIndex, IndexCounters, PrefixHit, ReplicaIndex, content_keys
     from .status import ReplicaStatus
@@ -42,10 +43,11 @@ if TYPE_CHECKING:
         encode_batch,
     )
 
+# Each name's module, relative to this package (".config.kv_events": prefixgate.config's).
 _WHERE = {
-    "Endpoints": "endpoints",
-    "engine_binds": "endpoints",
-    "subscriber_endpoints": "endpoints",
+    "Endpoints": ".config.kv_events",
+    "engine_binds": ".config.kv_events",
+    "subscriber_endpoints": ".config.kv_events",
     "ChannelEvents": "hub",
     "EngineEvents": "hub",
     "GPU": "index",

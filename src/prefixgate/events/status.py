@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .endpoints import Endpoints
+from prefixgate.config.kv_events import Endpoints
 
 __all__ = ["ReplicaStatus"]
 

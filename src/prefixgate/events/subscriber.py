@@ -50,7 +50,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from .endpoints import Endpoints
+from prefixgate.config.kv_events import Endpoints
+
 from .index import EventIndex
 from .status import ReplicaStatus
 from .wire import END_SEQ, WireDecoder, WireError, split_frames

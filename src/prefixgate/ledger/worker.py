@@ -382,7 +382,7 @@ class LedgerWorker:
                 return size
         if ch.kv_events is not None and ch.kv_events.block_size:
             return ch.kv_events.block_size
-        return ch.routing_block_size
+        return ch.routing.block_size
 
     async def _session_keys(self, rec: Record, ids: list[int], B: int) -> list[bytes]:
         """Content keys of ``ids``, the blocks shared with the session's previous prompt

@@ -2,7 +2,7 @@
 
 Channels serving the model are tried by priority (highest first). Within one priority the
 order is weighted rendezvous hashing on the request's affinity key (its session). Within a
-channel the replicas are ordered by the channel's ``routing`` policy (``policies.py``):
+channel the replicas are ordered by the channel's ``routing.policy`` (``policies.py``):
 ``session`` (the default), ``round_robin``, ``least_busy``, ``prefix`` or ``precise``.
 Requests without a key draw a random one.
 
@@ -20,7 +20,7 @@ not chosen; they stay at the end of the failover order as a last resort.
 State kept here, per gateway process: in-flight requests per replica (``acquire`` /
 ``release`` around each upstream call, held until the response is finished), a
 round-robin counter per channel, and for ``prefix`` channels an LRU of block hashes per
-replica. With ``routing_shared`` the block sets and in-flight counts are also shared
+replica. With ``routing.shared`` the block sets and in-flight counts are also shared
 through Redis (``shared.py``).
 """
 
@@ -84,7 +84,7 @@ def _score(key: str, member: str, weight: int) -> float:
 
 
 def _balance(ch: ChannelConfig) -> Balance:
-    return Balance(ch.routing_match_threshold, ch.routing_balance_abs, ch.routing_balance_rel)
+    return Balance(ch.routing.match_threshold, ch.routing.balance_abs, ch.routing.balance_rel)
 
 
 class ChannelRouter:
@@ -115,10 +115,10 @@ class ChannelRouter:
         self._lru: dict[tuple[str, str], BlockLRU] = {}  # (channel, url) -> block hashes
         self._shared: dict[str, SharedState] = {}  # redis URL -> client
         for ch in channels:
-            if ch.routing_shared and ch.routing_shared not in self._shared:
-                self._shared[ch.routing_shared] = SharedState(
-                    ch.routing_shared,
-                    ttl=ch.routing_shared_ttl,
+            if ch.routing.shared and ch.routing.shared not in self._shared:
+                self._shared[ch.routing.shared] = SharedState(
+                    ch.routing.shared,
+                    ttl=ch.routing.shared_ttl,
                     namespace=shared_namespace,
                     gateway_id=gateway_id,
                 )
@@ -177,12 +177,12 @@ class ChannelRouter:
             blocks: PromptBlocks | None = None
             matched: dict[str, float] | None = None
             source: str | None = None
-            if ch.routing == "prefix" and prompt is not None:
+            if ch.routing.policy == "prefix" and prompt is not None:
                 blocks = prompt_blocks(
-                    prompt(ch), ch.routing_block_size, rendering=rendering_of(ch)
+                    prompt(ch), ch.routing.block_size, rendering=rendering_of(ch)
                 )
                 source = "estimate"
-            elif ch.routing == "precise" and prompt is not None and len(urls) > 1:
+            elif ch.routing.policy == "precise" and prompt is not None and len(urls) > 1:
                 blocks, matched, source = self._precise(ch, urls, prompt(ch), affinity)
             ordered = await self._order(ch, urls, key, blocks, matched)
             healthy += [Target(ch, u, blocks, source) for u in ordered]
@@ -206,9 +206,9 @@ class ChannelRouter:
                 ids, keys = tokens.content_keys(ch, request, size, session=session)
                 n = len(ids)
             except EngineTokensError as err:
-                self._failures.warning(ch.name, "routing: precise on %s: %s", ch.name, err)
+                self._failures.warning(ch.name, "routing.policy: precise on %s: %s", ch.name, err)
         if keys is None:
-            blocks = prompt_blocks(request, ch.routing_block_size, rendering=rendering_of(ch))
+            blocks = prompt_blocks(request, ch.routing.block_size, rendering=rendering_of(ch))
             return blocks, None, "estimate"
         matched: dict[str, float] = {}
         from_events = 0
@@ -235,9 +235,9 @@ class ChannelRouter:
     ) -> list[str]:
         if len(urls) <= 1:
             return urls
-        if ch.routing == "session":
+        if ch.routing.policy == "session":
             return order_session(urls, key)
-        if ch.routing == "round_robin":
+        if ch.routing.policy == "round_robin":
             turn = self._turn.get(ch.name, 0)
             self._turn[ch.name] = turn + 1
             return order_round_robin(urls, turn)
@@ -251,21 +251,21 @@ class ChannelRouter:
                 )
                 for u in urls
             ]
-        shared = self._shared.get(ch.routing_shared or "")
+        shared = self._shared.get(ch.routing.shared or "")
         if shared is not None:
-            view = await shared.view(ch.name, urls, hashes if ch.routing == "prefix" else ())
+            view = await shared.view(ch.name, urls, hashes if ch.routing.policy == "prefix" else ())
             if view is not None:
                 for r in replicas:
                     r.inflight += view.inflight.get(r.url, 0)
                     r.matched = max(r.matched, view.matched.get(r.url, 0))
-        if ch.routing == "least_busy" or blocks is None:
+        if ch.routing.policy == "least_busy" or blocks is None:
             return order_least_busy(replicas, key)
         return order_prefix(replicas, len(blocks), key, _balance(ch))
 
     def _lru_of(self, ch: ChannelConfig, url: str) -> BlockLRU:
         lru = self._lru.get((ch.name, url))
         if lru is None:
-            lru = self._lru[(ch.name, url)] = BlockLRU(ch.routing_lru_blocks)
+            lru = self._lru[(ch.name, url)] = BlockLRU(ch.routing.lru_blocks)
         return lru
 
     # -- in-flight accounting ----------------------------------------------------------
@@ -277,13 +277,13 @@ class ChannelRouter:
         url = target.base_url
         n = self._inflight[url] = self._inflight.get(url, 0) + 1
         ch = target.channel
-        shared = self._shared.get(ch.routing_shared or "")
+        shared = self._shared.get(ch.routing.shared or "")
         if shared is not None:
             shared.set_inflight(url, n)
-        if target.blocks is not None and ch.routing in ("prefix", "precise"):
+        if target.blocks is not None and ch.routing.policy in ("prefix", "precise"):
             self._lru_of(ch, url).add(target.blocks.hashes)
-            if shared is not None and ch.routing == "prefix":
-                shared.add_blocks(ch.name, url, target.blocks.hashes, ch.routing_lru_blocks)
+            if shared is not None and ch.routing.policy == "prefix":
+                shared.add_blocks(ch.name, url, target.blocks.hashes, ch.routing.lru_blocks)
         if self.events is not None:
             self.events.note_request(ch.name, url)  # its engine should publish soon
 
@@ -298,7 +298,7 @@ class ChannelRouter:
             self._inflight[url] = n
         else:
             self._inflight.pop(url, None)
-        shared = self._shared.get(target.channel.routing_shared or "")
+        shared = self._shared.get(target.channel.routing.shared or "")
         if shared is not None:
             shared.set_inflight(url, n)
 
@@ -306,7 +306,7 @@ class ChannelRouter:
         return self._inflight.get(base_url, 0)
 
     def shared(self, channel: ChannelConfig) -> SharedState | None:
-        return self._shared.get(channel.routing_shared or "")
+        return self._shared.get(channel.routing.shared or "")
 
     # -- health ------------------------------------------------------------------------
     def report_failure(self, target: Target, content: bytes | None = None) -> bool:
@@ -347,7 +347,7 @@ class ChannelRouter:
             lru = self._lru.get((channel.name, base_url))
             if lru is not None:
                 lru.clear()
-            shared = self._shared.get(channel.routing_shared or "")
+            shared = self._shared.get(channel.routing.shared or "")
             if shared is not None:
                 shared.forget(channel.name, base_url)
 
@@ -363,9 +363,9 @@ class ChannelRouter:
         before = {ch.name: ch for ch in previous.channels}
         for ch in self.channels:
             old = before.get(ch.name)
-            if old is None or (old.routing_block_size, old.routing_lru_blocks) != (
-                ch.routing_block_size,
-                ch.routing_lru_blocks,
+            if old is None or (old.routing.block_size, old.routing.lru_blocks) != (
+                ch.routing.block_size,
+                ch.routing.lru_blocks,
             ):
                 continue
             for url in ch.urls():

@@ -1,9 +1,9 @@
 """Active health checks: probe each replica's health endpoint periodically.
 
-For every channel with ``health_check_interval`` set, each replica is probed with
-``GET {root}{health_path}``, where ``root`` is the replica's base URL without a trailing
+For every channel with ``health.interval`` set, each replica is probed with
+``GET {root}{health.path}``, where ``root`` is the replica's base URL without a trailing
 ``/v1`` (vLLM and SGLang serve ``/health`` at the root). A 2xx answer within
-``health_timeout`` seconds marks the replica up; anything else marks it down. The result
+``health.timeout`` seconds marks the replica up; anything else marks it down. The result
 goes to a callback (the router), which keeps the state.
 """
 
@@ -39,7 +39,7 @@ class HealthChecker:
         *,
         transport: Transport | None = None,
     ) -> None:
-        self.channels = tuple(c for c in channels if c.health_check_interval)
+        self.channels = tuple(c for c in channels if c.health.interval)
         self.on_result = on_result
         self._transport = transport  # the gateway's upstream client; else one of its own
         self._own: Transport | None = None
@@ -56,7 +56,7 @@ class HealthChecker:
 
     async def probe(self, channel: ChannelConfig, url: str) -> bool:
         status = await self._http().probe(
-            health_url(url, channel.health_path), timeout=channel.health_timeout, tls=channel.tls
+            health_url(url, channel.health.path), timeout=channel.health.timeout, tls=channel.tls
         )
         return 200 <= status < 300
 
@@ -76,7 +76,7 @@ class HealthChecker:
         return out
 
     async def _loop(self, channel: ChannelConfig) -> None:
-        interval = float(channel.health_check_interval or 0)
+        interval = float(channel.health.interval or 0)
         while True:
             try:
                 await self.check_channel(channel)

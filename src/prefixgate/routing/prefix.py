@@ -3,7 +3,7 @@
 Like llm-d's approximate scorer: the upstream request is rendered with the cache model
 (:class:`~prefixgate.cache.ChatRenderer` + :class:`~prefixgate.cache.ApproxTokenizer`,
 about 4 characters a token), cut into blocks (16 tokens, or the channel's
-``routing_block_size``) and hashed as vLLM chains them. A bounded LRU per replica keeps
+``routing.block_size``) and hashed as vLLM chains them. A bounded LRU per replica keeps
 the block hashes recently sent there; a replica's match is the number of LEADING prompt
 blocks found in its LRU (a prefix cache only helps up to the first miss).
 
@@ -28,7 +28,7 @@ _TOKENIZER = ApproxTokenizer()
 @dataclass(frozen=True, slots=True)
 class PromptBlocks:
     """The chained hashes of a prompt's full blocks. ``engine_tokens``: set when they are
-    the content keys of the engine's token ids (``routing: precise``), their count."""
+    the content keys of the engine's token ids (``routing.policy: precise``), their count."""
 
     hashes: tuple[bytes, ...]
     block_size: int

@@ -1,4 +1,4 @@
-"""Optional shared routing state in Redis (``routing_shared: redis://host:6379/0``).
+"""Optional shared routing state in Redis (``routing: {shared: redis://host:6379/0}``).
 
 Without it each gateway replica estimates the upstream caches from its own traffic only.
 With it, gateway replicas share two things:
@@ -6,7 +6,7 @@ With it, gateway replicas share two things:
 - **Block sets**: one sorted set per upstream replica, ``{ns}:blocks:{channel}:{url}``,
   member = a 16-byte block hash, score = when it was last sent there (the earlier blocks
   of a prompt score slightly higher, so trimming drops a chain's tail first). Trimmed to
-  ``routing_lru_blocks`` members (LRU) and expiring ``routing_shared_ttl`` seconds after
+  ``routing.lru_blocks`` members (LRU) and expiring ``routing.shared_ttl`` seconds after
   the last write.
 - **In-flight counts**: one hash ``{ns}:inflight`` with a field ``"{gateway} {url}"`` per
   gateway and upstream replica, holding that gateway's ABSOLUTE count (never increments, so
@@ -61,7 +61,7 @@ class SharedState:
         try:
             import redis.asyncio as aioredis
         except ImportError as exc:  # an optional dependency
-            raise RuntimeError("routing_shared needs the redis package: pip install redis") from exc
+            raise RuntimeError("routing.shared needs the redis package: pip install redis") from exc
         self.url = url
         self.ttl = max(1, int(ttl))
         self.ns = namespace

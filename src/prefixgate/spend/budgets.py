@@ -1,77 +1,15 @@
-"""Budgets as written in the config and the windows they count in.
+"""The windows budgets count in and whose budget lines apply.
 
-A budget is one line, ``<amount> <unit>/<period>``: ``2M tokens/day``, ``50 USD/month``,
-``1.5k tokens/week``. The unit is ``tokens`` (prompt and completion tokens, cached ones
-included, as the upstream counts them) or the price table's currency (the requests'
-cost). The period is a calendar ``day``, ``week`` (from Monday) or ``month``, in UTC. A
-key's budgets and its owner's budgets all apply: a request must fit each.
+A budget line (``2M tokens/day``, ``50 USD/month``) is parsed where the config is,
+``config/spend.py`` (:func:`parse_budget`, re-exported here); a key's budgets and its
+owner's budgets all apply: a request must fit each.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
-from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 
-from prefixgate.spend.prices import NANOS
-
-PERIODS = ("day", "week", "month")
-TOKENS = "tokens"
-_SUFFIX = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
-_LINE = re.compile(r"^\s*([0-9][0-9_.,]*)\s*([kKmMgG]?)\s+([A-Za-z$]+)\s*/\s*([A-Za-z]+)\s*$")
-
-
-class BudgetSyntaxError(ValueError):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """``amount`` is in tokens, or in nanos of the currency for a money budget."""
-
-    amount: int
-    unit: str  # "tokens" or the currency code
-    period: str  # day | week | month
-    text: str  # as written, for messages
-
-    @property
-    def money(self) -> bool:
-        return self.unit != TOKENS
-
-
-def parse_budget(text: str, currency: str = "USD") -> Budget:
-    """One budget line; :class:`BudgetSyntaxError` says what is wrong with it."""
-    if not isinstance(text, str):
-        raise BudgetSyntaxError(f"budget {text!r}: write it as '<amount> <unit>/<period>'")
-    m = _LINE.match(text)
-    if m is None:
-        raise BudgetSyntaxError(
-            f"budget {text!r}: write it as '<amount> <unit>/<period>', e.g. "
-            f"'2M tokens/day' or '50 {currency}/month'"
-        )
-    number, suffix, unit, period = m.groups()
-    try:
-        value = Decimal(number.replace("_", "").replace(",", "")) * _SUFFIX[suffix.lower()]
-    except InvalidOperation:
-        raise BudgetSyntaxError(f"budget {text!r}: {number!r} is not a number") from None
-    if unit.lower() in (TOKENS, "token"):
-        unit, amount = TOKENS, int(value)
-    elif unit.upper() == currency.upper():
-        unit, amount = currency, int(value * NANOS)
-    else:
-        raise BudgetSyntaxError(
-            f"budget {text!r}: unknown unit {unit!r} (want 'tokens' or {currency!r}, the "
-            "price table's currency)"
-        )
-    period = period.lower()
-    if period not in PERIODS:
-        raise BudgetSyntaxError(
-            f"budget {text!r}: unknown period {period!r} (want {', '.join(PERIODS)})"
-        )
-    if amount <= 0:
-        raise BudgetSyntaxError(f"budget {text!r}: the amount must be above zero")
-    return Budget(amount, unit, period, text.strip())
+from prefixgate.config.spend import PERIODS, TOKENS, Budget, BudgetSyntaxError, parse_budget
 
 
 def owner_lines(

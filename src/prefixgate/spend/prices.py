@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
-NANOS = 1_000_000_000  # nanos per unit of the currency
+from prefixgate.config.spend import NANOS
 
 
 def micros(price: float | int | str | Decimal) -> int:

@@ -201,7 +201,7 @@ class Dashboard:
         cached = None if q.get("refresh") else self._doctor.get(key)
         if cached is not None:
             return cached
-        policies = {c.name: c.routing for c in self.gateway.config.channels}
+        policies = {c.name: c.routing.policy for c in self.gateway.config.channels}
         d = await asyncio.to_thread(
             diagnose,
             self.dsn,
@@ -361,7 +361,7 @@ async def me_of(gateway: Any, dsn: str, principal: Any, request: Request, findin
         budgets[("owner", owner)] = tuple(parse_budget(b, currency) for b in lines)
     days = me.days_of(request.query_params.get("days"))
     since = time.time() - days * 86400.0
-    policies = {c.name: c.routing for c in config.channels}
+    policies = {c.name: c.routing.policy for c in config.channels}
 
     def read() -> dict:
         with open_store(dsn) as store:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from prefixgate.events.endpoints import check_endpoint, engine_binds
+from prefixgate.config.kv_events import check_endpoint, engine_binds
 from prefixgate.events.wire import ENCODINGS, END_SEQ, Encoding, Event, encode_batch, pack_seq
 
 __all__ = ["EventPublisher", "PublisherSettings"]
