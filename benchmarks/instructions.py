@@ -74,7 +74,13 @@ def count(
     if ((src or ROOT / "src") / "prefixgate" / "busypoll.py").exists():
         # No busy polling: its idle turns would be counted as the request's work.
         config["server"]["busy_poll_us"] = 0
-    if "shed_loop_lag" in ((src or ROOT / "src") / "prefixgate" / "config.py").read_text():
+    package = (src or ROOT / "src") / "prefixgate"
+    config_text = "".join(  # a module before the config became a package, files after
+        p.read_text()
+        for p in (package / "config.py", *(package / "config").glob("*.py"))
+        if p.exists()
+    )
+    if "shed_loop_lag" in config_text:
         # No load shedding: under valgrind every request makes the loop run late.
         config["server"]["shed_loop_lag"] = None
     for assignment in sets:
