@@ -19,7 +19,7 @@ import msgspec
 
 from prefixgate.diagnostics.compare import Divergence, diverge, engine_order, tokens
 from prefixgate.record.compaction import compacted
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.record.rendered import AT_HEAD
 
 EXTENSION = "prefixgate_diagnostics"  # the key of the extension on every answer

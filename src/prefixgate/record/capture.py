@@ -19,7 +19,7 @@ from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
 from prefixgate.record.compaction import summary_request
 from prefixgate.record.cut import cut_from_bytes, cut_of_chat
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import segments_anthropic, segments_openai
 

@@ -34,7 +34,7 @@ from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
 from prefixgate.record.compaction import COMPACTED, compacted, rewritten
 from prefixgate.record.cut import ChatCut, pieces_of
-from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.segments import stripped
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
