@@ -17,7 +17,7 @@ from prefixgate.protocol.openai import decode_chat_body
 from prefixgate.protocol.responses import decode_responses_body
 from prefixgate.record.capture import Capturer
 from prefixgate.record.changes import ChangeTracker
-from prefixgate.record.compaction import summary_request
+from prefixgate.record.compacted import summary_request
 from prefixgate.record.record import Record
 
 

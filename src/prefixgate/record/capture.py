@@ -17,7 +17,7 @@ from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
-from prefixgate.record.compaction import summary_request
+from prefixgate.record.compacted import summary_request
 from prefixgate.record.cut import cut_from_bytes, cut_of_chat
 from prefixgate.record.record import Record
 from prefixgate.record.rendered import rendered_segments
