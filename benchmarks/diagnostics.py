@@ -41,7 +41,7 @@ import overhead as ov  # noqa: E402
 
 from prefixgate.diagnostics.verdict import judge  # noqa: E402
 from prefixgate.record.cut import segments_from_bytes  # noqa: E402
-from prefixgate.record.model import Diagnosis, Record  # noqa: E402
+from prefixgate.record.record import Diagnosis, Record  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TOKENS = 100_000

@@ -33,7 +33,7 @@ from pathlib import Path
 import psycopg
 
 from prefixgate.doctor import breakers, diagnose, slices
-from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.shape import Shape
 from prefixgate.store import open_store
 

@@ -34,8 +34,8 @@ def _length(head: bytes) -> int | None:
 class Upstream(asyncio.Protocol):
     """One kept-alive connection to the upstream; relays one answer at a time."""
 
-    def __init__(self, loop) -> None:
-        self.loop = loop
+    def __init__(self, loop, poller: busypoll.BusyPoll | None) -> None:
+        self.loop, self.poller = loop, poller
         self.buf = bytearray()
         self.client: asyncio.Transport | None = None
         self.owner: Client | None = None
@@ -47,7 +47,8 @@ class Upstream(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        busypoll.touch(self.loop)
+        if self.poller is not None:
+            self.poller.touch()
         if self.need is None and not self.chunked:
             self.buf += data
             end = _head_end(self.buf)
@@ -77,8 +78,8 @@ class Upstream(asyncio.Protocol):
 
 
 class Client(asyncio.Protocol):
-    def __init__(self, loop, upstream_port: int) -> None:
-        self.loop, self.upstream_port = loop, upstream_port
+    def __init__(self, loop, upstream_port: int, poller: busypoll.BusyPoll | None) -> None:
+        self.loop, self.upstream_port, self.poller = loop, upstream_port, poller
         self.buf = bytearray()
         self.up: Upstream | None = None
 
@@ -88,13 +89,14 @@ class Client(asyncio.Protocol):
 
     async def _connect(self) -> None:
         _, self.up = await self.loop.create_connection(
-            lambda: Upstream(self.loop), "127.0.0.1", self.upstream_port
+            lambda: Upstream(self.loop, self.poller), "127.0.0.1", self.upstream_port
         )
         self.up.client, self.up.owner = self.transport, self
         self.data_received(b"")
 
     def data_received(self, data: bytes) -> None:
-        busypoll.touch(self.loop)
+        if self.poller is not None:
+            self.poller.touch()
         self.buf += data
         if self.up is None or self.up.busy:
             return
@@ -116,8 +118,10 @@ class Client(asyncio.Protocol):
 
 async def main(port: int, upstream_port: int, busy_poll_us: float) -> None:
     loop = asyncio.get_running_loop()
-    busypoll.install(loop, busy_poll_us)
-    server = await loop.create_server(lambda: Client(loop, upstream_port), "127.0.0.1", port)
+    poller = busypoll.poller_for(loop, busy_poll_us)
+    server = await loop.create_server(
+        lambda: Client(loop, upstream_port, poller), "127.0.0.1", port
+    )
     async with server:
         await server.serve_forever()
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from prefixgate.record import segments as seg_mod
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.record.segments import segments_anthropic, texts_of
 from prefixgate.store.sqlite import SqliteStore
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psycopg
 
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.record import Record, Segment
 from prefixgate.record.writer import RecordWriter
 from prefixgate.store.postgres import PostgresStore
 from prefixgate.store.sqlite import SqliteStore

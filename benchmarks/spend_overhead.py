@@ -106,7 +106,7 @@ def steps(n: int) -> list[dict]:
     from prefixgate.config import parse_config
     from prefixgate.gateway import Gateway, NullRecorder
     from prefixgate.record import Record
-    from prefixgate.record.model import Segment
+    from prefixgate.record.record import Segment
 
     def gateway(shared: str | None) -> Gateway:
         raw = {

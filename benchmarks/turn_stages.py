@@ -47,7 +47,7 @@ def inner(turn: int, stage: str) -> None:
     from prefixgate.ledger.cachemodel import model_blocks
     from prefixgate.protocol.messages_body import decode_messages_body
     from prefixgate.record.capture import Capturer
-    from prefixgate.record.model import Record
+    from prefixgate.record.record import Record
 
     (session,) = at.sessions(1, turn + 1)
     sid = session[0][1]["X-Claude-Code-Session-Id"]

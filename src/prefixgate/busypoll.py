@@ -19,14 +19,18 @@ Off by default (``busy_poll_us: 0``): it buys a tenth of a millisecond a request
 load and costs CPU while streams trickle (``benchmarks/busypoll.py`` measures both in one
 run; docs/performance.md has the figures). An opt-in for a latency-bound deployment with
 a core to spare.
+
+Who owns it: the gateway's HTTP server (``serve/httpserver.py``) makes one poller for its
+loop while it serves, and touches it from its connections; it is :data:`ACTIVE` in the
+server's context, where the upstream client's connections (``upstream/http1.py``), opened
+from the requests it serves, find it with :func:`current`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from time import perf_counter
-
-_pollers: dict[asyncio.AbstractEventLoop, BusyPoll] = {}
 
 # Between two polling turns of an otherwise idle loop, a few microseconds pass; a longer
 # gap was the loop doing work, which is not counted against the budget.
@@ -66,25 +70,20 @@ class BusyPoll:
             self.spinning = False
 
 
-def install(loop: asyncio.AbstractEventLoop, window_us: float, share: float = 0.5) -> None:
-    """Busy-poll ``loop`` for ``window_us`` microseconds after each socket event, for at
-    most ``share`` of each second; ``window_us <= 0`` turns it off."""
+def poller_for(
+    loop: asyncio.AbstractEventLoop, window_us: float, share: float = 0.5
+) -> BusyPoll | None:
+    """A poller that busy-polls ``loop`` for ``window_us`` microseconds after each socket
+    event, for at most ``share`` of each second; None (off) when ``window_us <= 0``."""
     if window_us <= 0 or share <= 0:
-        _pollers.pop(loop, None)
-    else:
-        _pollers[loop] = BusyPoll(loop, window_us / 1e6, share)
+        return None
+    return BusyPoll(loop, window_us / 1e6, share)
 
 
-def uninstall(loop: asyncio.AbstractEventLoop) -> None:
-    _pollers.pop(loop, None)
+# The poller of the server whose context this is (set by the server while it serves).
+ACTIVE: ContextVar[BusyPoll | None] = ContextVar("prefixgate_busypoll", default=None)
 
 
-def touch(loop: asyncio.AbstractEventLoop | None) -> None:
-    """A socket event on ``loop`` (the servers' and the upstream client's protocols)."""
-    p = _pollers.get(loop)
-    if p is not None:
-        p.touch()
-
-
-def poller(loop: asyncio.AbstractEventLoop) -> BusyPoll | None:
-    return _pollers.get(loop)
+def current() -> BusyPoll | None:
+    """The poller of the server serving this context, if it busy-polls."""
+    return ACTIVE.get()

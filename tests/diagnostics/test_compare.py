@@ -4,7 +4,7 @@ extending the earlier one."""
 from __future__ import annotations
 
 from prefixgate.diagnostics.compare import diverge, engine_order, tokens
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 
 
 def seg(kind: str, name: str, h: str, n: int = 10) -> Segment:

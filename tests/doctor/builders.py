@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prefixgate.cache import PrefixCache
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.record import Record, Segment
 from prefixgate.store import open_store
 
 CHANNEL = "h200-vllm"

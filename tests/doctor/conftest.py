@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from tests.conftest import pg_database  # noqa: F401  (fixture re-export)
 from tests.doctor import builders as b
 

@@ -1,5 +1,5 @@
 from prefixgate.doctor import segments as sg
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 
 
 def test_diff_shows_the_varying_part_with_context():

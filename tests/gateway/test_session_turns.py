@@ -18,7 +18,7 @@ from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
 from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
 from prefixgate.protocol.messages_body import decode_messages_body
 from prefixgate.record.capture import Capturer
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.record.segments import segments_anthropic, segments_openai
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread

@@ -13,7 +13,7 @@ from prefixgate.events import content_keys
 from prefixgate.ledger.cachemodel import BlockMemo, ReplicaModels, model_blocks
 from prefixgate.ledger.worker import LedgerWorker
 from prefixgate.record import Record
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 
 
 def worker(**kw) -> LedgerWorker:

@@ -12,7 +12,7 @@ from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 from prefixgate.config import parse_config
 from prefixgate.protocol.openai import decode_chat_body
 from prefixgate.record.capture import Capturer
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from tests.conftest import FIXTURES
 
 NAMES = sorted(p.name for p in FIXTURES.glob("*.json"))

@@ -17,8 +17,8 @@ from prefixgate.protocol.openai import decode_chat_body
 from prefixgate.protocol.responses import decode_responses_body
 from prefixgate.record.capture import Capturer
 from prefixgate.record.changes import ChangeTracker
-from prefixgate.record.compaction import summary_request
-from prefixgate.record.model import Record
+from prefixgate.record.compacted import summary_request
+from prefixgate.record.record import Record
 
 
 def channel(order="tools_first", kind="openai"):
@@ -417,7 +417,7 @@ def test_the_pieces_kept_as_sent_are_those_computed_afresh():
     from hypothesis import strategies as st
 
     from prefixgate.record.changes import _first_difference, _sent
-    from prefixgate.record.model import Segment
+    from prefixgate.record.record import Segment
 
     segs = [Segment(k, f"{k}{i}", h, 4, 1) for i in range(3) for k in ("message", "system", "tool")
             for h in ("a" * 32, "b" * 32)]  # fmt: skip

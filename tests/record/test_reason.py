@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from prefixgate.errors import PromptTooLong, UpstreamError
-from prefixgate.record.model import Record
 from prefixgate.record.reason import MAX_CHARS, failed, scrub
+from prefixgate.record.record import Record
 
 
 def test_the_message_as_the_client_was_told():

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.record.segments import (
     FirstChange,
     canonical_json,

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from prefixgate.record import backlog
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.record import Record, Segment
 from prefixgate.record.writer import BACKGROUND_NICE, RecordWriter
 from prefixgate.store import Store, StoreError, open_store
 from prefixgate.store.postgres import PostgresStore

@@ -36,23 +36,17 @@ def every_turn_counts(monkeypatch):
 def test_polls_for_the_window_after_activity_then_sleeps(every_turn_counts):
     async def main():
         loop = asyncio.get_running_loop()
-        busypoll.install(loop, window_us=20_000, share=1.0)
-        p = busypoll.poller(loop)
-        try:
-            assert p is not None and not p.spinning
-            started = time.perf_counter()
-            busypoll.touch(loop)
-            assert p.spinning
-            await _until(lambda: not p.spinning)
-            # the window closed by itself; what it spent were turns inside it
-            assert 0 < p.spent <= time.perf_counter() - started
-            spent = p.spent
-            await asyncio.sleep(0.03)  # no activity: nothing more is spent
-            assert p.spent == spent and not p.spinning
-        finally:
-            busypoll.uninstall(loop)
-        assert busypoll.poller(loop) is None
-        busypoll.touch(loop)  # harmless once uninstalled
+        p = busypoll.poller_for(loop, window_us=20_000, share=1.0)
+        assert p is not None and not p.spinning
+        started = time.perf_counter()
+        p.touch()
+        assert p.spinning
+        await _until(lambda: not p.spinning)
+        # the window closed by itself; what it spent were turns inside it
+        assert 0 < p.spent <= time.perf_counter() - started
+        spent = p.spent
+        await asyncio.sleep(0.03)  # no activity: nothing more is spent
+        assert p.spent == spent and not p.spinning
 
     asyncio.run(main())
 
@@ -61,17 +55,14 @@ def test_the_budget_caps_polling_within_a_second(every_turn_counts):
     async def main():
         loop = asyncio.get_running_loop()
         # A 10 s window, but at most 2 % of a second polled.
-        busypoll.install(loop, window_us=10_000_000, share=0.02)
-        p = busypoll.poller(loop)
-        try:
-            busypoll.touch(loop)
-            await _until(lambda: not p.spinning)  # only the budget can have stopped it
-            assert p.spent >= 0.02
-            if time.perf_counter() - p.second < 0.9:  # same second: no new polling
-                busypoll.touch(loop)
-                assert not p.spinning
-        finally:
-            busypoll.uninstall(loop)
+        p = busypoll.poller_for(loop, window_us=10_000_000, share=0.02)
+        assert p is not None
+        p.touch()
+        await _until(lambda: not p.spinning)  # only the budget can have stopped it
+        assert p.spent >= 0.02
+        if time.perf_counter() - p.second < 0.9:  # same second: no new polling
+            p.touch()
+            assert not p.spinning
 
     asyncio.run(main())
 
@@ -126,8 +117,7 @@ def test_only_idle_turns_count_against_the_budget(monkeypatch):
 def test_zero_turns_it_off():
     async def main():
         loop = asyncio.get_running_loop()
-        busypoll.install(loop, window_us=0)
-        assert busypoll.poller(loop) is None
+        assert busypoll.poller_for(loop, window_us=0) is None
 
     asyncio.run(main())
 
@@ -158,8 +148,8 @@ def test_a_busy_polling_gateway_serves_both_apis_and_records(upstream):
     app = create_app(cfg, recorder=rec)
     upstream.script = lambda body: Reply(text="polled", prompt_tokens=50, cached_tokens=32)
     with ServerThread(app, busy_poll_us=500) as srv:
-        loop = srv.server.loop
-        assert busypoll.poller(loop) is not None
+        poller = srv.server.poller
+        assert poller is not None
         with anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0) as a:
             msg = a.messages.create(
                 model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
@@ -172,7 +162,11 @@ def test_a_busy_polling_gateway_serves_both_apis_and_records(upstream):
         with openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0) as o:
             r = o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
             assert r.choices[0].message.content == "polled"
-        assert busypoll.poller(loop).last > 0  # the sockets' events reached it
+        assert poller.last > 0  # the sockets' events reached it
+        # and the upstream connections its requests opened touch the same poller
+        idle = app.state.gateway.upstream.http._pool._idle.values()
+        upstream_conns = [c for conns in idle for c in conns]
+        assert upstream_conns and all(c.poller is poller for c in upstream_conns)
         settled(app.state.gateway)
         assert [r.status for r in rec.records] == [200, 200, 200]
-    assert busypoll.poller(loop) is None  # the server's loop is done with it
+    assert srv.server.poller is None  # the server is done with it

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from prefixgate.cli import main
 from prefixgate.config import parse_config
 from prefixgate.record import Record
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
 from prefixgate.spend.prices import Price, PriceTable

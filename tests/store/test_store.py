@@ -8,7 +8,7 @@ import sqlite3
 import psycopg
 import pytest
 
-from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.shape import Shape
 from prefixgate.store import Store, StoreDataError, StoreError, open_store, schema, sql
 from prefixgate.store.postgres import PostgresStore

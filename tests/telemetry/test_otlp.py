@@ -191,7 +191,7 @@ def test_one_span_per_request_with_the_genai_attributes(gateway, upstream, recei
 
 def test_a_span_says_where_the_prompt_broke_against_the_session(receiver):
     from prefixgate.config import TelemetryConfig
-    from prefixgate.record.model import Record, Segment
+    from prefixgate.record.record import Record, Segment
     from prefixgate.telemetry import Telemetry
 
     def rec(i: int, system: str, messages: int) -> Record:

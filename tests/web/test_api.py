@@ -205,7 +205,7 @@ def test_pages_and_static_files(dashboard):
 
 
 def test_a_failed_request_shows_its_reason(tmp_path):
-    from prefixgate.record.model import Record
+    from prefixgate.record.record import Record
     from prefixgate.web.queries import request_detail
 
     with open_store(f"sqlite:///{tmp_path / 'f.db'}") as store:

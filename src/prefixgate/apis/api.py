@@ -11,7 +11,7 @@ from typing import Any
 
 from prefixgate.config import ChannelConfig
 from prefixgate.record.cut import Piece
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 
 # The segments of a decoded request: (body, *, tools_first, texts, known) -> segments.
 SegmentsOf = Callable[..., list[Segment]]

@@ -111,7 +111,7 @@ def serve(
         log.warning("no API keys configured: accepting any key (loopback only)")
     from prefixgate.serve import process as serving
     from prefixgate.serve.lifecycle import Lifecycle
-    from prefixgate.serve.report import bind_error
+    from prefixgate.serve.startup_report import bind_error
 
     where = (config.server.host, config.server.port)
     edge = _Edge(config, http_impl, workers, serving.raise_open_files())
@@ -201,7 +201,7 @@ async def _serve(
     from prefixgate.gateway import Gateway
     from prefixgate.serve.app import create_app, refusal_app
     from prefixgate.serve.process import http_server, uvicorn_server
-    from prefixgate.serve.report import check_upstreams, start_block
+    from prefixgate.serve.startup_report import check_upstreams, start_block
 
     sims = []
     embedded = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.record.rendered import hoisted
 
 # What a segment is, as the vendors' reasons name it.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from prefixgate.diagnostics.request import request_id_of
 from prefixgate.ledger.causes import Ledger
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.store.base import Store
 
 log = logging.getLogger("prefixgate.diagnostics")

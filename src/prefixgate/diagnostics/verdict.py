@@ -18,8 +18,8 @@ from typing import NamedTuple
 import msgspec
 
 from prefixgate.diagnostics.compare import Divergence, diverge, engine_order, tokens
-from prefixgate.record.compaction import compacted
-from prefixgate.record.model import Record
+from prefixgate.record.compacted import compacted
+from prefixgate.record.record import Record
 from prefixgate.record.rendered import AT_HEAD
 
 EXTENSION = "prefixgate_diagnostics"  # the key of the extension on every answer
@@ -134,7 +134,7 @@ def judge(
         if changed(name):
             return Verdict(f"{name}_changed", whole, 0, found_in=found_in)
     if at is not None:
-        # a compaction item, or the model's turns dropped (record/compaction.py)
+        # a compaction item, or the model's turns dropped (record/compacted.py)
         restarted = compacted(prev.segments_in, cur.segments_in)
         return verdict("context_compacted" if restarted else "input_changed")
     if changed("service_tier"):

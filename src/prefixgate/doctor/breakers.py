@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
 from prefixgate.doctor.slices import Cell, load_cells
-from prefixgate.record.compaction import COMPACTED
-from prefixgate.record.model import Change
+from prefixgate.record.compacted import COMPACTED
+from prefixgate.record.record import Change
 from prefixgate.record.shape import CLASSES
 from prefixgate.store import Store
 from prefixgate.store.schema import decode_change

@@ -26,7 +26,7 @@ from prefixgate.doctor import segments as sg
 from prefixgate.doctor.findings import Finding, Table
 from prefixgate.doctor.output import pct
 from prefixgate.doctor.segments import Captured
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.record.segments import prefix_tokens
 
 REPLAY_TOKEN_BUDGET = 6_000_000  # prompt tokens replayed (most recent whole sessions)

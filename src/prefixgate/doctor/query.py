@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.store import Store
 
 # Successful requests with a prompt: the only ones a hit rate is made of.

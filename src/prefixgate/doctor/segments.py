@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prefixgate.doctor import query
-from prefixgate.record.compaction import COMPACTED, compacted
-from prefixgate.record.model import Segment
+from prefixgate.record.compacted import COMPACTED, compacted
+from prefixgate.record.record import Segment
 from prefixgate.record.segments import first_changed, prefix_tokens
 from prefixgate.store import Store
 

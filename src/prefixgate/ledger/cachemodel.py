@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from prefixgate.cache import PrefixCache
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 
 __all__ = ["BlockMemo", "ModelView", "ReplicaModels", "model_blocks"]
 

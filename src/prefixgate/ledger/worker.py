@@ -40,9 +40,9 @@ import numpy as np
 from prefixgate.apis.messages.request import plain
 from prefixgate.cache.blocks import hash_blocks, hit_tokens_cap
 from prefixgate.config import ChannelConfig, Config
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.record import Record, Segment
 from prefixgate.record.segments import first_changed
-from prefixgate.record.writer import _Worker
+from prefixgate.record.writer import CallThread
 from prefixgate.store.base import Store
 
 from .cachemodel import CAPACITY_TOKENS, ReplicaModels
@@ -164,7 +164,7 @@ class LedgerWorker:
         self.token_mismatches = 0  # token ids whose count differs from prompt_tokens
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self._thread: _Worker | None = None
+        self._thread: CallThread | None = None
         self._retry_at = 0.0
         self._closing = False
 
@@ -275,7 +275,7 @@ class LedgerWorker:
             return
         batch, self._pending = self._pending, []
         if self._thread is None:
-            self._thread = _Worker("prefixgate-ledgers", lowered=True)
+            self._thread = CallThread("prefixgate-ledgers", lowered=True)
         try:
             await self._thread.call(self._write, batch)
         except Exception as exc:

@@ -22,7 +22,7 @@ from prefixgate.diagnostics.request import request_id_of
 from prefixgate.engine.order import rendering_of
 from prefixgate.hygiene import keeps_system_in_place
 from prefixgate.pipeline.exchange import Exchange
-from prefixgate.record.model import Diagnosis
+from prefixgate.record.record import Diagnosis
 from prefixgate.usage import Usage
 
 

@@ -104,7 +104,7 @@ def messages_once(x: Exchange) -> Response:
         msg["diagnostics"] = anthropic_diagnostics(x.verdict)
         msg[EXTENSION] = extension_tail(x, usage)
     rec.status = 200
-    _reported(rec, msg["usage"])
+    set_reported_usage(rec, msg["usage"])
     return Answer(_encode(msg), x, usage)
 
 
@@ -120,10 +120,10 @@ def messages_stream(x: Exchange) -> Stream:
         conv.head = {"diagnostics": anthropic_diagnostics(x.verdict), EXTENSION: extension_head(x)}
         conv.tail = lambda u: {EXTENSION: extension_tail(x, u)}
     exclude = ch.anthropic_messages_exclude_cache
-    return Stream(Converted(x, conv, lambda u: _reported(rec, u.to_anthropic(exclude))))
+    return Stream(Converted(x, conv, lambda u: set_reported_usage(rec, u.to_anthropic(exclude))))
 
 
-def _reported(rec, usage: dict) -> None:
+def set_reported_usage(rec, usage: dict) -> None:
     rec.reported_input_tokens = usage.get("input_tokens")
     rec.reported_cache_read_tokens = usage.get("cache_read_input_tokens")
     rec.reported_output_tokens = usage.get("output_tokens")

@@ -36,11 +36,11 @@ from prefixgate.pipeline.relays import (
     Answer,
     Converted,
     Stream,
-    _reported,
     passthrough,
+    set_reported_usage,
     settle_once,
 )
-from prefixgate.pipeline.steps import _decoded
+from prefixgate.pipeline.steps import set_decoded
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.protocol.responses import TRIGGER, Item, decode_responses_body
 from prefixgate.usage import Usage
@@ -51,7 +51,7 @@ _encode = msgspec.json.encode
 async def decode_responses(x: Exchange) -> None:
     """A Responses request, decoded into typed structs (texts raw) and checked as it is:
     what a stateless gateway cannot serve is refused here, before anything is sent."""
-    _decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
+    set_decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
     typed = x.body.typed
     if typed.prompt_cache_options is not None:
         x.ask = responses_ask(typed.prompt_cache_options)
@@ -64,7 +64,7 @@ async def decode_compact(x: Exchange) -> None:
     """A compaction asked for by ``POST /v1/responses/compact`` (the conversation in
     ``input``): served as a Responses request whose input ends with a
     ``compaction_trigger``, answered whole (``apis/responses/compaction.py``)."""
-    _decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
+    set_decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
     typed = x.body.typed
     items = typed.input
     if type(items) is str:
@@ -155,7 +155,7 @@ async def relay_compact(x: Exchange) -> Response:
 
 def _reported_responses(rec, usage: dict) -> None:
     details = usage.get("input_tokens_details") or {}
-    _reported(
+    set_reported_usage(
         rec,
         {
             "input_tokens": usage.get("input_tokens"),

@@ -65,7 +65,7 @@ async def read_body(request, limit: int) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)  # one piece: not copied
 
 
-def _decoded(x: Exchange, body, session_of) -> None:
+def set_decoded(x: Exchange, body, session_of) -> None:
     x.body = body
     rec = x.record
     rec.requested_model = body["model"]
@@ -85,7 +85,7 @@ async def decode_messages(x: Exchange) -> None:
     # a session there can be (its header, or a metadata field): else the decode alone
     maybe = bool(headers.get("x-claude-code-session-id")) or b'"metadata"' in x.raw
     lend = turns if turns.budget > 0 and maybe else None
-    _decoded(
+    set_decoded(
         x, decode_messages_body(x.raw, x.live.config.limits, lend, key_of), session_of_messages
     )
     typed = x.body.typed
@@ -100,7 +100,7 @@ async def decode_chat(x: Exchange) -> None:
     limits = x.live.config.limits
     body = openai_proto.decode_chat_body(x.raw, limits)
     openai_proto.check_chat_request(body, limits)
-    _decoded(x, body, session_of_chat)
+    set_decoded(x, body, session_of_chat)
     x.ask = chat_ask(x.request.headers)
     look_up(x)
 

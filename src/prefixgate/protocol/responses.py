@@ -101,7 +101,7 @@ class Request(Struct):
     service_tier: Any = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
-    client_metadata: Any = None  # Codex's: what the request is for (record/compaction.py)
+    client_metadata: Any = None  # Codex's: what the request is for (record/compacted.py)
 
 
 # What the rest of the gateway reads as a dict (relay, identity, records).

@@ -1,6 +1,6 @@
 """The request record: one row per request, flowing from the gateway to the store,
 the doctor and the dashboard."""
 
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.record import Record, Segment
 
 __all__ = ["Record", "Segment"]

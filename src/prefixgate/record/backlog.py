@@ -22,7 +22,7 @@ import os
 from typing import NamedTuple
 
 from prefixgate.record.journal import Journal, Position
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 
 # The mirrored tail's bound in encoded bytes, besides its count (records carrying captured
 # texts can be large).

@@ -17,9 +17,9 @@ from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
 from prefixgate.record.changes import DEFAULT_BUDGET, ChangeTracker
-from prefixgate.record.compaction import summary_request
+from prefixgate.record.compacted import summary_request
 from prefixgate.record.cut import cut_from_bytes, cut_of_chat
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.record.rendered import rendered_segments
 from prefixgate.record.segments import segments_anthropic, segments_openai
 

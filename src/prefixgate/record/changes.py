@@ -32,16 +32,16 @@ import msgspec
 
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
-from prefixgate.record.compaction import COMPACTED, compacted, rewritten
+from prefixgate.record.compacted import COMPACTED, compacted, rewritten
 from prefixgate.record.cut import ChatCut, pieces_of
-from prefixgate.record.model import Change, Record, Segment
+from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.segments import stripped
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 DEFAULT_BUDGET = 64 * 1024 * 1024
 MAX_SESSIONS = 20_000
 KEPT = 2  # requests kept per session
-# the details of a compaction's change (record/compaction.py): which step it is
+# the details of a compaction's change (record/compacted.py): which step it is
 RESTARTED = "the history restarted from a summary"
 SUMMARY_REQUEST = "the client's summary request of a compaction"
 
@@ -121,7 +121,7 @@ class ChangeTracker:
         already (else they are cut here from ``raw_in`` / ``raw_out``); ``lent``: the chat
         request as cut, kept for the next turn's capture to borrow from; ``summary``: the
         client named the request a compaction's summary request
-        (:func:`~prefixgate.record.compaction.summary_request`)."""
+        (:func:`~prefixgate.record.compacted.summary_request`)."""
         if rec.session_id is None or not rec.segments_in or not rec.segments_out:
             return
         into = pieces_in if pieces_in is not None else pieces_of(raw_in, rec.segments_in)

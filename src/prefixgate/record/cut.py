@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.record.segments import (
     DIGESTS,
     BytesMemo,

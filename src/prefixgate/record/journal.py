@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from prefixgate.errors import GatewayError
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.record.redact import redact
 
 MAX_CHARS = 300

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from prefixgate.engine.rendering import Rendering
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.record.segments import canonical_json, segment, stripped, text_sink
 
 __all__ = ["AT_HEAD", "NO_REASONING", "hoisted", "rendered_segments"]

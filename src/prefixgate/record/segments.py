@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.record.redact import redact
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode

@@ -33,7 +33,7 @@ REORDERED = "reordered_list"
 WHITESPACE = "whitespace"
 SERIALIZATION = "serialization"
 CONTENT = "content_edit"
-COMPACTED = "context_compacted"  # not a breaker: record/compaction.py
+COMPACTED = "context_compacted"  # not a breaker: record/compacted.py
 
 # Every class, with what a person calls it.
 CLASSES: dict[str, str] = {

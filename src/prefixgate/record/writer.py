@@ -45,7 +45,7 @@ from typing import Any
 import msgspec
 
 from prefixgate.record.backlog import Batch, open_backlog
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.store.base import Store, StoreDataError, StoreError
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class RecordWriter:
         self._closing = self._closed = False
         self._retry_at = 0.0  # monotonic time before which the store is not tried again
         self.submitted = self.written = self.dropped = self.rejected = 0
-        self._threads: dict[bool, _Worker] = {}  # behind? -> its worker thread
+        self._threads: dict[bool, CallThread] = {}  # behind? -> its worker thread
 
     @classmethod
     def from_config(cls, store) -> RecordWriter:
@@ -213,7 +213,7 @@ class RecordWriter:
         behind = self._backlog.pending > 4 * self.batch_size
         worker = self._threads.get(behind)
         if worker is None:
-            worker = self._threads[behind] = _Worker(
+            worker = self._threads[behind] = CallThread(
                 "prefixgate-records" + ("-catch-up" if behind else ""), lowered=not behind
             )
         return worker.call(fn, *args)
@@ -329,7 +329,7 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-class _Worker:
+class CallThread:
     """One daemon thread running calls in order, each awaited as a future. A daemon (not
     an executor's thread, which the interpreter joins at exit): a store call stuck on a
     hung server never holds the process up once it means to exit."""

@@ -270,6 +270,7 @@ class HTTPProtocol(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.loop = server.loop
+        self.poller = server.poller  # busypoll.py; None: off
         self.app = server.app
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -343,12 +344,14 @@ class HTTPProtocol(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if not self.closed:
-            busypoll.touch(self.loop)
+            if (poller := self.poller) is not None:
+                poller.touch()
             self.transport.write(data)
 
     def writelines(self, parts) -> None:
         if not self.closed:
-            busypoll.touch(self.loop)
+            if (poller := self.poller) is not None:
+                poller.touch()
             self.transport.writelines(parts)
 
     def close(self) -> None:
@@ -388,7 +391,8 @@ class HTTPProtocol(asyncio.Protocol):
 
     # -- reading -----------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        busypoll.touch(self.loop)
+        if (poller := self.poller) is not None:
+            poller.touch()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -626,12 +630,15 @@ class Server:
         self.should_exit = False
         self.stopping = False  # answers from now on close their connection
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.poller: busypoll.BusyPoll | None = None  # while serving, if it busy-polls
         self._servers: list[asyncio.AbstractServer] = []
         self._listening: list = []
 
     async def serve(self, sockets) -> None:
         self.loop = asyncio.get_running_loop()
-        busypoll.install(self.loop, self.busy_poll_us, self.busy_poll_share)
+        self.poller = busypoll.poller_for(self.loop, self.busy_poll_us, self.busy_poll_share)
+        # the upstream client's connections, opened from this server's requests, find it
+        active = busypoll.ACTIVE.set(self.poller)
         with self._signals():
             life = _Lifespan(self.app, self.state) if self.lifespan else None
             if life is not None and not await life.startup():
@@ -655,7 +662,8 @@ class Server:
                 await self.edge.stop()
                 if life is not None:
                     await life.shutdown()
-                busypoll.uninstall(self.loop)
+                busypoll.ACTIVE.reset(active)
+                self.poller = None
 
     async def _drain(self) -> None:
         self.stopping = True

@@ -1,6 +1,6 @@
 """The store interface, its one error type, and :func:`open_store`.
 
-A store keeps :class:`~prefixgate.record.model.Record` rows and the content-addressed
+A store keeps :class:`~prefixgate.record.record.Record` rows and the content-addressed
 segment texts (see :mod:`prefixgate.store.schema`). Every method is synchronous and
 thread-safe; the async writer calls them through ``asyncio.to_thread``.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixgate.ledger.causes import Ledger
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 
 
 @dataclass(frozen=True, slots=True)

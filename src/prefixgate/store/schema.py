@@ -3,7 +3,7 @@
 One logical schema serves both backends; only the spelling of types differs. Tables:
 
 ``requests``
-    One row per :class:`~prefixgate.record.model.Record`: a surrogate ``id``, one plain
+    One row per :class:`~prefixgate.record.record.Record`: a surrogate ``id``, one plain
     column per scalar Record field (so the doctor can ``GROUP BY`` endpoint, client, channel,
     model, key and session_kind and ``SUM`` token columns inside the database), and the
     segment lists as JSON arrays of ``[kind, name, hash, chars, tokens]`` (SQLite: TEXT
@@ -63,7 +63,7 @@ import msgspec
 
 from prefixgate.ledger.causes import CAUSES as LEDGER_CAUSES
 from prefixgate.ledger.causes import Ledger
-from prefixgate.record.model import Change, Diagnosis, Record, Segment
+from prefixgate.record.record import Change, Diagnosis, Record, Segment
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
 LAST_SEEN_GRANULARITY = 3600.0
@@ -121,7 +121,7 @@ COST_COLUMNS: list[tuple[str, str]] = [
 # (record/changes.py): ``change_class`` and ``change_segment`` name the change,
 # ``change_at`` and ``change_lost`` are the shares of the prompt before the break and
 # re-sent after it (× ``prompt_tokens`` gives tokens in the database), ``change`` the
-# whole :class:`~prefixgate.record.model.Change` with its shape.
+# whole :class:`~prefixgate.record.record.Change` with its shape.
 ADDED_COLUMNS: list[tuple[str, str]] = [
     ("error_message", "text"),
     ("compared", "text"),
@@ -133,7 +133,7 @@ ADDED_COLUMNS: list[tuple[str, str]] = [
 ]
 # Columns added to ``requests`` by migration 9: ``diagnosis``, what a request that asked
 # why its cache missed keeps for the next (its parameters' digests) and was answered
-# (:class:`~prefixgate.record.model.Diagnosis`, diagnostics/).
+# (:class:`~prefixgate.record.record.Diagnosis`, diagnostics/).
 DIAGNOSIS_COLUMNS: list[tuple[str, str]] = [("diagnosis", "json")]
 # Every column written for a request, in insert order (``id`` excluded).
 COLUMNS: list[str] = [

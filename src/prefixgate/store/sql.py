@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from prefixgate.ledger.causes import Ledger
-from prefixgate.record.model import Record
+from prefixgate.record.record import Record
 from prefixgate.store import schema
 from prefixgate.store.base import AuditRow, KeyRow, Store, StoreError
 from prefixgate.store.sessions import SessionQueries

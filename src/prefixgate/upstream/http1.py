@@ -124,6 +124,8 @@ class Connection(asyncio.Protocol):
     def __init__(self, pool: Pool, origin: Origin) -> None:
         self.pool, self.origin = pool, origin
         self.loop = pool.loop
+        # the poller of the server whose request opens it (busypoll.py); None: off
+        self.poller = busypoll.current()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future | None = None
@@ -163,7 +165,8 @@ class Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        busypoll.touch(self.loop)
+        if (poller := self.poller) is not None:
+            poller.touch()
         self.got_bytes = True
         sink = self.sink
         try:
@@ -311,7 +314,8 @@ class Connection(asyncio.Protocol):
         """Send a request: its head and body as separate buffers (one vectored write on
         uvloop, no copy of the body into one with the head)."""
         self._reset()
-        busypoll.touch(self.loop)
+        if (poller := self.poller) is not None:
+            poller.touch()
         if len(parts) == 1:
             self.transport.write(parts[0])
         else:

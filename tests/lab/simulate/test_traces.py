@@ -11,7 +11,7 @@ import pytest
 from prefixgate.lab.simulate import run_simulation
 from prefixgate.lab.simulate.traces import load_mooncake, load_synthetic, record_tokens
 from prefixgate.lab.traffic import AGENT_STABLE_OPENAI, TrafficSpec
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.record import Record, Segment
 from prefixgate.store import open_store
 
 TINY = [

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from prefixgate.record.cut import ITEMS, piece_of, tools_of_list
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.record.segments import (
     DIGESTS,
     canonical_json,

@@ -28,7 +28,7 @@ import numpy as np
 from prefixgate.cache.blocks import hash_blocks
 from prefixgate.cache.render import ChatRenderer
 from prefixgate.cache.tokenizer import ApproxTokenizer
-from prefixgate.record.model import Record, Segment
+from prefixgate.record.record import Record, Segment
 
 __all__ = [
     "MOONCAKE_BLOCK_SIZE",

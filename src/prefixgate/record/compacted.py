@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from prefixgate.record.model import Segment
+from prefixgate.record.record import Segment
 from prefixgate.record.shape import COMPACTED
 
 __all__ = ["COMPACTED", "compacted", "rewritten", "summary_request"]
