@@ -74,7 +74,9 @@ def count(
     if ((src or ROOT / "src") / "prefixgate" / "busypoll.py").exists():
         # No busy polling: its idle turns would be counted as the request's work.
         config["server"]["busy_poll_us"] = 0
-    if "shed_loop_lag" in ((src or ROOT / "src") / "prefixgate" / "config.py").read_text():
+    package = (src or ROOT / "src") / "prefixgate"
+    settings = [package / "config.py", *sorted((package / "config").glob("*.py"))]
+    if any(p.exists() and "shed_loop_lag" in p.read_text() for p in settings):
         # No load shedding: under valgrind every request makes the loop run late.
         config["server"]["shed_loop_lag"] = None
     for assignment in sets:
