@@ -62,6 +62,16 @@ def inner(turn: int, stage: str) -> None:
     except ImportError:
         converted = lambda typed, size: convert(typed, opts)  # noqa: E731
 
+    try:  # the gateway's learned templates, handed to the hygiene steps and the capture
+        from prefixgate.engine.order import RenderOrders
+
+        orders = RenderOrders()
+        hygienic = lambda typed: hygiene.apply_typed(typed, ch, orders)  # noqa: E731
+        take = lambda *args: cap(*args, orders=orders)  # noqa: E731
+    except ImportError:
+        hygienic = lambda typed: hygiene.apply_typed(typed, ch)  # noqa: E731
+        take = cap
+
     import inspect
 
     lends = "lend" in inspect.signature(decode_messages_body).parameters
@@ -73,7 +83,7 @@ def inner(turn: int, stage: str) -> None:
     def prep(k: int):
         raw = session[k][0]
         body = decoded(raw)
-        typed = hygiene.apply_typed(body.typed, ch)
+        typed = hygienic(body.typed)
         out = converted(typed, len(raw))
         return raw, body, typed, out, msgspec.json.encode(out)
 
@@ -82,14 +92,14 @@ def inner(turn: int, stage: str) -> None:
         before_rec = Record(
             request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid
         )
-        cap(before_rec, body, out, ch, None, raw, data)
+        take(before_rec, body, out, ch, None, raw, data)
     raw, body, typed, out, data = prep(turn)
 
     def capture() -> Record:
         changes = cap.changes
         kept, size = copy.copy(changes._sessions), changes.bytes
         rec = Record(request_id="x", received_at=0.0, endpoint="messages", session_id=sid)
-        cap(rec, body, out, ch, None, raw, data)
+        take(rec, body, out, ch, None, raw, data)
         changes._sessions, changes.bytes = kept, size  # the same state every time
         return rec
 

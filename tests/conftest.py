@@ -73,19 +73,6 @@ def _close_http_clients() -> Iterator[None]:
         client.close()
 
 
-@pytest.fixture(autouse=True)
-def _fresh_render_orders():
-    """Each test's gateways learn their upstream's template order afresh: what a process
-    learned is kept by channel name and URL, and tests reuse both (ports are recycled)."""
-    from prefixgate.engine import order
-
-    order._learned.clear()
-    order._told.clear()
-    order._models.clear()
-    order._from_templates.clear()
-    yield
-
-
 @contextlib.contextmanager
 def scripted_upstream() -> Iterator[ScriptedUpstream]:
     """A :class:`ScriptedUpstream` served on loopback; its ``url`` ends in ``/v1``."""

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prefixgate import services
@@ -19,6 +20,7 @@ from prefixgate.auth import Authenticator
 from prefixgate.config import ChannelConfig, Config, StoreConfig
 from prefixgate.diagnostics.lookup import Fingerprints
 from prefixgate.engine.client import EngineClient
+from prefixgate.engine.order import RenderOrders
 from prefixgate.events.tokens import EngineTokens
 from prefixgate.live import Live
 from prefixgate.logthrottle import LogThrottle
@@ -71,14 +73,20 @@ class Gateway:
         token_counter: Callable[[dict, ChannelConfig | None], int] | None = None,
         events: EngineEvents | None = None,
         ledger=None,
+        render_orders: RenderOrders | None = None,
     ) -> None:
         """The services given (:meth:`from_config` builds them from the config); those
         not given do nothing (no records kept, no capture, no ledger)."""
         self.upstream = upstream
+        # what each channel's chat template was learned to do (engine/order.py): the
+        # gateway's own, kept across reloads
+        self.render_orders = render_orders if render_orders is not None else RenderOrders()
         self.events = events  # the engines' KV events (events/hub.py), or None
         # The config and what is built from it (keys, router, prices, budgets): replaced
         # whole by a reload (reload.py); each request keeps the one it arrived on.
-        self.live = Live.build(config, upstream=self.upstream, events=events)
+        self.live = Live.build(
+            config, upstream=self.upstream, events=events, orders=self.render_orders
+        )
         self.reloads = ReloadLog()
         self.draining: set[Live] = set()  # retired generations with requests still running
         self.key_epoch = None  # auth.KeyEpoch shared by the workers of one serve, if any
@@ -96,14 +104,16 @@ class Gateway:
             from prefixgate.ledger.cause_metrics import LedgerCollector
 
             self.metrics.registry.register(LedgerCollector(ledger))
-        self.captures = DeferredCapture(capture)  # the capture step's, off its clock
+        self.captures = DeferredCapture(
+            capture, self.render_orders
+        )  # the capture step's, off its clock
         # Each session's latest conversion (apis/messages/request.py), within the change
         # memory's bound (store.change_memory_mb; its default without a store).
         change_mb = (config.store or StoreConfig()).change_memory_mb
         self.turns = SessionTurns(int(change_mb * 1024 * 1024))
         # diagnostics/: the requests that asked why their cache missed, for the next ones
         self.fingerprints = Fingerprints(_store_factory(config.store))
-        self.token_counter = token_counter or estimate_tokens
+        self.token_counter = token_counter or partial(estimate_tokens, orders=self.render_orders)
         self.model_lists = ModelLists(self.upstream)  # GET /v1/models (pipeline/models.py)
         self.limiter = make_limiter(config.rate_limits_shared)
         self.telemetry: Telemetry | None = None  # when config.telemetry, once started
@@ -139,6 +149,7 @@ class Gateway:
                 capture = Capturer(int(store.change_memory_mb * 1024 * 1024))
         client = EngineClient(upstream or _upstream_for(config))
         events = _engine_events(config)
+        orders = RenderOrders()
         return cls(
             config,
             upstream=client,
@@ -146,7 +157,8 @@ class Gateway:
             capture=capture,
             token_counter=token_counter,
             events=events,
-            ledger=_ledger(config, client, events),
+            ledger=_ledger(config, client, events, orders),
+            render_orders=orders,
         )
 
     async def __aenter__(self) -> Gateway:
@@ -260,7 +272,9 @@ def _engine_events(config: Config) -> EngineEvents | None:
     return EngineEvents.from_config(config)
 
 
-def _ledger(config: Config, upstream: EngineClient, events: EngineEvents | None):
+def _ledger(
+    config: Config, upstream: EngineClient, events: EngineEvents | None, orders: RenderOrders
+):
     """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in
     (``store.ledger``, on by default) or engine events to read; fed by each record's
     finish, its figures on ``/metrics``."""
@@ -269,7 +283,9 @@ def _ledger(config: Config, upstream: EngineClient, events: EngineEvents | None)
         return None
     from prefixgate.ledger.worker import LedgerWorker
 
-    return LedgerWorker(config, events=events, store=_store_factory(store), upstream=upstream)
+    return LedgerWorker(
+        config, events=events, store=_store_factory(store), upstream=upstream, orders=orders
+    )
 
 
 __all__ = ["Gateway", "NullLedger", "NullRecorder"]

@@ -22,6 +22,7 @@ from prefixgate.spend.prices import PriceTable
 if TYPE_CHECKING:
     from prefixgate.config import Config
     from prefixgate.engine.client import EngineClient
+    from prefixgate.engine.order import RenderOrders
     from prefixgate.events.hub import EngineEvents
 
 
@@ -48,15 +49,19 @@ class Live:
         *,
         upstream: EngineClient,
         events: EngineEvents | None,
+        orders: RenderOrders,
         previous: Live | None = None,
     ) -> Live:
         """A generation for ``config``; after ``previous``, it keeps what must outlive a
         reload: the keys loaded from the store, what the budgets have counted, and the
         router's state of each replica that stays (health, in-flight counts, the prefix
-        router's memory of what each replica holds)."""
+        router's memory of what each replica holds). ``orders``: the gateway's, which
+        outlives every generation (what each channel's template was learned to do)."""
         auth = Authenticator(config)
-        tokens = EngineTokens(config.channels)
-        router = ChannelRouter(config.channels, transport=upstream, events=events, tokens=tokens)
+        tokens = EngineTokens(config.channels, orders=orders)
+        router = ChannelRouter(
+            config.channels, transport=upstream, events=events, tokens=tokens, orders=orders
+        )
         prices = PriceTable.from_config(config.prices) if config.prices else None
         budgets = None
         if has_budgets(config):

@@ -240,7 +240,9 @@ async def reload_gateway(gw: Gateway, config: Config) -> ReloadResult:
 def _build(gw: Gateway, config: Config, old: Live) -> Live:
     from prefixgate.live import Live
 
-    new = Live.build(config, upstream=gw.upstream, events=gw.events, previous=old)
+    new = Live.build(
+        config, upstream=gw.upstream, events=gw.events, orders=gw.render_orders, previous=old
+    )
     limit = getattr(gw.upstream, "limit", None)  # (a test's fake transport has none)
     for ch in config.channels:
         for url in ch.urls() if limit is not None else ():
@@ -281,12 +283,10 @@ async def close_generation(gw: Gateway, old: Live) -> None:
 
 def _learn_orders(gw: Gateway, old: Config, new: Config) -> None:
     """Learn the chat template's order of the channels a reload added or moved."""
-    from prefixgate.engine import order
-
     before = {(c.name, c.base_url) for c in old.channels}
     fresh = [c for c in new.channels if (c.name, c.base_url) not in before]
     if fresh:
-        gw.spawn(order.learn_all(fresh, gw.upstream))
+        gw.spawn(gw.render_orders.learn_all(fresh, gw.upstream))
 
 
 __all__ = [

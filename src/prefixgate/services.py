@@ -115,9 +115,7 @@ async def ledger(gw: Gateway, stack: AsyncExitStack) -> None:
 async def render_orders(gw: Gateway, stack: AsyncExitStack) -> None:
     """The chat templates' order, learned from the channels' engines (the first round
     waited for a moment, then again every few minutes)."""
-    from prefixgate.engine import order
-
-    task = await order.start(gw.config.channels, gw.upstream)
+    task = await gw.render_orders.start(gw.config.channels, gw.upstream)
     if task is not None:
         stack.callback(task.cancel)
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from prefixgate.config import parse_config
-from prefixgate.engine.order import learn, order_from_tokens, order_of
+from prefixgate.engine.order import RenderOrders, order_from_tokens
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
@@ -43,9 +43,10 @@ def _serve_one(upstream_url: str, dsn: str, **channel) -> tuple[dict, list]:
         "tools": TOOLS,
         "messages": [{"role": "user", "content": "hello"}],
     }
-    with ServerThread(create_app(cfg)) as gw:
+    app = create_app(cfg)
+    with ServerThread(app) as gw:
         assert httpx.post(gw.url + "/v1/messages", json=body, timeout=30).status_code == 200
-        learned = order_of(cfg.channels[0])
+        learned = app.state.gateway.render_orders.order_of(cfg.channels[0])
     with open_store(dsn) as store:
         [rec] = list(store.iter_records())
     kinds = [s.kind for s in rec.segments_out or rec.segments_in]
@@ -74,16 +75,18 @@ def test_a_configured_order_is_kept_and_an_upstream_without_tokenize_is_said(tmp
         ch = parse_config(
             {"channels": [{"name": "x", "base_url": upstream.url + "/nothing/v1"}]}
         ).channels[0]
+        orders = RenderOrders()
 
         async def attempt():
             t = Upstream()
             try:
-                return await learn(ch, t)
+                return await orders.learn(ch, t)
             finally:
                 await t.aclose()
 
         assert asyncio.run(attempt()) is None
-    assert order_of(ch).order == "tools_first" and order_of(ch).source.startswith("assumed")
+    got = orders.order_of(ch)
+    assert got.order == "tools_first" and got.source.startswith("assumed")
 
 
 def test_a_real_template_that_puts_the_tools_inside_the_system_turn(tmp_path):

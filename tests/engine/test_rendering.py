@@ -12,7 +12,7 @@ import pytest
 
 from prefixgate.cache.render import template_file
 from prefixgate.config import parse_config
-from prefixgate.engine.order import learn, rendering_of
+from prefixgate.engine.order import RenderOrders
 from prefixgate.engine.rendering import Rendering, from_renderings
 from prefixgate.lab.upstream_sim import SimSettings, create_upstream_app
 from prefixgate.serve.app import create_app
@@ -49,10 +49,10 @@ def test_where_the_first_difference_lands_says_where_a_piece_is_rendered():
     assert from_renderings({**got, "system.later": base}, "x").system == "dropped"
 
 
-async def _learn(ch):
+async def _learn(ch, orders: RenderOrders):
     t = Upstream()
     try:
-        return await learn(ch, t)
+        return await orders.learn(ch, t)
     finally:
         await t.aclose()
 
@@ -62,9 +62,10 @@ def test_learned_from_tokenize_and_read_from_the_configured_template_alike(name)
     sim = SimSettings(chat_template=name, max_model_len=1_048_576)
     with ServerThread(create_upstream_app(sim)) as up:
         ch = parse_config({"channels": [{"name": "e", "base_url": up.url + "/v1"}]}).channels[0]
-        learned = asyncio.run(_learn(ch))
+        orders = RenderOrders()
+        learned = asyncio.run(_learn(ch, orders))
     assert (learned.tools, learned.system, learned.reasoning) == EXPECTED[name]
-    assert learned.source == "tokenize" and rendering_of(ch) == learned
+    assert learned.source == "tokenize" and orders.rendering_of(ch) == learned
     # the project's templates keep consecutive messages and tool results apart
     assert (learned.same_role, learned.tool_results) == ("separate", "separate")
     configured = parse_config(
@@ -78,7 +79,7 @@ def test_learned_from_tokenize_and_read_from_the_configured_template_alike(name)
             ]
         }
     ).channels[0]
-    got = rendering_of(configured)
+    got = orders.rendering_of(configured)
     assert (got.tools, got.system, got.reasoning) == EXPECTED[name]
     assert got.source == "configured template"
     assert (got.same_role, got.tool_results) == ("separate", "separate")
@@ -98,15 +99,14 @@ def test_the_gateway_shows_the_rendering_and_turns_the_protection_on_where_it_ho
 def test_an_upstream_that_does_not_tell_is_said_to_be_assumed():
     assert Rendering().source.startswith("assumed")
     ch = parse_config({"channels": [{"name": "n", "base_url": "http://127.0.0.1:9/v1"}]})
-    got = rendering_of(ch.channels[0])
+    got = RenderOrders().rendering_of(ch.channels[0])
     assert got.system == "unknown" and got.source.startswith("assumed")
 
 
 def test_relearned_when_the_upstream_serves_another_model():
     """What was learned of an upstream that now lists other models (restarted with another
     model, maybe another template) is learned again at the next check."""
-    from prefixgate.engine import order
-
+    order = RenderOrders()
     sim = SimSettings(models=("deepseek-like",), chat_template="hoisting")
     with ServerThread(create_upstream_app(sim)) as up:
         ch = parse_config({"channels": [{"name": "e", "base_url": up.url + "/v1"}]}).channels[0]
@@ -122,13 +122,15 @@ def test_relearned_when_the_upstream_serves_another_model():
                 await t.aclose()
 
         asyncio.run(check(False))
-        assert rendering_of(ch).system == "hoisted" and order._models[key] == ("deepseek-like",)
+        assert order.rendering_of(ch).system == "hoisted" and order._models[key] == (
+            "deepseek-like",
+        )
         # the same models: nothing asked until the refresh is due
         order._learned[key] = Rendering("tools_first", "in_place", "kept", "tokenize")
         asyncio.run(check(False))
-        assert rendering_of(ch).system == "in_place"
+        assert order.rendering_of(ch).system == "in_place"
         asyncio.run(check(True))
-        assert rendering_of(ch).system == "hoisted"
+        assert order.rendering_of(ch).system == "hoisted"
 
 
 # -- consecutive messages of one role, consecutive tool results (no generation prompt) ----
@@ -194,7 +196,8 @@ def test_a_merging_template_is_told_from_tokenize_shown_and_read_alike(tmp_path)
             ]
         }
     ).channels[0]
-    got = rendering_of(configured)
+    orders = RenderOrders()
+    got = orders.rendering_of(configured)
     assert (got.same_role, got.tool_results, got.source) == (
         "merged",
         "grouped",
@@ -213,7 +216,7 @@ def test_a_merging_template_is_told_from_tokenize_shown_and_read_alike(tmp_path)
             ]
         }
     ).channels[0]
-    assert rendering_of(fixed) == replace(got, tools="system_first")
+    assert orders.rendering_of(fixed) == replace(got, tools="system_first")
 
 
 def test_a_probe_the_upstream_drops_once_is_asked_again():
@@ -232,6 +235,6 @@ def test_a_probe_the_upstream_drops_once_is_asked_again():
 
     with ServerThread(flaky) as up:
         ch = parse_config({"channels": [{"name": "e", "base_url": up.url + "/v1"}]}).channels[0]
-        learned = asyncio.run(_learn(ch))
+        learned = asyncio.run(_learn(ch, RenderOrders()))
     assert len(failed) == 3
     assert learned is not None and (learned.system, learned.source) == ("hoisted", "tokenize")

@@ -67,10 +67,11 @@ def test_each_turn_goes_upstream_and_into_the_record_as_if_it_were_alone(upstrea
             assert r.status_code == 200, r.text
         settled(gateway)
     assert len(gateway.turns) == 1  # the session's latest turn, kept
+    orders = gateway.render_orders
     sent = upstream.requests
     assert len(sent) == len(turns) == len(recorder.records)
     for (body, _), got, rec in zip(turns, sent, recorder.records, strict=True):
-        hygienic = hygiene.apply_plain(copy.deepcopy(body), config.channels[0])
+        hygienic = hygiene.apply_plain(copy.deepcopy(body), config.channels[0], orders)
         alone = anthropic_to_openai(hygienic, ConvertOptions(upstream_model="m"))
         assert got == alone
         assert rec.segments_in == segments_anthropic(body)
@@ -80,12 +81,14 @@ def test_each_turn_goes_upstream_and_into_the_record_as_if_it_were_alone(upstrea
     for (body, _), rec in zip(turns, recorder.records, strict=True):
         raw = json.dumps(body).encode()
         decoded = decode_messages_body(raw, Limits())
-        out = convert(hygiene.apply_typed(decoded.typed, ch), ConvertOptions(upstream_model="m"))
+        out = convert(
+            hygiene.apply_typed(decoded.typed, ch, orders), ConvertOptions(upstream_model="m")
+        )
         fresh = Record(
             request_id=rec.request_id, received_at=0.0, endpoint="messages",
             session_id=rec.session_id, client=rec.client, client_version=rec.client_version,
         )  # fmt: skip
-        alone_capture(fresh, decoded, out, ch, None, raw, msgspec.json.encode(out))
+        alone_capture(fresh, decoded, out, ch, None, raw, msgspec.json.encode(out), orders=orders)
         assert (fresh.segments_out, fresh.compared, fresh.change) == (
             rec.segments_out, rec.compared, rec.change,
         )  # fmt: skip

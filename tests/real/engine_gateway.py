@@ -26,7 +26,7 @@ import httpx
 
 from prefixgate.cache import JinjaChatTemplate
 from prefixgate.config import parse_config
-from prefixgate.engine.order import learn
+from prefixgate.engine.order import RenderOrders
 from prefixgate.events import content_keys
 from prefixgate.ledger import CAUSES
 from prefixgate.serve.app import create_app
@@ -239,7 +239,7 @@ def check_render_order(base_url: str, model_dir: Path, probe=None) -> None:
     async def learn_once():
         transport = Upstream()
         try:
-            got = await learn(channel, transport)
+            got = await RenderOrders().learn(channel, transport)
             if probe is not None:
                 await probe(config, transport)
             return got

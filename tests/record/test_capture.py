@@ -10,6 +10,7 @@ import pytest
 
 from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 from prefixgate.config import parse_config
+from prefixgate.engine.order import RenderOrders
 from prefixgate.protocol.openai import decode_chat_body
 from prefixgate.record.capture import Capturer
 from prefixgate.record.record import Record
@@ -26,7 +27,9 @@ def _body(name: str) -> dict:
 def _capture(endpoint: str, body_in, body_out, raw_in, raw_out, **channel) -> Record:
     config = parse_config({"channels": [{"name": "c", "base_url": "http://u/v1", **channel}]})
     rec = Record(request_id="r", received_at=0.0, endpoint=endpoint)
-    Capturer()(rec, body_in, body_out, config.channels[0], None, raw_in, raw_out)
+    Capturer()(
+        rec, body_in, body_out, config.channels[0], None, raw_in, raw_out, orders=RenderOrders()
+    )
     return rec
 
 

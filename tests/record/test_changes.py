@@ -10,6 +10,7 @@ import pytest
 from prefixgate.apis.messages.request import ConvertOptions, convert
 from prefixgate.apis.responses.request import convert as convert_responses
 from prefixgate.config import parse_config
+from prefixgate.engine.order import RenderOrders
 from prefixgate.identify import session_of_messages, session_of_responses
 from prefixgate.lab.traffic import breakers as bk
 from prefixgate.protocol.messages_body import decode_messages_body
@@ -41,7 +42,7 @@ def capture(cap: Capturer, ch, raw: bytes, headers: dict) -> Record:
         out = {**body.whole(), "model": "m"}
     rec = _record()
     rec.session_id, _ = session_of_messages(body, {k.lower(): v for k, v in headers.items()})
-    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out))
+    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out), orders=RenderOrders())
     return rec
 
 
@@ -151,7 +152,7 @@ def test_a_chat_request_passed_through():
         raw = msgspec.json.encode(body)
         chat = decode_chat_body(raw, limits)
         rec = Record(request_id=f"r{t}", received_at=0.0, endpoint="chat", session_id="s")
-        cap(rec, chat, {**chat, "model": "m"}, ch, None, raw, None)
+        cap(rec, chat, {**chat, "model": "m"}, ch, None, raw, None, orders=RenderOrders())
         recs.append(rec)
     assert recs[0].change is None
     c = recs[2].change
@@ -298,7 +299,7 @@ def capture_responses(cap: Capturer, ch, raw: bytes) -> Record:
     out = convert_responses(body.typed, ConvertOptions(upstream_model="m"))
     rec = Record(request_id="r", received_at=0.0, endpoint="responses", client="codex_exec")
     rec.session_id, _ = session_of_responses(body, {})
-    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out))
+    cap(rec, body, out, ch, None, raw, msgspec.json.encode(out), orders=RenderOrders())
     return rec
 
 
@@ -407,7 +408,7 @@ def test_what_the_previous_turn_lends_changes_nothing_the_capture_finds(case, ki
                 out = {**body.whole(), "model": "m"}
             b = _record()
             b.session_id = sid
-            lent(b, body, out, ch, None, raw, msgspec.json.encode(out))
+            lent(b, body, out, ch, None, raw, msgspec.json.encode(out), orders=RenderOrders())
             assert (b.segments_in, b.segments_out) == (a.segments_in, a.segments_out)
             assert (b.compared, b.change) == (a.compared, a.change)
 

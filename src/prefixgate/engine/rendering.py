@@ -106,18 +106,16 @@ def first_difference(a: Sequence, b: Sequence) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "read_file",
-        "description": "Reads a file.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-    },
-}
-
-
-def _tool(doc: str) -> dict:
-    return {**_TOOL, "function": {**_TOOL["function"], "description": doc}}
+def _tool(doc: str = "Reads a file.") -> dict:
+    """The probes' tool (a new one each time: a probe's body is its own)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": doc,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
 
 
 def _later_system(note: str, question: str) -> list[dict]:
@@ -200,10 +198,10 @@ def probes() -> dict[str, dict[str, Any]]:
         "system.base": _body(_later_system("Note alpha.", "First question.")),
         "system.later": _body(_later_system("Note omega.", "First question.")),
         "system.user": _body(_later_system("Note alpha.", "First query.")),
-        "loop.a": _body(_loop("Think alpha.", new_user_turn=False), [_TOOL]),
-        "loop.b": _body(_loop("Think omega.", new_user_turn=False), [_TOOL]),
-        "after.a": _body(_loop("Think alpha.", new_user_turn=True), [_TOOL]),
-        "after.b": _body(_loop("Think omega.", new_user_turn=True), [_TOOL]),
+        "loop.a": _body(_loop("Think alpha.", new_user_turn=False), [_tool()]),
+        "loop.b": _body(_loop("Think omega.", new_user_turn=False), [_tool()]),
+        "after.a": _body(_loop("Think alpha.", new_user_turn=True), [_tool()]),
+        "after.b": _body(_loop("Think omega.", new_user_turn=True), [_tool()]),
         "same.one": _body(sys_msgs, generation=False),
         "same.two": _body(
             [*sys_msgs, {"role": "user", "content": "Then count them."}], generation=False
@@ -211,9 +209,9 @@ def probes() -> dict[str, dict[str, Any]]:
         "same.turn": _body(
             [*sys_msgs, {"role": "assistant", "content": "Here."}], generation=False
         ),
-        "results.one": _body(_results(1), [_TOOL], generation=False),
-        "results.two": _body(_results(2), [_TOOL], generation=False),
-        "results.turn": _body(_results(1, done), [_TOOL], generation=False),
+        "results.one": _body(_results(1), [_tool()], generation=False),
+        "results.two": _body(_results(2), [_tool()], generation=False),
+        "results.turn": _body(_results(1, done), [_tool()], generation=False),
     }
 
 

@@ -59,7 +59,7 @@ from prefixgate.cache import (
 from prefixgate.cache.blocks import Tokens, hash_blocks
 from prefixgate.cache.render import vllm_messages
 from prefixgate.config import ChannelConfig
-from prefixgate.engine.order import render_order
+from prefixgate.engine.order import RenderOrders
 
 if TYPE_CHECKING:
     from prefixgate.upstream import Upstream
@@ -108,11 +108,12 @@ class _Previous:
 class _Channel:
     """One channel's renderer and tokenizer, built on first use."""
 
-    def __init__(self, ch: ChannelConfig) -> None:
+    def __init__(self, ch: ChannelConfig, orders: RenderOrders) -> None:
         self.name = ch.name
         self.tokenizer_spec = ch.tokenizer
         self.template_path = ch.chat_template
         self.channel = ch  # its render order: learned from the upstream, at first use
+        self.orders = orders
         self._renderer: Any = None
         self._tokenizer: Any = None
         self.special: frozenset[int] = frozenset()
@@ -122,7 +123,7 @@ class _Channel:
             if self._renderer is None:
                 self._renderer = JinjaChatTemplate.from_file(self.template_path)
             return self._renderer
-        order = render_order(self.channel)  # learned after the first use, maybe
+        order = self.orders.render_order(self.channel)  # learned after the first use, maybe
         if self._renderer is None or self._renderer.order != order:
             self._renderer = ChatRenderer(order)
         return self._renderer
@@ -213,10 +214,18 @@ class EngineTokens:
     """Per channel, the engine's token ids of a chat request; per session, the last
     prompt, so that a turn costs its new tail. Memory is bounded by ``max_bytes`` (an LRU
     of sessions; a session's entry is about 9 bytes per prompt token, and for a
-    template's text and its inputs, twice the prompt's characters)."""
+    template's text and its inputs, twice the prompt's characters). ``orders``: what the
+    gateway learned of each channel's template (none learned yet, when not given)."""
 
-    def __init__(self, channels: Iterable[ChannelConfig], *, max_bytes: int = 64 << 20) -> None:
-        self._channels = {ch.name: _Channel(ch) for ch in channels}
+    def __init__(
+        self,
+        channels: Iterable[ChannelConfig],
+        *,
+        max_bytes: int = 64 << 20,
+        orders: RenderOrders | None = None,
+    ) -> None:
+        self.orders = orders if orders is not None else RenderOrders()
+        self._channels = {ch.name: _Channel(ch, self.orders) for ch in channels}
         self.max_bytes = max_bytes
         self._sessions: OrderedDict[tuple[str, str], _Previous] = OrderedDict()
         self._bytes = 0
@@ -260,7 +269,7 @@ class EngineTokens:
         if ch is None:
             if not isinstance(channel, ChannelConfig):
                 raise EngineTokensError(f"no channel named {channel!r}")
-            ch = self._channels[channel.name] = _Channel(channel)
+            ch = self._channels[channel.name] = _Channel(channel, self.orders)
         if session is None:  # an earlier prompt that began alike helps just as well
             session = _opening(request)
         key = (ch.name, session) if session is not None else None

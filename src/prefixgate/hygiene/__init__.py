@@ -25,38 +25,38 @@ from prefixgate.hygiene.system_in_place import (
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
+    from prefixgate.engine.order import RenderOrders
     from prefixgate.protocol.messages_body import Request
 
 
 @dataclass(frozen=True, slots=True)
 class HygieneStep:
     """One transform: on the typed request (the gateway's path) and on a plain dict
-    (``count_tokens``); each returns ``(request, changed)``."""
+    (``count_tokens``); each returns ``(request, changed)``. ``applies`` is asked with the
+    channel and what the gateway learned of its chat template (:mod:`prefixgate.engine.order`)."""
 
     name: str
-    applies: Callable[[ChannelConfig], bool]
+    applies: Callable[[ChannelConfig, RenderOrders], bool]
     typed: Callable[[Request], tuple[Request, bool]]
     plain: Callable[[dict], tuple[dict, bool]]
 
 
 BILLING_HEADER = HygieneStep(
     name="strip_billing_header",
-    applies=lambda ch: ch.strip_billing_header,
+    applies=lambda ch, orders: ch.strip_billing_header,
     typed=strip_billing_header_typed,
     plain=strip_billing_header,
 )
 
 
-def keeps_system_in_place(ch: ChannelConfig) -> bool:
+def keeps_system_in_place(ch: ChannelConfig, orders: RenderOrders) -> bool:
     """``system_in_place: true``, or ``auto`` (the default) where the upstream's template
-    was seen to move later system messages to the head."""
+    was seen (``orders``) to move later system messages to the head."""
     if ch.kind != "openai" or ch.system_in_place is False:
         return False
     if ch.system_in_place is True:
         return True
-    from prefixgate.engine.order import rendering_of
-
-    return rendering_of(ch).hoists_system
+    return orders.rendering_of(ch).hoists_system
 
 
 SYSTEM_IN_PLACE = HygieneStep(
@@ -69,20 +69,20 @@ SYSTEM_IN_PLACE = HygieneStep(
 STEPS: tuple[HygieneStep, ...] = (BILLING_HEADER, SYSTEM_IN_PLACE)
 
 
-def apply_typed(req: Request, ch: ChannelConfig) -> Request:
+def apply_typed(req: Request, ch: ChannelConfig, orders: RenderOrders) -> Request:
     """``req`` after every step that applies to the channel, in order."""
     for step in STEPS:
-        if step.applies(ch):
+        if step.applies(ch, orders):
             req, _ = step.typed(req)
     return req
 
 
-def apply_chat(messages, ch: ChannelConfig) -> list | None:
+def apply_chat(messages, ch: ChannelConfig, orders: RenderOrders) -> list | None:
     """An OpenAI Chat conversation (a list, or its raw JSON) after the steps that apply to
     one (``system_in_place``: later system and developer messages delivered in the
     client's turns; the billing header is Claude Code's, which speaks Messages); None when
     nothing changes, so that the request is sent as it came, byte for byte."""
-    if not keeps_system_in_place(ch):
+    if not keeps_system_in_place(ch, orders):
         return None
     if type(messages) is msgspec.Raw:
         messages = msgspec.json.decode(messages)
@@ -92,10 +92,10 @@ def apply_chat(messages, ch: ChannelConfig) -> list | None:
     return out if changed else None
 
 
-def apply_plain(body: dict, ch: ChannelConfig) -> dict:
+def apply_plain(body: dict, ch: ChannelConfig, orders: RenderOrders) -> dict:
     """``apply_typed`` for a plain request."""
     for step in STEPS:
-        if step.applies(ch):
+        if step.applies(ch, orders):
             body, _ = step.plain(body)
     return body
 

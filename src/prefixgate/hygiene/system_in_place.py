@@ -7,7 +7,8 @@ chat templates of the DeepSeek family gather *every* system message into one sys
 prompt at the head of the prompt, so each new one changes the head and the engine
 recomputes the whole conversation at every turn (docs/rendering.md).
 
-For an upstream whose template was seen to do that (:mod:`prefixgate.engine.order`),
+For an upstream whose template was seen to do that (the gateway's
+:class:`~prefixgate.engine.order.RenderOrders`),
 each system message after the conversation's start is delivered as a clearly marked part
 of the client's turn it follows, which the template renders in place::
 

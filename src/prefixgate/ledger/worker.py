@@ -124,6 +124,7 @@ class LedgerWorker:
         store: Callable[[], Store] | None = None,
         engine_tokens: Any = None,  # EngineTokens (its own: its session cache is the ledger's)
         upstream: Any = None,  # the gateway's Upstream, for POST /tokenize
+        orders: Any = None,  # the gateway's RenderOrders (its own engine tokens' templates)
         queue_max: int = 10_000,
         batch_size: int = 200,
         flush_interval: float = 0.5,
@@ -141,7 +142,7 @@ class LedgerWorker:
         if engine_tokens is None and any(ch.kv_events for ch in config.channels):
             from prefixgate.events.tokens import EngineTokens
 
-            engine_tokens = EngineTokens(config.channels)
+            engine_tokens = EngineTokens(config.channels, orders=orders)
         self.tokens = engine_tokens
         self.queue_max, self.batch_size = queue_max, batch_size
         self.flush_interval, self.retry_interval = flush_interval, retry_interval

@@ -114,7 +114,7 @@ def _messages_prompt(x: Exchange, ch) -> dict:
 
 def _chat_prompt(x: Exchange, ch) -> dict:
     body = openai_proto.materialize(x.body)[0]
-    moved = _hygiene.apply_chat(body["messages"], ch)  # as convert_chat sends it
+    moved = _hygiene.apply_chat(body["messages"], ch, x.gateway.render_orders)  # as sent
     return body if moved is None else {**body, "messages": moved}
 
 

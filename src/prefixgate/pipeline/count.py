@@ -23,6 +23,7 @@ from prefixgate.protocol.common import decode_body
 
 if TYPE_CHECKING:
     from prefixgate.config import ChannelConfig
+    from prefixgate.engine.order import RenderOrders
 
 OFF_LOOP_BYTES = 256 * 1024  # bodies from this size are decoded and counted in a thread
 
@@ -61,7 +62,9 @@ async def count_tokens(x: Exchange) -> Response:
 
     def count() -> int:
         plain = {k: v for k, v in body.items() if k != "max_tokens"}
-        return gw.token_counter(hygiene_steps.apply_plain(plain, channel), channel)
+        return gw.token_counter(
+            hygiene_steps.apply_plain(plain, channel, gw.render_orders), channel
+        )
 
     n = await asyncio.to_thread(count) if len(x.raw) >= OFF_LOOP_BYTES else count()
     rec = x.record
@@ -70,15 +73,14 @@ async def count_tokens(x: Exchange) -> Response:
     return JSONResponse({"input_tokens": n}, headers=x.id_headers())
 
 
-def estimate_tokens(body: dict, channel: ChannelConfig | None) -> int:
+def estimate_tokens(body: dict, channel: ChannelConfig | None, *, orders: RenderOrders) -> int:
     """The prompt's tokens as the cache model renders it for the channel (the approximate
     tokenizer: about 4 characters a token): the gateway's token counter unless it is
-    given another."""
+    given another; ``orders``: the gateway's, the template's order for the channel."""
     from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
     from prefixgate.cache import ApproxTokenizer, ChatRenderer
-    from prefixgate.engine.order import render_order
 
-    order = render_order(channel) if channel is not None else "tools_first"
+    order = orders.render_order(channel) if channel is not None else "tools_first"
     upstream = anthropic_to_openai({"max_tokens": 1, **body}, ConvertOptions(upstream_model=""))
     text = ChatRenderer(order=order).render(upstream["messages"], upstream.get("tools"))
     return max(1, ApproxTokenizer().count(text))

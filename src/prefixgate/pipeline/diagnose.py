@@ -19,7 +19,6 @@ from prefixgate.apis import API_OF
 from prefixgate.diagnostics import verdict as vd
 from prefixgate.diagnostics.lookup import LookupFailed
 from prefixgate.diagnostics.request import request_id_of
-from prefixgate.engine.order import rendering_of
 from prefixgate.hygiene import keeps_system_in_place
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.record.record import Diagnosis
@@ -65,7 +64,7 @@ async def diagnose(x: Exchange) -> None:
     elif failed:
         verdict = vd.Verdict(vd.UNAVAILABLE)
     else:
-        rendering = rendering_of(ch)
+        rendering = gw.render_orders.rendering_of(ch)
         verdict = vd.judge(
             prev,
             rec,
@@ -74,7 +73,8 @@ async def diagnose(x: Exchange) -> None:
             tools_first=rendering.tools == "tools_first",
             # the template moves later system messages to the head, unless the channel
             # delivers them inside the turns (hygiene/system_in_place.py)
-            hoists_system=rendering.hoists_system and not keeps_system_in_place(ch),
+            hoists_system=rendering.hoists_system
+            and not keeps_system_in_place(ch, gw.render_orders),
             found_in=where,
         )
     x.verdict = verdict

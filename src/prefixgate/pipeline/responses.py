@@ -85,7 +85,7 @@ def upstream_chat_of_responses(x: Exchange, ch) -> dict:
             ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
         )
         out = convert(x.body.typed, options)
-        moved = hygiene.apply_chat(out["messages"], ch)
+        moved = hygiene.apply_chat(out["messages"], ch, x.gateway.render_orders)
         if moved is not None:  # later system/developer items delivered in the turns
             out = {**out, "messages": moved}
         x.prepared[ch.name] = out

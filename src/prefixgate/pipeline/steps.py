@@ -231,7 +231,9 @@ def hygienic_request(x: Exchange, ch):
     """The typed request after the channel's hygiene steps, once per channel."""
     typed = x.hygienic.get(ch.name)
     if typed is None:
-        typed = x.hygienic[ch.name] = hygiene_steps.apply_typed(x.body.typed, ch)
+        typed = x.hygienic[ch.name] = hygiene_steps.apply_typed(
+            x.body.typed, ch, x.gateway.render_orders
+        )
     return typed
 
 
@@ -272,7 +274,7 @@ async def convert_chat(x: Exchange) -> None:
     stream always asks for usage (hidden again from a client that did not ask for it)."""
     ch, body = x.channel, x.body
     out = {**body, "model": ch.upstream_model(body["model"])}
-    moved = hygiene_steps.apply_chat(body["messages"], ch)
+    moved = hygiene_steps.apply_chat(body["messages"], ch, x.gateway.render_orders)
     if moved is not None:  # later system messages delivered in the turns (docs/rendering.md)
         out["messages"] = moved
     if x.record.stream:

@@ -12,7 +12,7 @@ from prefixgate.apis import API_OF, MESSAGES
 from prefixgate.apis.messages.request import plain
 from prefixgate.apis.responses.segments import segments_responses
 from prefixgate.config import ChannelConfig
-from prefixgate.engine.order import rendering_of
+from prefixgate.engine.order import RenderOrders
 from prefixgate.protocol.messages_body import MessagesBody
 from prefixgate.protocol.openai import materialize
 from prefixgate.protocol.responses import ResponsesBody
@@ -59,8 +59,11 @@ class Capturer:
         principal,
         raw_in: bytes | None = None,
         raw_out: bytes | None = None,
+        *,
+        orders: RenderOrders,
     ) -> None:
-        """``raw_in`` / ``raw_out``: the JSON bytes of the request as received and as
+        """``orders``: the gateway's, how the channel's template renders (the segments'
+        order). ``raw_in`` / ``raw_out``: the JSON bytes of the request as received and as
         sent, when at hand: the segments are then computed from them (pieces seen before
         are looked up, not hashed again). A chat body may hold raw fields (``msgspec.Raw``);
         they are decoded when the object way is taken."""
@@ -69,7 +72,7 @@ class Capturer:
         )
         known = self._seen
         api = API_OF.get(rec.endpoint, MESSAGES)
-        rendering = rendering_of(channel)
+        rendering = orders.rendering_of(channel)
         tools_first = rendering.tools == "tools_first"
         objects: list[dict] | None = None
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from prefixgate.engine.order import RenderOrders
     from prefixgate.record import Record
 
 log = logging.getLogger("prefixgate")
@@ -17,10 +18,12 @@ log = logging.getLogger("prefixgate")
 
 class DeferredCapture:
     """The captures scheduled and not yet run, per request id. ``capture``: the store's
-    capture (``record/capture.py``), or None when nothing is captured."""
+    capture (``record/capture.py``), or None when nothing is captured; ``orders``: the
+    gateway's, the templates the segments are placed for."""
 
-    def __init__(self, capture: Callable[..., None] | None) -> None:
+    def __init__(self, capture: Callable[..., None] | None, orders: RenderOrders) -> None:
         self.capture = capture
+        self.orders = orders
         self._pending: dict[str, tuple] = {}  # request id -> the capture's arguments
         self._own: Callable[..., None] | None = None  # for diagnostics without a store
 
@@ -42,7 +45,7 @@ class DeferredCapture:
         if args is None or self.capture is None:
             return
         try:
-            self.capture(*args)
+            self.capture(*args, orders=self.orders)
         except Exception:  # the capture must never break the request path
             log.exception("segment capture failed (request %s)", request_id)
 
@@ -54,7 +57,7 @@ class DeferredCapture:
 
             self._own = Capturer(change_budget=0)
         try:
-            self._own(rec, *args)
+            self._own(rec, *args, orders=self.orders)
         except Exception:  # never break the request path: the answer is "unavailable"
             log.exception("segment capture failed (request %s)", rec.request_id)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prefixgate.config import ChannelConfig
-from prefixgate.engine.order import rendering_of
+from prefixgate.engine.order import RenderOrders
 from prefixgate.logthrottle import LogThrottle
 
 from .health import HealthChecker
@@ -98,8 +98,11 @@ class ChannelRouter:
         transport: Transport | None = None,
         events: EngineEvents | None = None,
         tokens: EngineTokens | None = None,
+        orders: RenderOrders | None = None,
     ) -> None:
         self.channels = channels
+        # what the gateway learned of each channel's template (none yet, when not given)
+        self.orders = orders if orders is not None else RenderOrders()
         self.events = events  # the engines' KV events (``precise``), or None
         self.tokens = tokens  # the engine's token ids of a request (``precise``)
         self._failures = LogThrottle(log, interval=60.0)
@@ -179,7 +182,7 @@ class ChannelRouter:
             source: str | None = None
             if ch.routing.policy == "prefix" and prompt is not None:
                 blocks = prompt_blocks(
-                    prompt(ch), ch.routing.block_size, rendering=rendering_of(ch)
+                    prompt(ch), ch.routing.block_size, rendering=self.orders.rendering_of(ch)
                 )
                 source = "estimate"
             elif ch.routing.policy == "precise" and prompt is not None and len(urls) > 1:
@@ -208,7 +211,8 @@ class ChannelRouter:
             except EngineTokensError as err:
                 self._failures.warning(ch.name, "routing.policy: precise on %s: %s", ch.name, err)
         if keys is None:
-            blocks = prompt_blocks(request, ch.routing.block_size, rendering=rendering_of(ch))
+            rendering = self.orders.rendering_of(ch)
+            blocks = prompt_blocks(request, ch.routing.block_size, rendering=rendering)
             return blocks, None, "estimate"
         matched: dict[str, float] = {}
         from_events = 0

@@ -16,7 +16,6 @@ from starlette.routing import Route
 from prefixgate import pipeline
 from prefixgate.config import Config
 from prefixgate.diagnostics.route import diagnosis
-from prefixgate.engine import order as render_orders
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
 from prefixgate.gateway import Gateway, NullLedger
 from prefixgate.pipeline import error_response
@@ -48,7 +47,7 @@ def create_app(gateway: Gateway | Config, **services) -> Starlette:
         except GatewayError as err:
             return error_response(err, openai_proto.error_bytes)
         kv = events.statuses() if events is not None else []
-        rendering = render_orders.renderings(gateway.config.channels)
+        rendering = gateway.render_orders.renderings(gateway.config.channels)
         details = {"kv_events": kv, "rendering": rendering, "config": config_state(gateway)}
         return JSONResponse({"status": "ok", "details": details})
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from prefixgate.doctor import upstream_health
 from prefixgate.doctor.upstream_health import LOAD_KEYS, STORE_KEYS
-from prefixgate.engine.order import order_of, rendering_of
 from prefixgate.hygiene import keeps_system_in_place
 
 
@@ -66,6 +65,7 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict[str, Any]]) -> 
     admission = gateway.admission.snapshot()
     hub = getattr(gateway, "events", None)
     events = {(e["channel"], e["replica"]): e for e in (hub.statuses() if hub else ())}
+    orders = gateway.render_orders  # what each channel's template was learned to do
     seen: set[tuple[str, str]] = set()
     channels = []
     for ch in gateway.config.channels:
@@ -96,10 +96,10 @@ def view(gateway: Any, stats: dict[str, Any], l2: dict[str, dict[str, Any]]) -> 
                 "priority": ch.priority,
                 "weight": ch.weight,
                 "routing": ch.routing.policy,
-                "render_order": order_of(ch).order,
-                "render_order_source": order_of(ch).source,
-                "rendering": rendering_of(ch).as_dict(),
-                "system_in_place": keeps_system_in_place(ch),
+                "render_order": orders.order_of(ch).order,
+                "render_order_source": orders.order_of(ch).source,
+                "rendering": orders.rendering_of(ch).as_dict(),
+                "system_in_place": keeps_system_in_place(ch, orders),
                 "strip_billing_header": ch.strip_billing_header,
                 "health_check_interval": ch.health.interval,
                 "metrics_url": ch.metrics_url is not None,
