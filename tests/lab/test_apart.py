@@ -122,3 +122,15 @@ def test_the_gateway_imports_and_serves_without_the_lab_dependencies():
     assert got["lab_loaded"] == []
     assert got["absent"] == []
     assert (got["status"], got["text"]) == (200, "Hello from upstream")
+
+
+def test_the_cli_registers_the_lab_commands_without_loading_them():
+    """`prefixgate` registers every command at start; a command of the lab (the simulated
+    upstream) loads its server only when run, so the gateway's CLI imports no server."""
+    probe = (
+        "import sys, prefixgate.cli; "
+        "print([m for m in ('uvicorn', 'prefixgate.lab.upstream_sim.replicas', "
+        "'prefixgate.serve.process') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
