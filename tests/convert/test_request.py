@@ -8,7 +8,13 @@ import gc
 import json
 import sys
 
-from prefixgate.apis.messages.request import ConvertOptions, SessionTurns, convert, plain
+from prefixgate.apis.messages.request import (
+    ConvertOptions,
+    SessionTurns,
+    anthropic_to_openai,
+    convert,
+    plain,
+)
 from prefixgate.config import Limits
 from prefixgate.protocol.messages_body import decode_messages_body
 
@@ -80,3 +86,21 @@ def test_what_is_kept_holds_no_earlier_body_alive():
     first, latest = sys.getrefcount(raws[0]), sys.getrefcount(raws[-1])  # (not in an assert:
     assert first == alone  # pytest's rewriting would hold one more reference)
     assert latest > alone  # the latest one is kept, its size counted
+
+
+def test_a_document_text_that_is_not_a_string_converts_to_no_text():
+    """A document's text given as null or a number (a client's bug) is no text, never a
+    crash of the conversion (found by the lent-decode pairs of test_messages_body.py)."""
+    for source in (
+        {
+            "type": "content",
+            "content": [{"type": "text", "text": None}, {"type": "text", "text": "b"}],
+        },
+        {"type": "text", "data": 7},
+    ):
+        block = {"type": "document", "source": source}
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [block]}]}
+        out = anthropic_to_openai(body, ConvertOptions("u"))
+        assert out["messages"] == [
+            {"role": "user", "content": "b" if source["type"] == "content" else ""}
+        ]

@@ -421,12 +421,13 @@ def _image_part(src) -> dict:
 def _document_text(b: DocumentBlock) -> str:
     src = b.source or {}
     if src.get("type") == "text":
-        return src.get("data", "")
+        data = src.get("data", "")
+        return data if isinstance(data, str) else ""  # (a text that is not one: none)
     if src.get("type") == "content" and isinstance(src.get("content"), list):
         return "\n".join(
-            x.get("text", "")
+            x["text"]
             for x in src["content"]
-            if isinstance(x, dict) and x.get("type") == "text"
+            if isinstance(x, dict) and x.get("type") == "text" and isinstance(x.get("text"), str)
         )
     title = b.title or "document"
     return f"[{title}: {src.get('media_type', src.get('type', 'unsupported'))} content not supported upstream]"
