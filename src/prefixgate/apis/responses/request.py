@@ -50,10 +50,10 @@ def tool_map(req: Request) -> dict[str, tuple[str, str | None, str]]:
     out: dict[str, tuple[str, str | None, str]] = {}
     for t in req.tools or ():
         if t.type == "custom":
-            out[t.name] = ("custom", None, t.name)  # type: ignore[index]
+            out[t.name] = ("custom", None, t.name)
         elif t.type == "namespace":
             for f in t.tools or ():
-                out[chat_name(t.name, f.name)] = (f.type, t.name, f.name)  # type: ignore[arg-type]
+                out[chat_name(t.name, f.name)] = (f.type, t.name, f.name)
     return out
 
 
@@ -207,7 +207,7 @@ class _Turns:
         if type(out) is Raw:  # a string
             return out
         texts: list[Text] = []
-        for p in out:  # type: ignore[union-attr]
+        for p in out:
             if p.type == "input_image":
                 self.images.append(_image(p))
             elif p.text:
@@ -243,9 +243,9 @@ def _tools(tools: list[Tool] | None) -> list[dict]:
     out: list[dict] = []
     for t in tools or ():
         if t.type in ("function", "custom"):
-            out.append(_function(t.name, t))  # type: ignore[arg-type]
+            out.append(_function(t.name, t))
         elif t.type == "namespace":
-            out.extend(_function(chat_name(t.name, f.name), f) for f in t.tools or ())  # type: ignore[arg-type]
+            out.extend(_function(chat_name(t.name, f.name), f) for f in t.tools or ())
         # hosted tools (web search, file search …) cannot run upstream: dropped
     return out
 
@@ -267,13 +267,13 @@ def _function(name: str, t: Tool) -> dict:
 def _tool_choice(tc: object) -> object:
     if isinstance(tc, str):
         return tc
-    kind = tc.get("type")  # type: ignore[union-attr]
+    kind = tc.get("type")
     if kind in ("function", "custom"):
-        name = chat_name(tc.get("namespace"), tc["name"])  # type: ignore[index, union-attr]
+        name = chat_name(tc.get("namespace"), tc["name"])
         return {"type": "function", "function": {"name": name}}
     if kind == "allowed_tools":
         # The tools list stays whole (it is part of the cached prefix): only the mode.
-        mode = tc.get("mode")  # type: ignore[union-attr]
+        mode = tc.get("mode")
         return mode if mode in ("auto", "required") else "auto"
     return "auto"  # a hosted tool: not served upstream
 
