@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from prefixgate import services
 from prefixgate.admission import Admission
+from prefixgate.apis.messages.count import estimate_tokens
 from prefixgate.apis.messages.request import SessionTurns
 from prefixgate.auth import Authenticator
 from prefixgate.config import ChannelConfig, Config, StoreConfig
@@ -25,7 +26,6 @@ from prefixgate.events.tokens import EngineTokens
 from prefixgate.live import Live
 from prefixgate.logthrottle import LogThrottle
 from prefixgate.metrics import GatewayMetrics
-from prefixgate.pipeline.count import estimate_tokens
 from prefixgate.pipeline.models import ModelLists
 from prefixgate.ratelimit import make_limiter
 from prefixgate.record import Record

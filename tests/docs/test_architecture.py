@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from prefixgate import pipeline
+from prefixgate.serve.app import INFERENCE
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
@@ -19,14 +20,12 @@ def test_the_documented_pipeline_is_the_codes():
         re.match(r"(\S+)\s+(.*)", line).groups()
         for line in block.strip().strip("`").strip().splitlines()
     )
-    assert lines == {
-        "/v1/messages": pipeline.describe(pipeline.MESSAGES.steps),
-        "/v1/chat/completions": pipeline.describe(pipeline.CHAT.steps),
-        "/v1/responses": pipeline.describe(pipeline.RESPONSES.steps),
-        "/v1/responses/compact": pipeline.describe(pipeline.COMPACT.steps),
-        "/v1/messages/count_tokens": pipeline.describe(pipeline.COUNT_TOKENS.steps),
-        "finish": pipeline.describe(pipeline.FINISH_STEPS),
+    routed = dict(INFERENCE)  # the endpoints the server routes to, by path
+    documented = {path: line for path, line in lines.items() if path != "finish"}
+    assert documented == {
+        path: pipeline.describe(routed[path].steps) for path in routed if path.startswith("/v1/")
     }
+    assert lines["finish"] == pipeline.describe(pipeline.FINISH_STEPS)
 
 
 def _block(name: str) -> str:

@@ -15,12 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from prefixgate.apis.chat.endpoint import ENDPOINT as CHAT
+from prefixgate.apis.chat.steps import ChatRelay
+from prefixgate.apis.messages import steps as messages_steps
+from prefixgate.apis.messages.endpoint import ENDPOINT as MESSAGES
+from prefixgate.apis.messages.steps import messages_stream
 from prefixgate.apis.responses import stream as responses_stream
 from prefixgate.apis.responses.stream import ResponsesStream
 from prefixgate.convert.template import Template
 from prefixgate.errors import GatewayError
-from prefixgate.pipeline import CHAT, MESSAGES, relays
-from prefixgate.pipeline.relays import ChatRelay, Converted, messages_stream
+from prefixgate.pipeline.relays import Converted
 from prefixgate.upstream.transport import FakeReply
 from tests.pipeline.test_relays import MSG, _exchange
 
@@ -128,7 +132,7 @@ def same_ids():
     """The ids a relay makes, the same on every run (to compare two runs' bytes)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(responses_stream, "new_id", _ids())
-        mp.setattr(relays, "message_id", lambda _: "msg_1")
+        mp.setattr(messages_steps, "message_id", lambda _: "msg_1")
         yield
 
 

@@ -11,10 +11,13 @@ import json
 import pytest
 from starlette.requests import ClientDisconnect, Request
 
+from prefixgate.apis.chat.endpoint import ENDPOINT as CHAT
+from prefixgate.apis.chat.steps import relay_chat
+from prefixgate.apis.messages.endpoint import ENDPOINT as MESSAGES
+from prefixgate.apis.messages.steps import relay_messages
 from prefixgate.config import parse_config
 from prefixgate.gateway import Gateway
-from prefixgate.pipeline import CHAT, MESSAGES, Exchange
-from prefixgate.pipeline.relays import relay_chat, relay_messages
+from prefixgate.pipeline import Exchange
 from prefixgate.protocol.messages_body import decode_messages_body
 from prefixgate.routing.channels import Target
 from prefixgate.upstream.transport import FakeReply, FakeResponse

@@ -7,9 +7,10 @@ import logging
 
 from starlette.requests import Request
 
+from prefixgate.apis.messages.endpoint import ENDPOINT as MESSAGES
 from prefixgate.config import parse_config
 from prefixgate.gateway import Gateway
-from prefixgate.pipeline import MESSAGES, Exchange, run
+from prefixgate.pipeline import Exchange, run
 from tests.conftest import ListRecorder
 
 CONFIG = parse_config({"channels": [{"name": "c", "base_url": "http://up/v1"}], "store": None})

@@ -93,7 +93,7 @@ class ChunkWalk:
     def one(self, kind: str, piece: str) -> bytes:
         """The events of a chunk that is one non-empty piece of ``kind`` and nothing else
         (what :meth:`feed` makes of it; a converter may make them more directly): how a
-        relay converts a read that matched a learned template (``pipeline/relays.py``)."""
+        relay converts a read that matched a learned template (``apis/chat/steps.py``, ``pipeline/relays.py``)."""
         out: list[bytes] = []
         self._piece(out, kind, piece)
         return b"".join(out)

@@ -37,7 +37,7 @@ class Template:
 
     The relays match a read against a template inline, a read at a time, from
     ``ends`` (``head``, ``len(head)``, ``tail``, ``-len(tail)``): what :meth:`piece` does,
-    without a call (``pipeline/relays.py``; tests/pipeline/test_relay_templates.py holds
+    without a call (``apis/chat/steps.py``, ``pipeline/relays.py``; tests/pipeline/test_relay_templates.py holds
     them to it)."""
 
     __slots__ = ("head", "tail", "kind", "key", "ends")

@@ -2,7 +2,7 @@
 
 Each transform is a small named step (:class:`HygieneStep`) that says which channels it
 applies to; :data:`STEPS` is their order. The pipeline runs them on the typed Anthropic
-request before it is converted for an ``openai`` channel (``pipeline.steps.hygiene``), and
+request before it is converted for an ``openai`` channel (``apis/messages/steps.py``'s ``hygiene``), and
 ``count_tokens`` runs them on the plain request, so a count matches what is sent. The Chat
 and Responses paths run :func:`apply_chat` on the Chat conversation they send. They
 never touch the request as received (the record keeps that): they return a new one.

@@ -1,12 +1,13 @@
-"""The last step: relaying the open upstream response to the client, in the client's
-protocol.
+"""What every API's last step, the relay, is built of: the open upstream response answered
+to the client, in the client's protocol (each API's relay step is in its package:
+``apis/<api>/steps.py``).
 
 A whole (JSON) answer is converted or passed through at once (:class:`Answer`). A stream
 goes through a :class:`Relay`, which says what each upstream read becomes for the client
-and does no I/O: :class:`Converted` (a chat stream through a state machine that emits
-Anthropic's or the Responses API's event sequence), :class:`ChatRelay` (chat passed
-through, decoding only the chunks that carry usage or errors) and :class:`Passthrough` (an
-upstream that speaks the client's protocol). :class:`Stream` drives a relay: spliced into
+and does no I/O: :class:`Converted` (a chat stream through an API's state machine that
+emits its event sequence: Anthropic's, the Responses API's), the Chat API's ``ChatRelay``
+(``apis/chat/steps.py``) and :class:`Passthrough` (an upstream that speaks the client's
+protocol). :class:`Stream` drives a relay: spliced into
 the I/O callbacks when both ends are this project's own HTTP code (``splice.py``), else
 pumped by the response's task. A relay keeps the raw upstream usage for the record and
 finishes the record (:meth:`~.exchange.Exchange.finish`) before the answer's last bytes
@@ -24,47 +25,17 @@ from collections.abc import Callable
 import msgspec
 from starlette.responses import Response
 
-from prefixgate.apis.messages.response import openai_to_anthropic
-from prefixgate.apis.messages.stream import AnthropicStream
-from prefixgate.convert.template import KEYS, Template, cut
-from prefixgate.diagnostics.request import message_id
-from prefixgate.diagnostics.verdict import EXTENSION, anthropic_diagnostics
 from prefixgate.engine.channel import secret_of, stream_error
 from prefixgate.errors import GatewayError, UpstreamError
-from prefixgate.pipeline.diagnose import extension_head, extension_tail
 from prefixgate.pipeline.exchange import Exchange
 from prefixgate.pipeline.splice import GRACE, Splice
-from prefixgate.protocol import anthropic as anthropic_proto
-from prefixgate.protocol import openai as openai_proto
 from prefixgate.record.reason import failed
-from prefixgate.sse import SSEDecoder, single
+from prefixgate.sse import SSEDecoder
 from prefixgate.usage import Usage
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-_DONE_EVENT = b"data: [DONE]\n\n"
-_LOOKED_FOR = frozenset(("usage", "error", "model"))  # each a 7-byte JSON string
 _QUOTE = 34  # ord('"')
-
-
-async def relay_messages(x: Exchange) -> Response:
-    """Anthropic out: from an ``openai`` channel converted (a stream through the state
-    machine that emits Anthropic's exact event sequence), from an ``anthropic`` one
-    passed through."""
-    if x.channel.kind == "anthropic":
-        return anthropic_passthrough(x)
-    if x.record.stream:
-        return messages_stream(x)
-    await settle_once(x)
-    return messages_once(x)
-
-
-async def relay_chat(x: Exchange) -> Response:
-    """OpenAI out: the chat answer passed through, the public model name restored."""
-    if x.record.stream:
-        return chat_stream(x)
-    await settle_once(x)
-    return chat_once(x)
 
 
 async def settle_once(x: Exchange) -> None:
@@ -74,7 +45,8 @@ async def settle_once(x: Exchange) -> None:
         await x.settle(Usage.from_openai(x.first.get("usage")))
 
 
-def _json(data: bytes) -> dict:
+def json_object(data: bytes) -> dict:
+    """An upstream's JSON object (an answer, a stream event); anything else is its error."""
     try:
         obj = _decode(data)
     except msgspec.DecodeError:
@@ -84,45 +56,6 @@ def _json(data: bytes) -> dict:
     return obj
 
 
-# -- Anthropic out, from an OpenAI-compatible upstream ------------------------------------
-def messages_once(x: Exchange) -> Response:
-    ch, body, rec = x.channel, x.body, x.record
-    try:
-        err = stream_error(x.first, secret_of(ch))
-        if err is not None:
-            raise err
-        msg, usage = openai_to_anthropic(
-            x.first,
-            model=body["model"],
-            stop_sequences=body.get("stop_sequences"),
-            exclude_cache=ch.anthropic_messages_exclude_cache,
-        )
-    except GatewayError as e:
-        return x.fail(e)
-    msg["id"] = message_id(rec.request_id)
-    if x.verdict is not None:
-        msg["diagnostics"] = anthropic_diagnostics(x.verdict)
-        msg[EXTENSION] = extension_tail(x, usage)
-    rec.status = 200
-    set_reported_usage(rec, msg["usage"])
-    return Answer(_encode(msg), x, usage)
-
-
-def messages_stream(x: Exchange) -> Stream:
-    ch, body, rec = x.channel, x.body, x.record
-    conv = AnthropicStream(
-        model=body["model"],
-        stop_sequences=body.get("stop_sequences"),
-        exclude_cache=ch.anthropic_messages_exclude_cache,
-    )
-    conv.message_id = message_id(rec.request_id)
-    if x.verdict is not None:
-        conv.head = {"diagnostics": anthropic_diagnostics(x.verdict), EXTENSION: extension_head(x)}
-        conv.tail = lambda u: {EXTENSION: extension_tail(x, u)}
-    exclude = ch.anthropic_messages_exclude_cache
-    return Stream(Converted(x, conv, lambda u: set_reported_usage(rec, u.to_anthropic(exclude))))
-
-
 def set_reported_usage(rec, usage: dict) -> None:
     rec.reported_input_tokens = usage.get("input_tokens")
     rec.reported_cache_read_tokens = usage.get("cache_read_input_tokens")
@@ -130,27 +63,6 @@ def set_reported_usage(rec, usage: dict) -> None:
 
 
 # -- passed through: an upstream that speaks the client's protocol ----------------------
-def _anthropic_usage(obj: dict, usage: Usage) -> None:
-    """Usage from an Anthropic answer or stream event (``message_start`` holds it in its
-    message, ``message_delta`` at the top)."""
-    msg = obj.get("message")
-    u = msg.get("usage") if isinstance(msg, dict) else obj.get("usage")
-    if not isinstance(u, dict):
-        return
-    cached = u.get("cache_read_input_tokens") or 0
-    created = u.get("cache_creation_input_tokens") or 0
-    if isinstance(u.get("input_tokens"), int):
-        usage.prompt_tokens = u["input_tokens"] + cached + created
-        usage.cached_tokens = cached
-        usage.cache_creation_tokens = created
-    if isinstance(u.get("output_tokens"), int):
-        usage.completion_tokens = u["output_tokens"]
-
-
-def anthropic_passthrough(x: Exchange) -> Response:
-    return passthrough(x, _anthropic_usage, anthropic_proto.error_event)
-
-
 def passthrough(
     x: Exchange, usage_of: Callable[[dict, Usage], None], error_event: Callable[..., bytes]
 ) -> Response:
@@ -167,25 +79,6 @@ def passthrough(
         return Answer(_encode(obj), x, usage)
 
     return Stream(Passthrough(x, usage_of, error_event))
-
-
-# -- OpenAI out (chat completions passthrough) -------------------------------------------
-def chat_once(x: Exchange) -> Response:
-    obj, rec = x.first, x.record
-    err = stream_error(obj, secret_of(x.channel))
-    if err is not None:
-        return x.fail(err)
-    if "model" in obj:
-        obj["model"] = x.body["model"]
-    usage = Usage.from_openai(obj.get("usage"))
-    if x.verdict is not None:
-        obj[EXTENSION] = extension_tail(x, usage)
-    rec.status = 200
-    return Answer(_encode(obj), x, usage)
-
-
-def chat_stream(x: Exchange) -> Stream:
-    return Stream(ChatRelay(x))
 
 
 # -- stream relays: what happens to each upstream read, without I/O ---------------------
@@ -277,7 +170,7 @@ class Converted(Relay):
             if data == b"[DONE]":
                 self.done = True
                 return
-            obj = _json(data)
+            obj = json_object(data)
             err = stream_error(obj, secret)
             if err is not None:
                 raise err
@@ -301,143 +194,6 @@ class Converted(Relay):
 
     def error_bytes(self, err: GatewayError) -> bytes:
         return self.conv.error(err)
-
-
-class ChatRelay(Relay):
-    """OpenAI chat chunks passed through. An event that holds no ``"usage"`` or
-    ``"error"`` key and names the upstream's model as the upstream writes it (compact
-    JSON) goes out as it came, the model's name swapped in its bytes; only the others
-    are decoded: the usage kept for the record (and its chunk dropped when the client did
-    not ask for it), an error raised, an unusual model field rewritten. A read that is a
-    chunk seen before with another piece of text (``convert/template.py``) is not even
-    searched: its ends, as the client gets them, are known (``templates``: each with the
-    ends as sent)."""
-
-    def __init__(self, x: Exchange) -> None:
-        super().__init__(x)
-        self.public = public = x.body["model"]
-        self.want_usage = bool((x.body.get("stream_options") or {}).get("include_usage"))
-        self._usage = Usage()
-        theirs, ours = b'"model":' + _encode(x.out["model"]), b'"model":' + _encode(public)
-        self.theirs, self.ours = theirs, ours
-        # Each template's ends (Template.ends) and the ends as sent; the kinds learned.
-        self.templates: tuple[tuple[bytes, int, bytes, int, tuple[bytes, bytes] | None], ...] = ()
-        self.kinds: tuple[str, ...] = ()
-        self.learning = 3  # plain one-event reads that may yet be cut into a template
-
-    @property
-    def usage(self) -> Usage:
-        return self._usage
-
-    def feed(self, chunk: bytes) -> bytes:
-        if not self.held and not self.dec.buf:
-            # Template.piece inline (most reads of a stream come this way).
-            for head, h, tail, t, sent in self.templates:
-                if chunk[:h] == head and chunk[t:] == tail:
-                    tok = chunk[h:t]
-                    if len(tok) < 2 or tok[0] != _QUOTE or tok[-1] != _QUOTE:
-                        continue
-                    try:
-                        piece = _decode(tok)
-                    except msgspec.DecodeError:
-                        continue
-                    # (a piece that is one of the keys looked for would be found by a search)
-                    if len(tok) != 7 or piece not in _LOOKED_FOR:
-                        if self.rec.first_byte_at is None:
-                            self._first_byte()
-                        return chunk if sent is None else b"".join((sent[0], tok, sent[1]))
-            if single(chunk) and chunk != _DONE_EVENT:
-                # One event in this read: out as it came, not even re-framed (the framing
-                # holds none of the keys looked for).
-                plain = self._plain(chunk)
-                if plain is not None:
-                    self._first_byte()
-                    if self.learning > 0:
-                        self._learn(chunk)
-                    return plain
-        held = self.held
-        for _, data in self.dec.feed(chunk):
-            if data == b"[DONE]":
-                self.done = True
-                break
-            out = self._plain(data)
-            if out is not None:
-                self._first_byte()
-            else:
-                out = self._decoded(data)
-                if out is None:
-                    continue
-            held += (b"data: ", out, b"\n\n")
-        return self._take()
-
-    def _learn(self, chunk: bytes) -> None:
-        """A plain one-event read cut into a template, if it is one piece's chunk: its
-        ends as sent are the read's with the model's name swapped (the name cannot reach
-        into the piece: it begins with ``"model":`` and the cut with ``"<key>":``)."""
-        self.learning -= 1
-        data, theirs, ours = chunk[6:-2], self.theirs, self.ours
-        for kind, keys in KEYS.items():
-            if kind in self.kinds:
-                continue
-            for key in keys:
-                ends = cut(data, key)
-                if ends is not None:
-                    t = Template(*ends, kind, key)
-                    # The ends as sent (None: as they came).
-                    sent = None
-                    if theirs != ours:
-                        sent = (t.head.replace(theirs, ours), t.tail.replace(theirs, ours))
-                    self.templates = (*self.templates, (*t.ends, sent))
-                    self.kinds = (*self.kinds, kind)
-                    return
-
-    def _plain(self, data: bytes) -> bytes | None:
-        """``data`` as the client gets it when it need not be decoded (no usage, no error,
-        the model named as the upstream writes it, or not at all), else None."""
-        if data.find(b'"usage"') >= 0 or data.find(b'"error"') >= 0:
-            return None
-        if data.find(self.theirs) >= 0:
-            return data if self.theirs == self.ours else data.replace(self.theirs, self.ours)
-        return data if data.find(b'"model"') < 0 else None
-
-    def _decoded(self, data: bytes) -> bytes | None:
-        obj = _json(data)
-        err = stream_error(obj, self.secret)
-        if err is not None:
-            raise err
-        if "usage" in obj:
-            if isinstance(obj["usage"], dict):
-                self._usage = Usage.from_openai(obj["usage"])
-            if not self.want_usage:
-                if not obj.get("choices"):
-                    return None  # the usage-only chunk the client did not ask for
-                del obj["usage"]
-        if obj.get("model") not in (None, self.public):
-            obj["model"] = self.public
-        if obj.get("choices"):
-            self._first_byte()
-        return _encode(obj)
-
-    def end(self) -> bytes:
-        if not self.done:
-            raise UpstreamError("upstream stream ended before it finished")
-        x = self.x
-        if x.verdict is not None:  # the client asked (x-prefixgate-diagnostics): one more chunk
-            chunk = {
-                "id": "chatcmpl-" + self.rec.request_id,
-                "object": "chat.completion.chunk",
-                "created": int(self.rec.received_at),
-                "model": self.public,
-                "choices": [],
-                EXTENSION: extension_tail(x, self._usage),
-            }
-            self.held += (b"data: ", _encode(chunk), b"\n\n")
-        self.rec.status = 200
-        x.finish(self._usage)
-        return self._take() + b"data: [DONE]\n\n"
-
-    def error_bytes(self, err: GatewayError) -> bytes:
-        return openai_proto.error_chunk(err)
 
 
 class Passthrough(Relay):

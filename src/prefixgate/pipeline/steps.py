@@ -1,6 +1,7 @@
-"""The steps of the request path. Each takes the :class:`~.exchange.Exchange`, does one
-thing, and returns ``None`` to go on (or an answer, which ends the path). Their order per
-endpoint is written once, in :mod:`prefixgate.pipeline`.
+"""The steps every API's request path shares (an API's own, its decode, convert and relay,
+are in its package: ``apis/<api>/steps.py``). Each takes the :class:`~.exchange.Exchange`,
+does one thing, and returns ``None`` to go on (or an answer, which ends the path). Their
+order per endpoint is written once, in its API's ``endpoint.py``.
 
 A step raises a :class:`~prefixgate.errors.GatewayError` to refuse the request; the
 pipeline answers it in the client's protocol. Inside :class:`Failover`, a retryable
@@ -11,11 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
-from prefixgate import hygiene as hygiene_steps
-from prefixgate.apis.messages.request import ConvertOptions, convert
 from prefixgate.auth import fresh_store_keys
-from prefixgate.diagnostics.request import anthropic_ask, anthropic_params, chat_ask
-from prefixgate.engine.channel import anthropic_headers, anthropic_url, bearer, check_answer
+from prefixgate.engine.channel import check_answer
 from prefixgate.engine.client import UpstreamRejected
 from prefixgate.errors import (
     AtCapacity,
@@ -25,11 +23,7 @@ from prefixgate.errors import (
     RequestTooLarge,
     UpstreamError,
 )
-from prefixgate.identify import session_of_chat, session_of_messages
-from prefixgate.pipeline.diagnose import look_up
 from prefixgate.pipeline.exchange import Exchange
-from prefixgate.protocol import openai as openai_proto
-from prefixgate.protocol.messages_body import decode_messages_body
 
 _encode = msgspec.json.encode
 
@@ -66,43 +60,13 @@ async def read_body(request, limit: int) -> bytes:
 
 
 def set_decoded(x: Exchange, body, session_of) -> None:
+    """The decoded body on the exchange, and what the record reads of it (the model asked
+    for, a stream or not, the session by ``session_of``)."""
     x.body = body
     rec = x.record
     rec.requested_model = body["model"]
     rec.stream = bool(body.get("stream"))
     rec.session_id, rec.session_kind = session_of(body, x.request.headers)
-
-
-async def decode_messages(x: Exchange) -> None:
-    """An Anthropic Messages request, decoded into typed structs and checked as it is;
-    its ``diagnostics`` (why did my cache miss) read apart, never sent upstream."""
-    turns, headers, who = x.gateway.turns, x.request.headers, getattr(x.principal, "name", None)
-
-    def key_of(small: dict) -> tuple | None:  # the session's previous request lends
-        session = session_of_messages(small, headers)[0]
-        return None if session is None else (who, session)
-
-    # a session there can be (its header, or a metadata field): else the decode alone
-    maybe = bool(headers.get("x-claude-code-session-id")) or b'"metadata"' in x.raw
-    lend = turns if turns.budget > 0 and maybe else None
-    set_decoded(
-        x, decode_messages_body(x.raw, x.live.config.limits, lend, key_of), session_of_messages
-    )
-    typed = x.body.typed
-    if typed.diagnostics is not None:
-        x.ask = anthropic_ask(typed.diagnostics)
-        x.params = anthropic_params(typed)
-        look_up(x)
-
-
-async def decode_chat(x: Exchange) -> None:
-    """An OpenAI chat request: decoded but for ``messages`` and ``tools``, then checked."""
-    limits = x.live.config.limits
-    body = openai_proto.decode_chat_body(x.raw, limits)
-    openai_proto.check_chat_request(body, limits)
-    set_decoded(x, body, session_of_chat)
-    x.ask = chat_ask(x.request.headers)
-    look_up(x)
 
 
 async def admit(x: Exchange) -> None:
@@ -217,71 +181,6 @@ def _failed(x: Exchange, target, err: UpstreamError) -> None:
         target.base_url,
         err.message,
     )
-
-
-async def hygiene(x: Exchange) -> None:
-    """The channel's prefix-protecting transforms (:data:`prefixgate.hygiene.STEPS`), on
-    the typed request, for an ``openai`` channel (the vendor's own API gets the request as
-    it came)."""
-    if x.channel.kind == "openai":
-        hygienic_request(x, x.channel)
-
-
-def hygienic_request(x: Exchange, ch):
-    """The typed request after the channel's hygiene steps, once per channel."""
-    typed = x.hygienic.get(ch.name)
-    if typed is None:
-        typed = x.hygienic[ch.name] = hygiene_steps.apply_typed(
-            x.body.typed, ch, x.gateway.render_orders
-        )
-    return typed
-
-
-def upstream_chat_request(x: Exchange, ch) -> dict:
-    """The OpenAI chat request a channel receives for an Anthropic request, converted once
-    per channel from its hygienic request (the ``prefix`` policy and the send share it)."""
-    out = x.prepared.get(ch.name)
-    if out is None:
-        options = ConvertOptions(
-            ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
-        )
-        typed, session = hygienic_request(x, ch), x.record.session_id
-        if session is None:
-            out = convert(typed, options)
-        else:  # the session's previous turn lends the conversions of what it re-sends
-            out = x.gateway.turns.convert((ch.name, session), typed, options, len(x.raw))
-        x.prepared[ch.name] = out
-    return out
-
-
-async def convert_messages(x: Exchange) -> None:
-    """Anthropic in: converted to OpenAI Chat for an ``openai`` channel (deterministic; texts
-    stay raw JSON), passed through with the model mapped for an ``anthropic`` one."""
-    ch, target = x.channel, x.target
-    if ch.kind == "openai":
-        x.out = upstream_chat_request(x, ch)
-        x.url, x.headers = target.base_url + "/chat/completions", bearer(ch)
-    else:
-        x.out = {**x.body.whole(), "model": ch.upstream_model(x.body["model"])}
-        x.out.pop("diagnostics", None)  # answered here, never forwarded
-        x.url = anthropic_url(target.base_url)
-        x.headers = anthropic_headers(ch, x.request.headers)
-    x.data = _encode(x.out)
-
-
-async def convert_chat(x: Exchange) -> None:
-    """OpenAI in: passed through with the model mapped and the channel's Chat hygiene; a
-    stream always asks for usage (hidden again from a client that did not ask for it)."""
-    ch, body = x.channel, x.body
-    out = {**body, "model": ch.upstream_model(body["model"])}
-    moved = hygiene_steps.apply_chat(body["messages"], ch, x.gateway.render_orders)
-    if moved is not None:  # later system messages delivered in the turns (docs/rendering.md)
-        out["messages"] = moved
-    if x.record.stream:
-        out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    x.out = out
-    x.url, x.headers = x.target.base_url + "/chat/completions", bearer(ch)
-    x.data = _encode(out)
 
 
 async def capture(x: Exchange) -> None:

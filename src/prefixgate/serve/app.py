@@ -14,6 +14,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixgate import pipeline
+from prefixgate.apis.chat import endpoint as chat
+from prefixgate.apis.messages import endpoint as messages
+from prefixgate.apis.responses import endpoint as responses
 from prefixgate.config import Config
 from prefixgate.diagnostics.route import diagnosis
 from prefixgate.errors import GatewayError, HeadersTooLarge, InvalidRequest, NotFound, Unavailable
@@ -134,15 +137,15 @@ def create_app(gateway: Gateway | Config, **services) -> Starlette:
     return AccessLog(outer) if config.server.access_log else outer
 
 
-INFERENCE = (  # path, endpoint (pipeline/__init__.py)
-    ("/v1/messages", pipeline.MESSAGES),
-    ("/v1/messages/count_tokens", pipeline.COUNT_TOKENS),
-    ("/v1/chat/completions", pipeline.CHAT),
-    ("/chat/completions", pipeline.CHAT),
-    ("/v1/responses", pipeline.RESPONSES),
-    ("/responses", pipeline.RESPONSES),
-    ("/v1/responses/compact", pipeline.COMPACT),
-    ("/responses/compact", pipeline.COMPACT),
+INFERENCE = (  # path, endpoint (each API's endpoint.py)
+    ("/v1/messages", messages.ENDPOINT),
+    ("/v1/messages/count_tokens", messages.COUNT_TOKENS),
+    ("/v1/chat/completions", chat.ENDPOINT),
+    ("/chat/completions", chat.ENDPOINT),
+    ("/v1/responses", responses.ENDPOINT),
+    ("/responses", responses.ENDPOINT),
+    ("/v1/responses/compact", responses.COMPACT),
+    ("/responses/compact", responses.COMPACT),
 )
 
 

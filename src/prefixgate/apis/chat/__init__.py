@@ -1,1 +1,2 @@
-"""The OpenAI Chat Completions API: passed through, so only its rules (``api.py``)."""
+"""The OpenAI Chat Completions API: passed through, so only its rules (``api.py``), its
+steps (``steps.py``) and its endpoint (``endpoint.py``)."""

@@ -1,6 +1,6 @@
 """The OpenAI Chat Completions API (``POST /v1/chat/completions``): its rules as
 :data:`CHAT`. Sent as it came but for the model and the channel's Chat hygiene
-(``pipeline/steps.py``'s ``convert_chat``)."""
+(``steps.py``'s ``convert_chat``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""The steps of ``POST /v1/responses`` (and ``POST /v1/responses/compact``) that differ
-from the other endpoints' (their order is in :mod:`prefixgate.pipeline`): decode, convert,
-relay.
+"""The steps of ``POST /v1/responses`` (and ``POST /v1/responses/compact``) that are the
+Responses API's own (their order is in ``endpoint.py``): decode, convert, relay.
 
 For a channel with ``responses_api: convert`` (the default: any OpenAI-compatible server)
-the request goes upstream as Chat Completions (``apis/responses/request.py``) and the
-answer comes back as Responses events (``apis/responses/stream.py``); with
+the request goes upstream as Chat Completions (``request.py``) and the
+answer comes back as Responses events (``stream.py``); with
 ``responses_api: passthrough`` the upstream's own ``/responses`` gets the request as it
 came, the model mapped. Nothing is stored between requests: Codex sends ``store: false``
 and its whole conversation each turn.
@@ -112,7 +111,7 @@ async def convert_responses(x: Exchange) -> None:
     x.data = _encode(x.out)
 
 
-async def relay_responses(x: Exchange) -> Response:
+async def relay_responses(x: Exchange) -> Response | Stream:
     """Responses out: from a Chat upstream converted (a stream through the state machine
     that emits the Responses event sequence), from a Responses upstream passed through."""
     if x.channel.responses_api == "passthrough":
@@ -123,7 +122,7 @@ async def relay_responses(x: Exchange) -> Response:
     return responses_once(x)
 
 
-async def relay_compact(x: Exchange) -> Response:
+async def relay_compact(x: Exchange) -> Response | Stream:
     """The ``response.compaction`` object: the conversation's user messages as they came,
     then one ``compaction`` item holding the engine's summary, and the engine's usage."""
     if x.channel.responses_api == "passthrough":  # the upstream compacts itself
