@@ -19,6 +19,12 @@ Subjects: ``defaults`` (SQLite store, segment capture, change shapes, ledger, jo
 then each feature off alone (``no-ledger``, ``no-changes``: ``change_memory_mb: 0``,
 ``no-capture``: ``capture_segments: false``, ``no-journal``, ``no-store``), and the LiteLLM
 proxy when ``overhead.py`` has installed it (``~/.cache/prefixgate/litellm-<version>``).
+And ``bare-relay``: the same turns through ``overhead_floor.py`` (a proxy that relays the
+request's and the answer's bytes and nothing else, busy-polling as the gateway does),
+measured the same way: the physical floor of an HTTP hop carrying these bodies (its
+socket reads and writes, the loop's wake-ups), which the in-process floor below does not
+pay. The floor a gateway is held to is then the bare relay's plus the in-process decode +
+encode: the ``x (relay + decode)`` column.
 
 Figures by turn index: the gateway's CPU per turn, user + system of every thread of the
 process tree from ``/proc/<pid>/task/*/schedstat`` (nanoseconds), read before turn k of
@@ -30,6 +36,10 @@ the end of the answer. The floor: ``msgspec.json.decode`` + ``msgspec.json.encod
 same bodies in this process (the least any Python gateway that reads a body and writes
 one can do), and SHA-256 of each body once, both by ``time.process_time``; best of 5.
 The whole run's user and system seconds apart, from ``/proc/<pid>/stat``.
+
+Under ``--count``, the in-process floor is counted too: ``msgspec.json.decode`` + ``encode``
+of each body in a process of its own under callgrind (collected only inside those two
+calls, one dump after each body).
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ SUBJECTS: dict[str, dict | None] = {
     "no-journal": {"journal_path": None},
     "no-store": None,
 }
+RELAY = "bare-relay"  # the HTTP hop alone: overhead_floor.py
 COUNT_SETTLE = 3.0  # seconds under valgrind for the work a turn leaves for later
 WINDOW = 2  # turns either side of an index whose figures are averaged ("turn 10": 8..12)
 
@@ -199,6 +210,11 @@ class Subject(ov.Gateway):
     def command(self):
         if self.name == "litellm":
             return super().command()
+        if self.name == RELAY:
+            port = self.upstream.rsplit(":", 1)[1]
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "overhead_floor.py")]
+            cmd += ["--port", str(self.port), "--upstream-port", port]
+            return [*cmd, "--busy-poll-us", str(ov.BUSY_POLL_US)], dict(os.environ), "/health"
         base = self.name.split("@")[0]
         cfg = self.work / "config.json"
         cfg.write_text(json.dumps(config_for(base, self.port, self.upstream, self.work)))
@@ -306,12 +322,15 @@ async def run(args) -> dict:
             "decode_encode_ms_median": statistics.median(floor),
             "sha256_ms_mean": statistics.fmean(hashed),
             "by_turn": {str(k): at(floor, k) for k in marks(per_turn)},
+            "per_turn_ms": floor,
         },
         "subjects": [],
     }
     names = [n for n in SUBJECTS if not args.only or n in args.only]
     if args.ref:  # the commit before, each subject right after this tree's
         names = [m for n in names for m in (n, f"{n}@{args.ref}")]
+    if not args.only or RELAY in args.only:
+        names.insert(0, RELAY)
     litellm = Path.home() / ".cache" / "prefixgate" / f"litellm-{args.litellm_version}"
     litellm = litellm / "bin" / "litellm"
     if (
@@ -321,6 +340,12 @@ async def run(args) -> dict:
         and (not args.only or "litellm" in args.only)
     ):
         names.append("litellm")
+    if args.count:
+        counted = floor_instructions([b for s in convo for b, _ in s])
+        result["floor"]["instructions"] = [
+            statistics.fmean(counted[i * per_turn + k] for i in range(len(convo)))
+            for k in range(per_turn)
+        ]
     ref_src = worktree(args.ref) / "src" if args.ref else None
     try:
         with Running(ov.LOAD_CPU) as up, tempfile.TemporaryDirectory(prefix="agent-turns-") as tmp:
@@ -417,6 +442,38 @@ async def count(gw: Subject, convo, warm) -> dict:
     return {"instructions": per_turn, "idle_instructions": idle}
 
 
+_FLOOR_COUNTED = """
+import sys
+import msgspec
+dec, enc = msgspec.json.decode, msgspec.json.encode
+with open(sys.argv[1], "rb") as f:
+    data = f.read()
+at = 0
+while at < len(data):
+    n = int.from_bytes(data[at : at + 8], "little")
+    enc(dec(data[at + 8 : at + 8 + n]))
+    at += 8 + n
+"""
+
+
+def floor_instructions(bodies: list[bytes]) -> list[int]:
+    """Per body: the instructions of ``msgspec.json.decode`` + ``encode`` of it, in a
+    process of its own under callgrind, collected only inside those two calls (nothing
+    else in that process calls them), one dump after each encode."""
+    with tempfile.TemporaryDirectory(prefix="agent-turns-floor-") as tmp:
+        path = Path(tmp) / "bodies"
+        path.write_bytes(b"".join(len(b).to_bytes(8, "little") + b for b in bodies))
+        cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+               "--toggle-collect=msgspec_json_decode", "--toggle-collect=msgspec_json_encode",
+               "--dump-after=msgspec_json_encode", f"--callgrind-out-file={tmp}/out",
+               sys.executable, "-c", _FLOOR_COUNTED, str(path)]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        dumps = sorted(Path(tmp).glob("out.*"), key=lambda d: int(d.suffix[1:]))
+        if done.returncode != 0 or len(dumps) != len(bodies):
+            raise SystemExit(f"the floor was not counted:\n{done.stderr[-2000:]}")
+        return [_collected(d) for d in dumps]
+
+
 def _collected(path: Path) -> int:
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("totals:"):
@@ -424,17 +481,35 @@ def _collected(path: Path) -> int:
     return 0
 
 
+def relay_floor(r: dict, key: str) -> list[float] | None:
+    """Per turn: the bare relay's ``key`` figure plus the in-process decode + encode's
+    (``cpu_ms`` against the timed floor, ``instructions`` against the counted one); None
+    when the bare relay was not run."""
+    relay = next((s for s in r["subjects"] if s["subject"] == RELAY), None)
+    if relay is None:
+        return None
+    decode = r["floor"]["instructions" if key == "instructions" else "per_turn_ms"]
+    return [a + b for a, b in zip(relay[key], decode, strict=True)]
+
+
 def count_table(r: dict) -> str:
     ks = list(r["body_kb"]["by_turn"])
+    both = relay_floor(r, "instructions")
     lines = [
         f"{r['sessions']} sessions x {r['turns']} turns; M instructions a turn (callgrind), "
         "by turn index (mean of turns k-2..k+2)",
-        f"{'subject':<22}{'mean':>8}" + "".join(f"{k:>8}" for k in ks),
+        f"{'subject':<22}{'mean':>8}"
+        + "".join(f"{k:>8}" for k in ks)
+        + f"{'x (relay + decode)':>20}",
     ]
-    for s in r["subjects"]:
-        ins = s["instructions"]
+    rows = [(s["subject"], s["instructions"]) for s in r["subjects"]]
+    rows.append(("decode + encode", r["floor"]["instructions"]))
+    if both is not None:
+        rows.append(("floor: relay + decode", both))
+    for name, ins in rows:
         cells = "".join(f"{at(ins, int(k)) / 1e6:>8.2f}" for k in ks)
-        lines.append(f"{s['subject']:<22}{statistics.fmean(ins) / 1e6:>8.2f}{cells}")
+        ratio = "" if both is None else f"{statistics.fmean(ins) / statistics.fmean(both):.2f}"
+        lines.append(f"{name:<22}{statistics.fmean(ins) / 1e6:>8.2f}{cells}{ratio:>20}")
     return "\n".join(lines)
 
 
@@ -443,27 +518,40 @@ def table(r: dict) -> str:
         return count_table(r)
     f = r["floor"]
     b = r["body_kb"]
+    both = relay_floor(r, "cpu_ms")
+    both_mean = None if both is None else statistics.fmean(both)
     lines = [
         f"{r['sessions']} sessions x {r['turns']} turns; bodies {b['first']:.0f}-{b['max']:.0f} KB, "
         f"median {b['median']:.0f} KB",
         f"floor (msgspec decode + encode, in-process): {f['decode_encode_ms_mean']:.3f} ms a turn "
         f"(median {f['decode_encode_ms_median']:.3f}); sha256 once: {f['sha256_ms_mean']:.3f} ms",
         "",
-        f"{'subject':<12}{'CPU ms/turn':>12}{'median':>8}{'x floor':>8}{'TTLB p50':>10}"
+        f"{'subject':<12}{'CPU ms/turn':>12}{'median':>8}{'x floor':>8}"
+        f"{'x (relay + decode)':>20}{'TTLB p50':>10}"
         f"{'60/10 above floor':>19}{'user s':>8}{'sys s':>7}",
     ]
     for s in r["subjects"]:
         ratio = s.get("above_floor_60_over_10")
+        hop = "" if both_mean is None else f"{s['cpu_ms_mean'] / both_mean:.2f}"
         lines.append(
             f"{s['subject']:<12}{s['cpu_ms_mean']:>12.2f}{s['cpu_ms_median']:>8.2f}"
-            f"{s['cpu_ms_mean'] / f['decode_encode_ms_mean']:>8.1f}{s['ttlb_ms_p50']:>10.2f}"
+            f"{s['cpu_ms_mean'] / f['decode_encode_ms_mean']:>8.1f}{hop:>20}"
+            f"{s['ttlb_ms_p50']:>10.2f}"
             f"{'' if ratio is None else f'{ratio:.2f}':>19}{s['user_s']:>8.2f}{s['system_s']:>7.2f}"
+        )
+    if both is not None:
+        lines.append(
+            f"{'floor: bare relay + decode':<12} {both_mean:.2f} ms a turn "
+            f"(median {statistics.median(both):.2f})"
         )
     ks = list(r["body_kb"]["by_turn"])
     lines += ["", "by turn index (mean of turns k-2..k+2): CPU ms / TTLB p50 ms"]
     lines.append(f"{'turn':<12}" + "".join(f"{k:>14}" for k in ks))
     lines.append(f"{'body KB':<12}" + "".join(f"{r['body_kb']['by_turn'][k]:>14.0f}" for k in ks))
     lines.append(f"{'floor':<12}" + "".join(f"{f['by_turn'][k]:>14.3f}" for k in ks))
+    if both is not None:
+        cells = "".join(f"{at(both, int(k)):>14.3f}" for k in ks)
+        lines.append(f"{'relay+decode':<12}" + cells)
     for s in r["subjects"]:
         cells = "".join(
             f"{s['by_turn'][k]['cpu_ms']:>7.2f} /{s['by_turn'][k]['ttlb_ms_p50']:>5.1f}" for k in ks

@@ -4,9 +4,15 @@ by turn index."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import agent_turns as at  # noqa: E402
@@ -43,3 +49,55 @@ def test_the_summary_reads_turns_around_an_index_and_the_floor_under_them():
     assert s["by_turn"]["60"]["above_floor_ms"] == sum(cpu[58:63]) / 5 - 0.5
     assert s["above_floor_60_over_10"] == (sum(cpu[58:63]) / 5 - 0.5) / (sum(cpu[8:13]) / 5 - 0.5)
     assert s["ttlb_ms_p50"] == 3.0
+
+
+def test_the_bare_relay_carries_the_turns_and_its_floor_stands_beside_the_gateway():
+    args = SimpleNamespace(
+        sessions=1,
+        turns=3,
+        warm_turns=1,
+        settle=0.05,
+        only=[at.RELAY],
+        no_litellm=True,
+        litellm_version=at.ov.LITELLM_VERSION,
+        ref=None,
+        count=False,
+    )
+    cpus = os.sched_getaffinity(0)
+    try:
+        r = asyncio.run(at.run(args))
+    finally:
+        os.sched_setaffinity(0, cpus)  # run() pins its own process to the load's core
+    (relay,) = r["subjects"]
+    assert relay["subject"] == "bare-relay"
+    assert len(relay["cpu_ms"]) == 3 and all(c > 0 for c in relay["cpu_ms"])
+    assert relay["ttlb_ms_p50"] > 0
+    both = at.relay_floor(r, "cpu_ms")
+    assert both == [a + b for a, b in zip(relay["cpu_ms"], r["floor"]["per_turn_ms"], strict=True)]
+    assert "floor: bare relay + decode" in at.table(r)
+
+
+def test_the_counted_floor_is_the_bare_relay_plus_the_decode_and_each_subject_a_ratio_of_it():
+    r = {
+        "sessions": 1,
+        "turns": 8,
+        "body_kb": {"by_turn": {"1": 80.0}},
+        "floor": {"instructions": [1e6] * 8},
+        "subjects": [
+            {"subject": "bare-relay", "instructions": [3e6] * 8},
+            {"subject": "defaults", "instructions": [8e6] * 8},
+        ],
+    }
+    assert at.relay_floor(r, "instructions") == [4e6] * 8
+    rows = {line.split()[0]: line.split() for line in at.count_table(r).splitlines()[2:]}
+    assert rows["defaults"][1:] == ["8.00", "8.00", "2.00"]
+    assert rows["floor:"][-1] == "1.00"
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_the_in_process_floor_is_counted_body_by_body():
+    small, large = b'{"a": "x"}', json.dumps({"a": ["y" * 100] * 1000}).encode()
+    counted = at.floor_instructions([small, large, small])
+    assert len(counted) == 3 and all(c > 0 for c in counted)
+    assert counted[1] > 10 * counted[0]  # each dump is its own body's, in order
+    assert abs(counted[2] - counted[0]) < counted[0]
