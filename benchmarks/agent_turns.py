@@ -20,7 +20,7 @@ then each feature off alone (``no-ledger``, ``no-changes``: ``change_memory_mb: 
 ``no-capture``: ``capture_segments: false``, ``no-journal``, ``no-store``), and the LiteLLM
 proxy when ``overhead.py`` has installed it (``~/.cache/prefixgate/litellm-<version>``).
 And ``bare-relay``: the same turns through ``overhead_floor.py`` (a proxy that relays the
-request's and the answer's bytes and nothing else, busy-polling as the gateway does),
+request's and the answer's bytes and nothing else, busy-polling as the gateway's defaults do),
 measured the same way: the physical floor of an HTTP hop carrying these bodies (its
 socket reads and writes, the loop's wake-ups), which the in-process floor below does not
 pay. The floor a gateway is held to is then the bare relay's plus the in-process decode +
@@ -65,6 +65,7 @@ import overhead as ov  # noqa: E402
 import overhead_load as load  # noqa: E402
 from overhead_upstream import Running  # noqa: E402
 
+from prefixgate.config.server import ServerConfig  # noqa: E402
 from prefixgate.lab.traffic.claude_code import ClaudeCodeSession  # noqa: E402
 from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec  # noqa: E402
 
@@ -214,7 +215,8 @@ class Subject(ov.Gateway):
             port = self.upstream.rsplit(":", 1)[1]
             cmd = [sys.executable, str(ROOT / "benchmarks" / "overhead_floor.py")]
             cmd += ["--port", str(self.port), "--upstream-port", port]
-            return [*cmd, "--busy-poll-us", str(ov.BUSY_POLL_US)], dict(os.environ), "/health"
+            poll = str(ServerConfig().busy_poll_us)  # as the gateway's defaults poll
+            return [*cmd, "--busy-poll-us", poll], dict(os.environ), "/health"
         base = self.name.split("@")[0]
         cfg = self.work / "config.json"
         cfg.write_text(json.dumps(config_for(base, self.port, self.upstream, self.work)))
