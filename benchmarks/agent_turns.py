@@ -38,8 +38,8 @@ one can do), and SHA-256 of each body once, both by ``time.process_time``; best 
 The whole run's user and system seconds apart, from ``/proc/<pid>/stat``.
 
 Under ``--count``, the in-process floor is counted too: ``msgspec.json.decode`` + ``encode``
-of each body in a process of its own under callgrind (collected only inside those two
-calls, one dump after each body).
+of each body and freeing the decoded document, in a process of its own under callgrind
+(one dump per body).
 """
 
 from __future__ import annotations
@@ -449,31 +449,33 @@ import sys
 import msgspec
 dec, enc = msgspec.json.decode, msgspec.json.encode
 with open(sys.argv[1], "rb") as f:
-    data = f.read()
+    data = memoryview(f.read())
 at = 0
 while at < len(data):
     n = int.from_bytes(data[at : at + 8], "little")
     enc(dec(data[at + 8 : at + 8 + n]))
     at += 8 + n
+dec(b"0")
 """
 
 
 def floor_instructions(bodies: list[bytes]) -> list[int]:
-    """Per body: the instructions of ``msgspec.json.decode`` + ``encode`` of it, in a
-    process of its own under callgrind, collected only inside those two calls (nothing
-    else in that process calls them), one dump after each encode."""
+    """Per body: the instructions of ``msgspec.json.decode`` + ``encode`` of it and of
+    freeing what the decode made (as ``turn_stages.py --stages floor`` counts it), in a
+    process of its own under callgrind: one dump before each decode (nothing else in that
+    process decodes), so that the dump after body i's holds body i's work and the loop's
+    few steps (the bodies are views of one buffer, not copies)."""
     with tempfile.TemporaryDirectory(prefix="agent-turns-floor-") as tmp:
         path = Path(tmp) / "bodies"
         path.write_bytes(b"".join(len(b).to_bytes(8, "little") + b for b in bodies))
-        cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
-               "--toggle-collect=msgspec_json_decode", "--toggle-collect=msgspec_json_encode",
-               "--dump-after=msgspec_json_encode", f"--callgrind-out-file={tmp}/out",
+        cmd = ["valgrind", "--tool=callgrind", "--dump-before=msgspec_json_decode",
+               f"--callgrind-out-file={tmp}/out",
                sys.executable, "-c", _FLOOR_COUNTED, str(path)]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         dumps = sorted(Path(tmp).glob("out.*"), key=lambda d: int(d.suffix[1:]))
-        if done.returncode != 0 or len(dumps) != len(bodies):
+        if done.returncode != 0 or len(dumps) != len(bodies) + 1:
             raise SystemExit(f"the floor was not counted:\n{done.stderr[-2000:]}")
-        return [_collected(d) for d in dumps]
+        return [_collected(d) for d in dumps[1:]]
 
 
 def _collected(path: Path) -> int:
