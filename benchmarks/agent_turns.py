@@ -49,6 +49,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -359,7 +360,7 @@ async def run(args) -> dict:
                 gw = Subject(name, work, up.url, gw_args)
                 gw.src = ref_src if "@" in name else None
                 if args.count:
-                    m = await count(gw, convo, warm)
+                    m = await count(gw, convo, warm, args.keep)
                     result["subjects"].append({"subject": name, **m})
                     continue
                 gw.start()
@@ -389,7 +390,7 @@ def worktree(ref: str) -> Path:
     return path
 
 
-async def count(gw: Subject, convo, warm) -> dict:
+async def count(gw: Subject, convo, warm, keep: Path | None = None) -> dict:
     """Instructions (valgrind's callgrind, user space, every thread) of the gateway per
     turn, by turn index: counting on from the first measured turn, one dump (which also
     zeroes the counters) after each turn index's requests and ``COUNT_SETTLE`` seconds for
@@ -415,6 +416,9 @@ async def count(gw: Subject, convo, warm) -> dict:
                 gw.work.glob(f"callgrind.out.{dumps}")
             )
             if found and "totals:" in found[0].read_text(errors="replace")[-4000:]:
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(found[0], keep / f"{gw.name}.{dumps}")
                 return _collected(found[0])
             await asyncio.sleep(0.1)
         raise SystemExit("callgrind wrote no dump")
@@ -585,6 +589,12 @@ def main() -> None:
         "--count",
         action="store_true",
         help="instructions per turn under valgrind (callgrind) instead of CPU time",
+    )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        help="with --count: keep callgrind's dumps here (SUBJECT.N, dump 2 the idle window, "
+        "3 on turn 0, ...) for callgrind_annotate",
     )
     args = ap.parse_args()
     result = ov._arun(run(args))
