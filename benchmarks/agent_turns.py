@@ -50,6 +50,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -162,12 +163,16 @@ def _request(url: str, body: bytes, headers: dict, key: str | None) -> bytes:
     return load.build_request(url + "/v1/messages?beta=true", body, h)[2]
 
 
-async def measure(url: str, pid: int, convo, warm, settle: float, key: str | None) -> dict:
+async def measure(
+    url: str, pid: int, convo, warm, settle: float, key: str | None, profiled: bool = False
+) -> dict:
     host, port = url.rsplit("/", 1)[1].split(":")
     conn = load._Conn(host, int(port))
     for body, headers in warm:
         await send(conn, _request(url, body, headers, key))
     await asyncio.sleep(settle)
+    if profiled:  # pyprofile.py forgets the start-up and the warm-up
+        os.kill(pid, signal.SIGUSR1)
     rate = await idle_rate(pid)
     user0, sys0 = ov.cpu_times(pid)
     cpu, ttlb = [], []
@@ -208,6 +213,7 @@ class Subject(ov.Gateway):
     in ``src``), or ``litellm``."""
 
     src: Path | None = None
+    profile: Path | None = None  # --profile: the gateway under benchmarks/pyprofile.py
 
     def command(self):
         if self.name == "litellm":
@@ -225,6 +231,8 @@ class Subject(ov.Gateway):
         if self.src is not None:
             env["PYTHONPATH"] = str(self.src)
         cmd = [sys.executable, "-m", "prefixgate.cli", "serve", "--config", str(cfg)]
+        if self.profile is not None:
+            cmd[1:1] = [str(ROOT / "benchmarks" / "pyprofile.py"), str(self.profile)]
         return [*cmd, "--log-level", "warning"], env, "/healthz"
 
     def start(self) -> None:
@@ -359,6 +367,9 @@ async def run(args) -> dict:
                 work.mkdir()
                 gw = Subject(name, work, up.url, gw_args)
                 gw.src = ref_src if "@" in name else None
+                if args.profile is not None and name not in ("litellm", RELAY):
+                    args.profile.mkdir(parents=True, exist_ok=True)
+                    gw.profile = args.profile / f"{name}.pstats"
                 if args.count:
                     m = await count(gw, convo, warm, args.keep)
                     result["subjects"].append({"subject": name, **m})
@@ -366,7 +377,9 @@ async def run(args) -> dict:
                 gw.start()
                 try:
                     key = ov.KEY if name == "litellm" else None
-                    m = await measure(gw.url, gw.proc.pid, convo, warm, args.settle, key)
+                    m = await measure(
+                        gw.url, gw.proc.pid, convo, warm, args.settle, key, gw.profile is not None
+                    )
                 finally:
                     gw.stop()
                 result["subjects"].append(summarize(name, m, floor))
@@ -595,6 +608,13 @@ def main() -> None:
         type=Path,
         help="with --count: keep callgrind's dumps here (SUBJECT.N, dump 2 the idle window, "
         "3 on turn 0, ...) for callgrind_annotate",
+    )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="run each gateway under benchmarks/pyprofile.py (cProfile, every thread, the "
+        "warm-up forgotten) and write SUBJECT.pstats here; its times are cProfile's, not the "
+        "gateway's",
     )
     args = ap.parse_args()
     result = ov._arun(run(args))

@@ -17,7 +17,8 @@ Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed d
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
 through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the ledger's cache-model
-blocks).
+blocks), ``journal`` (the record encoded as the journal appends it), ``row`` (the record's
+row in the store, as the writer makes it).
 """
 
 from __future__ import annotations
@@ -112,7 +113,14 @@ def inner(turn: int, stage: str) -> None:
         "encode": lambda: msgspec.json.encode(out),
         "capture": capture,
         "model_blocks": lambda: model_blocks(rec.segments_out),  # replaced below if lent
+        "journal": lambda: msgspec.json.Encoder().encode_into(rec, bytearray()),
     }
+    try:  # the record's row in the store (the writer's thread)
+        from prefixgate.store.schema import record_row
+    except ImportError:
+        pass
+    else:
+        stages["row"] = lambda: record_row(rec)
     try:
         from prefixgate.apis.messages.request import SessionTurns
     except ImportError:

@@ -435,3 +435,42 @@ def test_the_pieces_kept_as_sent_are_those_computed_afresh():
         assert _first_difference(prev, got) == _first_difference(plain, fresh)
 
     check()
+
+
+def test_a_requests_marks_found_once_give_what_its_segments_give():
+    """The change memory keeps each request's compaction marks (``marks_of``) instead of
+    walking its segments again: either form answers ``compacted`` and ``rewritten`` alike."""
+    from prefixgate.record.compacted import compacted, marks_of, rewritten
+    from prefixgate.record.record import Segment
+
+    def seg(kind: str, name: str, h: str) -> Segment:
+        return Segment(kind, name, h, 4, 1)
+
+    base = [seg("tools", "tools", "t"), seg("system", "system[0]", "s")]
+    turns = [
+        seg("message", "messages[0]:user", "u0"),
+        seg("message", "messages[1]:assistant", "a1"),
+        seg("message", "messages[2]:function_call", "f2"),
+        seg("message", "messages[3]:reasoning", "r3"),
+        seg("message", "messages[4]:compaction", "c4"),
+        seg("system", "x:assistant", "not-a-turn"),  # a model turn only as a message
+    ]
+    shapes = [base + turns[:k] for k in range(len(turns) + 1)]
+    shapes.append(base + [turns[0], seg("message", "messages[1]:compaction", "c9")])
+    ends = (":assistant", ":function_call", ":custom_tool_call", ":reasoning")
+
+    def model_turns(segs):  # the definition, walked here
+        return sum(1 for s in segs if s.kind == "message" and s.name.endswith(ends))
+
+    def by_walk(a, b) -> bool:
+        items = lambda segs: {s.hash for s in segs if s.name.endswith(":compaction")}  # noqa: E731
+        return bool(items(b) - items(a)) or model_turns(b) < model_turns(a)
+
+    for a in shapes:
+        assert marks_of(a).model_turns == model_turns(a)
+        for b in shapes:
+            assert compacted(marks_of(a), marks_of(b)) == by_walk(a, b)
+            assert compacted(a, marks_of(b)) == by_walk(a, b)
+            assert rewritten(marks_of(a), a, marks_of(b), b) == rewritten(a, a, b, b)
+    assert marks_of(base + turns).model_turns == 3
+    assert marks_of(base + turns).compactions == {"c4"}

@@ -32,7 +32,7 @@ import msgspec
 
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
-from prefixgate.record.compacted import COMPACTED, compacted, rewritten
+from prefixgate.record.compacted import COMPACTED, Marks, compacted, marks_of, rewritten
 from prefixgate.record.cut import ChatCut, pieces_of
 from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.segments import stripped
@@ -56,7 +56,7 @@ class _Cut:
     channel, messages by hash); ``lent``: the chat request the gateway built, as cut
     (:class:`~prefixgate.record.segments.ChatCut`), for the next turn's capture."""
 
-    __slots__ = ("into", "out", "lent", "shared", "size", "_tokens")
+    __slots__ = ("into", "out", "lent", "shared", "size", "_tokens", "_marks")
 
     def __init__(
         self,
@@ -73,6 +73,13 @@ class _Cut:
             size += sum([len(d) for _, d in out if d is not None])
         self.size = size + 64 * (len(into) + len(out)) + (lent.size if lent else 0)
         self._tokens: int | None = None
+        self._marks: Marks | None = None
+
+    def marks(self) -> Marks:
+        """The request's compaction marks as received (found once, then kept)."""
+        if self._marks is None:
+            self._marks = marks_of(_segs(self.into))
+        return self._marks
 
     def tokens(self) -> int:
         """≈ tokens of the request as sent."""
@@ -220,9 +227,9 @@ def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
     latest = kept[-1]
     if summary:
         why: str | None = SUMMARY_REQUEST
-    elif compacted(_segs(prev.into), _segs(cur.into)) or (
+    elif compacted(prev.marks(), cur.marks()) or (
         latest is not prev
-        and rewritten(_segs(latest.into), _segs(latest.out), _segs(cur.into), _segs(cur.out))
+        and rewritten(latest.marks(), _segs(latest.out), cur.marks(), _segs(cur.out))
     ):
         why = RESTARTED
     else:

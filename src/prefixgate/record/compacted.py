@@ -25,14 +25,14 @@ compaction, recorded with the same class, not a breaker.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from prefixgate.record.record import Segment
 from prefixgate.record.shape import COMPACTED
 
-__all__ = ["COMPACTED", "compacted", "rewritten", "summary_request"]
+__all__ = ["COMPACTED", "Marks", "compacted", "marks_of", "rewritten", "summary_request"]
 _MODEL_TURNS = (":assistant", ":function_call", ":custom_tool_call", ":reasoning")
 CODEX_TURN_METADATA = "x-codex-turn-metadata"  # a JSON string in ``client_metadata``
 
@@ -41,34 +41,53 @@ def _is_model_turn(s: Segment) -> bool:
     return s.kind == "message" and s.name.endswith(_MODEL_TURNS)
 
 
-def _model_turns(segments: Iterable[Segment]) -> int:
-    return sum(1 for s in segments if _is_model_turn(s))
+class Marks(NamedTuple):
+    """What :func:`compacted` and :func:`rewritten` look at in a request as received: how
+    many of the model's own turns it holds, and the hashes of its ``compaction`` items."""
+
+    model_turns: int
+    compactions: frozenset[str]
 
 
-def _compaction_items(segments: Iterable[Segment]) -> set[str]:
-    return {s.hash for s in segments if s.name.endswith(":compaction")}
+def marks_of(segments: Iterable[Segment]) -> Marks:
+    """One walk over the segments (a request's marks are kept with it, so that the next
+    request is compared without walking this one again)."""
+    turns = 0
+    items: set[str] = set()
+    for s in segments:
+        name = s.name
+        if name.endswith(_MODEL_TURNS):
+            if s.kind == "message":
+                turns += 1
+        elif name.endswith(":compaction"):
+            items.add(s.hash)
+    return Marks(turns, frozenset(items))
 
 
-def compacted(prev: Iterable[Segment], cur: Iterable[Segment]) -> bool:
-    """``cur`` (a request as received) holds a compacted form of ``prev``'s conversation."""
-    prev, cur = list(prev), list(cur)
-    if _compaction_items(cur) - _compaction_items(prev):
+def compacted(prev: Iterable[Segment] | Marks, cur: Iterable[Segment] | Marks) -> bool:
+    """``cur`` (a request as received) holds a compacted form of ``prev``'s conversation
+    (each given as its segments or as their :func:`marks_of`)."""
+    a = prev if isinstance(prev, Marks) else marks_of(prev)
+    b = cur if isinstance(cur, Marks) else marks_of(cur)
+    if b.compactions - a.compactions:
         return True
-    return _model_turns(cur) < _model_turns(prev)
+    return b.model_turns < a.model_turns
 
 
 def rewritten(
-    latest_in: Iterable[Segment],
+    latest_in: Iterable[Segment] | Marks,
     latest_out: Iterable[Segment],
-    cur_in: Iterable[Segment],
+    cur_in: Iterable[Segment] | Marks,
     cur_out: Iterable[Segment],
 ) -> bool:
     """``cur`` holds fewer of the model's turns than the session's latest request and
     still a message of its conversation from before the model's first turn there (by
     the hashes sent upstream: a client may re-encode an item it keeps). A request of
-    another thread (a sub-agent's) shares none of those messages."""
-    latest_out = list(latest_out)
-    if _model_turns(cur_in) >= _model_turns(latest_in):
+    another thread (a sub-agent's) shares none of those messages. ``latest_in`` and
+    ``cur_in``: the segments as received, or their :func:`marks_of`."""
+    a = latest_in if isinstance(latest_in, Marks) else marks_of(latest_in)
+    b = cur_in if isinstance(cur_in, Marks) else marks_of(cur_in)
+    if b.model_turns >= a.model_turns:
         return False
     before: set[str] = set()
     for s in latest_out:
