@@ -367,11 +367,11 @@ async def run(args) -> dict:
                 work.mkdir()
                 gw = Subject(name, work, up.url, gw_args)
                 gw.src = ref_src if "@" in name else None
-                if args.profile is not None and name not in ("litellm", RELAY):
+                if getattr(args, "profile", None) is not None and name not in ("litellm", RELAY):
                     args.profile.mkdir(parents=True, exist_ok=True)
                     gw.profile = args.profile / f"{name}.pstats"
                 if args.count:
-                    m = await count(gw, convo, warm, args.keep)
+                    m = await count(gw, convo, warm, getattr(args, "keep", None))
                     result["subjects"].append({"subject": name, **m})
                     continue
                 gw.start()
