@@ -79,7 +79,10 @@ SUBJECTS: dict[str, dict | None] = {
     "no-capture": {"capture_segments": False},
     "no-journal": {"journal_path": None},
     "no-store": None,
+    "defaults-pure": {},  # the defaults with the package's Python modules only (PURE_ENV)
 }
+PURE = "-pure"
+PURE_ENV = "PREFIXGATE_PURE"  # prefixgate/native.py: its compiled modules left unused
 RELAY = "bare-relay"  # the HTTP hop alone: overhead_floor.py
 COUNT_SETTLE = 3.0  # seconds under valgrind for the work a turn leaves for later
 WINDOW = 2  # turns either side of an index whose figures are averaged ("turn 10": 8..12)
@@ -228,6 +231,8 @@ class Subject(ov.Gateway):
         cfg = self.work / "config.json"
         cfg.write_text(json.dumps(config_for(base, self.port, self.upstream, self.work)))
         env = dict(os.environ)
+        if base.endswith(PURE):
+            env[PURE_ENV] = "1"
         if self.src is not None:
             env["PYTHONPATH"] = str(self.src)
         cmd = [sys.executable, "-m", "prefixgate.cli", "serve", "--config", str(cfg)]
