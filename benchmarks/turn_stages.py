@@ -17,7 +17,8 @@ Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed d
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
 through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the ledger's cache-model
-blocks).
+blocks), ``ledger`` (the ledger worker's computation of the turn's finished request, after
+the session's turns before it: the cache model's path, ``model_blocks`` included).
 """
 
 from __future__ import annotations
@@ -87,12 +88,14 @@ def inner(turn: int, stage: str) -> None:
         out = converted(typed, len(raw))
         return raw, body, typed, out, msgspec.json.encode(out)
 
+    history = []  # each turn's record, for the ledger's stage
     for k in range(turn):
         raw, body, typed, out, data = prep(k)
         before_rec = Record(
             request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid
         )
         take(before_rec, body, out, ch, None, raw, data)
+        history.append(before_rec)
     raw, body, typed, out, data = prep(turn)
 
     def capture() -> Record:
@@ -143,6 +146,10 @@ def inner(turn: int, stage: str) -> None:
             decode_messages_body(before_raw, limits, dturns, lambda _: sid)
 
         stages["decode_lent"] = decode_lent
+    if stage == "ledger":
+        ledger = _ledger_stage(ch, history, rec)
+        if ledger is not None:
+            stages["ledger"] = ledger
     if stage not in stages:
         print("missing", flush=True)
         return
@@ -150,6 +157,45 @@ def inner(turn: int, stage: str) -> None:
     _instrument()
     f(), f()  # warm
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
+
+
+def _ledger_stage(ch, history: list, rec):
+    """The ledger's work on the turn's finished request (``LedgerWorker.compute`` and
+    what keeps it: the model's path, a channel without engine events), each call on a
+    worker of its own that computed the session's turns before (REPS + 2 of them, built
+    before the count), so that every call finds the state the gateway's worker would."""
+    try:
+        from prefixgate.config import parse_config
+        from prefixgate.ledger.worker import LedgerWorker
+    except ImportError:
+        return None
+    config = parse_config({"channels": [{"name": ch.name, "base_url": ch.base_url}], "store": None})
+
+    def served(r):  # as the gateway finishes it: the fake upstream's usage
+        r.channel, r.replica = ch.name, ch.base_url
+        r.prompt_tokens, r.cached_tokens = 12000, 11520
+        return r
+
+    def run(w, r) -> None:
+        c = w.compute(r, None, None)
+        try:
+            c.send(None)  # the model's path awaits nothing
+        except StopIteration as stop:
+            if stop.value is not None:
+                w._done(stop.value, ch.name)
+        else:
+            raise SystemExit("the ledger's compute waited")
+
+    for r in (*history, rec):
+        served(r)
+    workers = []
+    for _ in range(REPS + 2):
+        w = LedgerWorker(config)
+        for r in history:
+            run(w, r)
+        workers.append(w)
+    left = iter(workers)
+    return lambda: run(next(left), rec)
 
 
 def _instrument() -> None:
@@ -188,7 +234,7 @@ def main() -> None:
     ap.add_argument("--turn", type=int, default=60)
     ap.add_argument(
         "--stages",
-        default="floor,decode,decode_lent,convert,convert_lent,encode,capture,model_blocks",
+        default="floor,decode,decode_lent,convert,convert_lent,encode,capture,model_blocks,ledger",
     )
     ap.add_argument("--src", type=Path, help="another tree's src directory")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)

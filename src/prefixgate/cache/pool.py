@@ -27,11 +27,15 @@ Choices where vLLM would queue or preempt instead (this model has no scheduler):
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice, takewhile
+from operator import is_, itemgetter, truth
 
 __all__ = ["BlockPool", "Handle"]
+
+_first = itemgetter(0)
 
 
 @dataclass(eq=False, slots=True)
@@ -73,6 +77,10 @@ class BlockPool:
         self._ref: list[int] = []  # per block id: reference count
         self._cached: dict[Hashable, list[int]] = {}  # hash -> block ids, oldest first
         self._free: OrderedDict[int, None] = OrderedDict()  # LRU first
+        # the free queue's end: the last processed request's blocks (``process``), in
+        # chain order, and the hashes of its leading ones whose oldest copy they are
+        self._tail: list[int] = []
+        self._tail_hashes: list[Hashable] = []
         self._used = 0
         self._num_cached = 0
         self.hit_blocks = 0  # blocks served from the cache
@@ -112,13 +120,7 @@ class BlockPool:
 
     def longest_prefix(self, hashes: Sequence[Hashable]) -> int:
         """Number of leading ``hashes`` that are cached now."""
-        cached = self._cached
-        n = 0
-        for h in hashes:
-            if h not in cached:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self._cached.__contains__, hashes)))  # a loop in C
 
     def copies(self) -> dict[Hashable, int]:
         """Each cached hash and the number of blocks holding it (what an engine's events
@@ -128,6 +130,7 @@ class BlockPool:
     def free_order(self) -> list[Hashable | None]:
         """Hashes of the free blocks in eviction order (next victim first); for tests
         and inspection."""
+        self._settle()
         return [self._key[b] for b in self._free]
 
     # -- the request lifecycle -------------------------------------------------------
@@ -147,6 +150,7 @@ class BlockPool:
         blocks (the partial last block) are held too when the pool is bounded; they
         matter only for capacity and eviction order.
         """
+        self._settle()
         limit = len(hashes) if max_hit_blocks is None else max(0, min(max_hit_blocks, len(hashes)))
         hit = self.longest_prefix(hashes[:limit])
         handle = Handle(hit_blocks=hit)
@@ -165,6 +169,79 @@ class BlockPool:
         self._append_uncached(handle, extra_blocks)
         return handle
 
+    def process(
+        self,
+        hashes: Sequence[Hashable],
+        *,
+        max_hit_blocks: int | None = None,
+        extra_blocks: int = 0,
+    ) -> int:
+        """:meth:`acquire` then :meth:`release` at once (a request that finishes as it is
+        scheduled: untimed replay), its hit blocks returned; the pool is left as the two
+        calls leave it (the same blocks, hashes, free order, evictions and counters).
+
+        The blocks of the last request processed are kept apart, at the free queue's end
+        (``_tail``: the queue is ``_free`` then ``reversed(_tail)``): a request that
+        repeats that request's prefix finds those blocks where they are and where they
+        stay (its own blocks, released tail first, end the queue with them), so it costs
+        what its new blocks cost, not its length. Any other call settles them into the
+        queue first."""
+        if self._used:  # another request holds blocks: the two calls as they are
+            return self._acquire_release(hashes, max_hit_blocks, extra_blocks)
+        limit = len(hashes) if max_hit_blocks is None else max(0, min(max_hit_blocks, len(hashes)))
+        tail, known = self._tail, self._tail_hashes
+        # the leading hashes that are the last request's (each its hash's oldest copy)
+        k = len(list(takewhile(truth, map(is_, islice(hashes, limit), known))))
+        if k < len(tail):  # what of the last request this one does not repeat: queued
+            self._free.update(dict.fromkeys(reversed(tail[k:])))
+            del tail[k:]
+            del known[k:]
+        cached, free = self._cached, self._free
+        hit = k + self.longest_prefix(hashes[k:limit])
+        # nothing is held, so every cached block is queued: the hits beyond the kept
+        # blocks leave the free queue (as acquire holds them) while new blocks are found
+        more = list(map(_first, map(cached.__getitem__, islice(hashes, k, hit))))
+        if more and not (len(set(more)) == len(more) and all(map(free.__contains__, more))):
+            self._settle()  # a hash repeated in the prompt: the two calls
+            return self._acquire_release(hashes, max_hit_blocks, extra_blocks)
+        deque(map(free.__delitem__, more), maxlen=0)
+        self.hit_blocks += hit
+        tail += more
+        known += hashes[k:hit]
+        oldest = True  # the new blocks hold the first copy of their hash
+        complete = True
+        for h in islice(hashes, hit, None):
+            bid = self._take()
+            if bid is None:
+                complete = False
+                break
+            oldest = oldest and h not in cached
+            self._insert(h, bid)
+            tail.append(bid)
+            if oldest:
+                known.append(h)
+        if complete and self.num_blocks is not None:
+            for _ in range(extra_blocks):
+                bid = self._take()
+                if bid is None:
+                    break
+                tail.append(bid)
+        return hit
+
+    def _acquire_release(
+        self, hashes: Sequence[Hashable], max_hit_blocks: int | None, extra_blocks: int
+    ) -> int:
+        handle = self.acquire(hashes, max_hit_blocks=max_hit_blocks, extra_blocks=extra_blocks)
+        self.release(handle)
+        return handle.hit_blocks
+
+    def _settle(self) -> None:
+        """The last processed request's blocks into the free queue, where they stand."""
+        if self._tail:
+            self._free.update(dict.fromkeys(reversed(self._tail)))
+            self._tail.clear()
+            self._tail_hashes.clear()
+
     def extend(self, handle: Handle, hashes: Sequence[Hashable], extra_blocks: int = 0) -> None:
         """Cache more full blocks of a running request's chain (output tokens filled
         them), then make it hold ``extra_blocks`` uncached blocks after them. Uncached
@@ -173,6 +250,7 @@ class BlockPool:
             raise ValueError("handle already released")
         if not handle.complete:
             return  # the chain has a gap; later blocks cannot be cached
+        self._settle()
         self._append_hashed(handle, hashes)
         self._append_uncached(handle, extra_blocks)
 
@@ -180,6 +258,7 @@ class BlockPool:
         """A request finished: drop its references, tail first."""
         if handle.released:
             raise ValueError("handle already released")
+        self._settle()
         handle.released = True
         ref, key, free = self._ref, self._key, self._free
         bounded = self.num_blocks is not None
@@ -195,6 +274,7 @@ class BlockPool:
         """Forget every cached hash (vLLM's reset_prefix_cache); only when idle."""
         if self._used:
             raise RuntimeError("cannot clear the pool while blocks are in use")
+        self._settle()
         self._key.clear()
         self._ref.clear()
         self._cached.clear()
@@ -233,10 +313,20 @@ class BlockPool:
 
     def _allocate(self) -> int | None:
         """A block with reference count 1 and no hash, or ``None`` if the pool is full."""
+        bid = self._take()
+        if bid is not None:
+            self._ref[bid] = 1
+            self._used += 1
+        return bid
+
+    def _take(self) -> int | None:
+        """A block with no hash and reference count 0 that is in no queue (a new one, or
+        the least recently used free one, its hash evicted), or ``None`` if the pool is
+        full."""
         if self.num_blocks is None or len(self._key) < self.num_blocks:
             bid = len(self._key)
             self._key.append(None)
-            self._ref.append(1)
+            self._ref.append(0)
         elif self._free:
             bid, _ = self._free.popitem(last=False)
             old = self._key[bid]
@@ -245,10 +335,8 @@ class BlockPool:
                 self.evicted_blocks += 1
                 if self.on_evict is not None:
                     self.on_evict(old)
-            self._ref[bid] = 1
         else:
             return None
-        self._used += 1
         self.allocated_blocks += 1
         return bid
 
