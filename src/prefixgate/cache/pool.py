@@ -31,11 +31,28 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, takewhile
-from operator import is_, itemgetter, truth
+from operator import itemgetter
+from typing import Any
 
-__all__ = ["BlockPool", "Handle"]
+__all__ = ["BlockPool", "Handle", "common_prefix"]
 
 _first = itemgetter(0)
+
+
+def common_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many leading items the lists ``a`` and ``b`` share (equal; identical ones
+    compare at once), found by comparing slices in C: the whole, then halves."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[lo:hi] != b[lo:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(eq=False, slots=True)
@@ -191,7 +208,8 @@ class BlockPool:
         limit = len(hashes) if max_hit_blocks is None else max(0, min(max_hit_blocks, len(hashes)))
         tail, known = self._tail, self._tail_hashes
         # the leading hashes that are the last request's (each its hash's oldest copy)
-        k = len(list(takewhile(truth, map(is_, islice(hashes, limit), known))))
+        hashes = hashes if isinstance(hashes, list) else list(hashes)
+        k = common_prefix(hashes[:limit], known)
         if k < len(tail):  # what of the last request this one does not repeat: queued
             self._free.update(dict.fromkeys(reversed(tail[k:])))
             del tail[k:]
