@@ -17,7 +17,7 @@ Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed d
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
 through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the ledger's cache-model
-blocks), ``ledger`` (the ledger worker's computation of the turn's finished request, after
+blocks, as its worker names them: lent by the session's previous turn), ``ledger`` (the ledger worker's computation of the turn's finished request, after
 the session's turns before it: the cache model's path, ``model_blocks`` included).
 """
 
@@ -137,6 +137,13 @@ def inner(turn: int, stage: str) -> None:
         memo = BlockMemo()
         model_blocks(before_rec.segments_out, memo=memo)
         stages["model_blocks"] = lambda: model_blocks(rec.segments_out, memo=memo)
+    try:  # and goes on from the names of the session's turn 59, as the worker does
+        from prefixgate.ledger.cachemodel import name_blocks
+    except ImportError:
+        pass
+    else:
+        named = name_blocks(before_rec.segments_out, memo=memo)
+        stages["model_blocks"] = lambda: name_blocks(rec.segments_out, memo=memo, before=named)
     if lends:
         dturns, before_raw = SessionTurns(1 << 30), session[turn - 1][0]
         decode_messages_body(before_raw, limits, dturns, lambda _: sid)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, takewhile
+from itertools import takewhile
 from operator import itemgetter
 from typing import Any
 
@@ -218,7 +218,7 @@ class BlockPool:
         hit = k + self.longest_prefix(hashes[k:limit])
         # nothing is held, so every cached block is queued: the hits beyond the kept
         # blocks leave the free queue (as acquire holds them) while new blocks are found
-        more = list(map(_first, map(cached.__getitem__, islice(hashes, k, hit))))
+        more = list(map(_first, map(cached.__getitem__, hashes[k:hit])))
         if more and not (len(set(more)) == len(more) and all(map(free.__contains__, more))):
             self._settle()  # a hash repeated in the prompt: the two calls
             return self._acquire_release(hashes, max_hit_blocks, extra_blocks)
@@ -228,7 +228,7 @@ class BlockPool:
         known += hashes[k:hit]
         oldest = True  # the new blocks hold the first copy of their hash
         complete = True
-        for h in islice(hashes, hit, None):
+        for h in hashes[hit:]:
             bid = self._take()
             if bid is None:
                 complete = False

@@ -26,7 +26,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
-from itertools import islice
 
 from prefixgate.cache import PrefixCache
 from prefixgate.cache.pool import common_prefix
@@ -53,7 +52,7 @@ def model_blocks(
     (``tool`` segments are parts of ``tools``). ``memo``: what segments named before (an
     agent re-sends its conversation: a segment after the same chained key, with the same
     hash, at the same offset in a block, names the same blocks), looked up, not hashed."""
-    named = name_blocks(segments, block, memo)
+    named = name_blocks(list(segments), block, memo)
     return named.names, named.tokens
 
 
@@ -62,7 +61,7 @@ class Named:
     """A prompt's block names (:func:`name_blocks`), and where the walk stood before each
     of its segments, to go on from for a prompt that starts with the same segments."""
 
-    segments: Sequence[Segment]
+    segments: list[Segment]
     names: list
     tokens: int
     # before segment i (and after the last, at len(segments)): names so far, chained key,
@@ -73,7 +72,7 @@ class Named:
 
 
 def name_blocks(
-    segments: Sequence[Segment],
+    segments: list[Segment],
     block: int = MODEL_BLOCK,
     memo: BlockMemo | None = None,
     before: Named | None = None,
@@ -90,12 +89,12 @@ def name_blocks(
     starts: list[int] = []
     j = 0
     if before is not None:
-        j = common_prefix(list(segments), list(before.segments))
+        j = common_prefix(segments, before.segments)
         if j:
             names = before.names[: before.counts[j]]
             key, start = before.keys[j], before.starts[j]
             counts, keys, starts = before.counts[:j], before.keys[:j], before.starts[:j]
-    for s in islice(segments, j, None):
+    for s in segments[j:]:
         counts.append(len(names))
         keys.append(key)
         starts.append(start)
@@ -177,6 +176,7 @@ class ReplicaModels:
         return c
 
     def _names(self, segments: Sequence[Segment], session: Hashable | None) -> Named:
+        segments = segments if isinstance(segments, list) else list(segments)
         if session is None:
             return name_blocks(segments, self.block_size, self._memo)
         before = self._named.pop(session, None)
