@@ -16,9 +16,11 @@ Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed d
 ``convert`` (to Chat, alone), ``convert_lent`` (the same lent by the session's previous
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
-through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the ledger's cache-model
-blocks, as its worker names them: lent by the session's previous turn), ``ledger`` (the ledger worker's computation of the turn's finished request, after
-the session's turns before it: the cache model's path, ``model_blocks`` included).
+through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the
+ledger's cache-model blocks, named as its worker names them: gone on from the session's
+previous turn), ``ledger`` (the ledger worker's computation of the turn's finished
+request after the session's turns before it: the cache model's path, ``model_blocks``
+included).
 """
 
 from __future__ import annotations

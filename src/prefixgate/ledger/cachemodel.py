@@ -18,6 +18,10 @@ in estimated tokens scaled to the request's real ``prompt_tokens`` (coarse: a bl
 about ``MODEL_BLOCK`` tokens, and the estimates are about 4 characters a token). Then the
 prompt is stored on the serving replica's model, as the engine does. A 48k-token prompt
 costs about 0.2 ms (one hash per segment, a few hundred blocks), not one hash per block.
+A session's next turn costs what its new tail costs: its names go on from those of the
+session's last prompt after the segments equal to it (:func:`name_blocks`), and the
+replica's pool keeps the last prompt's blocks where they stand
+(:meth:`~prefixgate.cache.pool.BlockPool.process`).
 """
 
 from __future__ import annotations
