@@ -1,6 +1,7 @@
 """Instructions of each stage of a Claude Code turn, in-process, counted by callgrind.
 
     python benchmarks/turn_stages.py [--turn 60] [--stages capture,convert,…] [--src DIR]
+                                     [--beside N]
 
 One session of ``agent_turns.py`` (the traffic generator's Claude Code shape) is run
 through the request path's stages in one process up to turn ``--turn`` - 1 (so the
@@ -38,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 REPS = 10
 
 
-def inner(turn: int, stage: str) -> None:
+def inner(turn: int, stage: str, beside: int = 0) -> None:
     """Run under valgrind: the session up to ``turn``, then ``stage`` REPS times."""
     sys.path.insert(0, str(HERE))
     import agent_turns as at
@@ -155,8 +156,20 @@ def inner(turn: int, stage: str) -> None:
             decode_messages_body(before_raw, limits, dturns, lambda _: sid)
 
         stages["decode_lent"] = decode_lent
+    others: list[list] = []  # --beside: other sessions' records, turn by turn
+    for other in at.sessions(beside + 1, turn + 1)[1:] if stage == "ledger" else []:
+        osid = other[0][1]["X-Claude-Code-Session-Id"]
+        oturns, kept = SessionTurns(1 << 30), []
+        for k in range(turn + 1):
+            oraw = other[k][0]
+            obody = decode_messages_body(oraw, limits)
+            oout = oturns.convert(("o", osid), hygienic(obody.typed), opts, len(oraw))
+            orec = Record(request_id=f"o{k}", received_at=0.0, endpoint="messages", session_id=osid)
+            take(orec, obody, oout, ch, None, oraw, msgspec.json.encode(oout))
+            kept.append(orec)
+        others.append(kept)
     if stage == "ledger":
-        ledger = _ledger_stage(ch, history, rec)
+        ledger = _ledger_stage(ch, history, rec, others)
         if ledger is not None:
             stages["ledger"] = ledger
     if stage not in stages:
@@ -168,11 +181,13 @@ def inner(turn: int, stage: str) -> None:
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
 
 
-def _ledger_stage(ch, history: list, rec):
+def _ledger_stage(ch, history: list, rec, others: list[list]):
     """The ledger's work on the turn's finished request (``LedgerWorker.compute`` and
     what keeps it: the model's path, a channel without engine events), each call on a
     worker of its own that computed the session's turns before (REPS + 2 of them, built
-    before the count), so that every call finds the state the gateway's worker would."""
+    before the count), so that every call finds the state the gateway's worker would.
+    ``others``: sessions served beside it on the same replica, each turn of theirs before
+    the session's same turn."""
     try:
         from prefixgate.config import parse_config
         from prefixgate.ledger.worker import LedgerWorker
@@ -195,12 +210,16 @@ def _ledger_stage(ch, history: list, rec):
         else:
             raise SystemExit("the ledger's compute waited")
 
-    for r in (*history, rec):
+    before = []
+    for k, r in enumerate(history):
+        before += [o[k] for o in others] + [r]
+    before += [o[len(history)] for o in others]
+    for r in (*before, rec):
         served(r)
     workers = []
     for _ in range(REPS + 2):
         w = LedgerWorker(config)
-        for r in history:
+        for r in before:
             run(w, r)
         workers.append(w)
     left = iter(workers)
@@ -220,7 +239,7 @@ def _instrument() -> None:
         sum(range(1000))
 
 
-def count(turn: int, stage: str, src: Path | None) -> float | None:
+def count(turn: int, stage: str, src: Path | None, beside: int = 0) -> float | None:
     env = {**os.environ, "TURN_STAGES_UNDER_VALGRIND": "1"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
@@ -228,7 +247,8 @@ def count(turn: int, stage: str, src: Path | None) -> float | None:
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                "--toggle-collect=builtin_exec*",
                f"--callgrind-out-file={tmp}/out", sys.executable, __file__,
-               "--inner", "--turn", str(turn), "--stages", stage]  # fmt: skip
+               "--inner", "--turn", str(turn), "--stages", stage,
+               "--beside", str(beside)]  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if "missing" in done.stdout:
         return None
@@ -246,15 +266,22 @@ def main() -> None:
         default="floor,decode,decode_lent,convert,convert_lent,encode,capture,model_blocks,ledger",
     )
     ap.add_argument("--src", type=Path, help="another tree's src directory")
+    ap.add_argument(
+        "--beside",
+        type=int,
+        default=0,
+        help="the ledger stage: this many other sessions served on the same replica, "
+        "each turn of theirs before the session's same turn",
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
-        inner(args.turn, args.stages)
+        inner(args.turn, args.stages, args.beside)
         return
-    empty = count(args.turn, "empty", args.src)
+    empty = count(args.turn, "empty", args.src, args.beside)
     print(f"turn {args.turn}: M instructions a stage (callgrind)")
     for stage in args.stages.split(","):
-        got = count(args.turn, stage, args.src)
+        got = count(args.turn, stage, args.src, args.beside)
         if got is None:
             print(f"{stage:<14}{'(not in this tree)':>20}")
             continue

@@ -276,7 +276,7 @@ def _state(pool: BlockPool) -> tuple:
         pool._key,
         pool._ref,
         pool._cached,
-        [*pool._free, *reversed(pool._tail)],  # the queue, its kept end included
+        [*pool._free, *(b for run in pool._runs for b in reversed(run.blocks))],  # the queue
         pool._used,
         pool._num_cached,
         pool.hit_blocks,

@@ -37,6 +37,16 @@ from typing import Any
 __all__ = ["BlockPool", "Handle", "common_prefix"]
 
 _first = itemgetter(0)
+RUNS_MAX = 64  # runs kept apart at the free queue's end (BlockPool.process)
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    """Blocks a processed request released, in chain order (queued tail first), and the
+    hashes of the leading ones, each of which it holds the oldest copy of."""
+
+    blocks: list[int]
+    known: list[Hashable]
 
 
 def common_prefix(a: list[Any], b: list[Any]) -> int:
@@ -94,10 +104,11 @@ class BlockPool:
         self._ref: list[int] = []  # per block id: reference count
         self._cached: dict[Hashable, list[int]] = {}  # hash -> block ids, oldest first
         self._free: OrderedDict[int, None] = OrderedDict()  # LRU first
-        # the free queue's end: the last processed request's blocks (``process``), in
-        # chain order, and the hashes of its leading ones whose oldest copy they are
-        self._tail: list[int] = []
-        self._tail_hashes: list[Hashable] = []
+        # the free queue's end: runs of the blocks of requests ``process`` ran, oldest
+        # first (the queue is ``_free`` then each run's blocks reversed), and each run by
+        # its first kept hash
+        self._runs: OrderedDict[_Run, None] = OrderedDict()
+        self._starts: dict[Hashable, _Run] = {}
         self._used = 0
         self._num_cached = 0
         self.hit_blocks = 0  # blocks served from the cache
@@ -197,34 +208,50 @@ class BlockPool:
         scheduled: untimed replay), its hit blocks returned; the pool is left as the two
         calls leave it (the same blocks, hashes, free order, evictions and counters).
 
-        The blocks of the last request processed are kept apart, at the free queue's end
-        (``_tail``: the queue is ``_free`` then ``reversed(_tail)``): a request that
-        repeats that request's prefix finds those blocks where they are and where they
-        stay (its own blocks, released tail first, end the queue with them), so it costs
-        what its new blocks cost, not its length. Any other call settles them into the
-        queue first."""
+        The blocks of the requests processed last are kept apart at the free queue's end,
+        as runs in chain order (up to :data:`RUNS_MAX`): a request whose hits are the
+        starts of runs takes each start by one comparison of lists, the rest of the run
+        staying where it stood, and those blocks, released tail first, end the queue in
+        the same order as a run of its own: they are not moved one by one. So a request
+        costs what its new blocks cost, not its length. Any other call settles the runs
+        into the queue first."""
         if self._used:  # another request holds blocks: the two calls as they are
             return self._acquire_release(hashes, max_hit_blocks, extra_blocks)
         limit = len(hashes) if max_hit_blocks is None else max(0, min(max_hit_blocks, len(hashes)))
-        tail, known = self._tail, self._tail_hashes
-        # the leading hashes that are the last request's (each its hash's oldest copy)
         hashes = hashes if isinstance(hashes, list) else list(hashes)
-        k = common_prefix(hashes[:limit], known)
-        if k < len(tail):  # what of the last request this one does not repeat: queued
-            self._free.update(dict.fromkeys(reversed(tail[k:])))
-            del tail[k:]
-            del known[k:]
+        runs, starts = self._runs, self._starts
+        taken: list[tuple[_Run, int]] = []  # the starts of runs the hits are, in order
+        k = 0
+        while k < limit:
+            run = starts.get(hashes[k])
+            if run is None or any(r is run for r, _ in taken):
+                break
+            q = common_prefix(hashes[k:limit], run.known)
+            taken.append((run, q))
+            k += q
         cached, free = self._cached, self._free
         hit = k + self.longest_prefix(hashes[k:limit])
-        # nothing is held, so every cached block is queued: the hits beyond the kept
-        # blocks leave the free queue (as acquire holds them) while new blocks are found
+        # nothing is held, so every cached block is queued: the hits beyond the runs'
+        # starts leave the free queue (as acquire holds them) while new blocks are found
         more = list(map(_first, map(cached.__getitem__, hashes[k:hit])))
         if more and not (len(set(more)) == len(more) and all(map(free.__contains__, more))):
             self._settle()  # a hash repeated in the prompt: the two calls
             return self._acquire_release(hashes, max_hit_blocks, extra_blocks)
+        blocks: list[int] = []
+        known: list[Hashable] = []
+        for run, q in taken:  # each run's start taken, the rest left where it stands
+            blocks += run.blocks[:q]
+            known += run.known[:q]
+            del starts[run.known[0]]
+            del run.blocks[:q]
+            del run.known[:q]
+            if run.known:
+                starts[run.known[0]] = run
+            if not run.blocks:
+                del runs[run]
         deque(map(free.__delitem__, more), maxlen=0)
         self.hit_blocks += hit
-        tail += more
+        blocks += more
         known += hashes[k:hit]
         oldest = True  # the new blocks hold the first copy of their hash
         complete = True
@@ -235,7 +262,7 @@ class BlockPool:
                 break
             oldest = oldest and h not in cached
             self._insert(h, bid)
-            tail.append(bid)
+            blocks.append(bid)
             if oldest:
                 known.append(h)
         if complete and self.num_blocks is not None:
@@ -243,7 +270,14 @@ class BlockPool:
                 bid = self._take()
                 if bid is None:
                     break
-                tail.append(bid)
+                blocks.append(bid)
+        if blocks:
+            run = _Run(blocks, known)
+            runs[run] = None
+            if known:
+                starts[known[0]] = run
+            if len(runs) > RUNS_MAX:
+                self._settle_oldest()
         return hit
 
     def _acquire_release(
@@ -253,12 +287,17 @@ class BlockPool:
         self.release(handle)
         return handle.hit_blocks
 
+    def _settle_oldest(self) -> None:
+        """The oldest run into the free queue, where it stands (right after it)."""
+        run, _ = self._runs.popitem(last=False)
+        if run.known:
+            del self._starts[run.known[0]]
+        self._free.update(dict.fromkeys(reversed(run.blocks)))
+
     def _settle(self) -> None:
-        """The last processed request's blocks into the free queue, where they stand."""
-        if self._tail:
-            self._free.update(dict.fromkeys(reversed(self._tail)))
-            self._tail.clear()
-            self._tail_hashes.clear()
+        """Every run into the free queue, where they stand."""
+        while self._runs:
+            self._settle_oldest()
 
     def extend(self, handle: Handle, hashes: Sequence[Hashable], extra_blocks: int = 0) -> None:
         """Cache more full blocks of a running request's chain (output tokens filled
@@ -345,7 +384,9 @@ class BlockPool:
             bid = len(self._key)
             self._key.append(None)
             self._ref.append(0)
-        elif self._free:
+        elif self._free or self._runs:
+            if not self._free:  # the oldest run is next in the queue
+                self._settle_oldest()
             bid, _ = self._free.popitem(last=False)
             old = self._key[bid]
             if old is not None:
