@@ -20,7 +20,7 @@ prompt is stored on the serving replica's model, as the engine does. A 48k-token
 costs about 0.2 ms (one hash per segment, a few hundred blocks), not one hash per block.
 A session's next turn costs what its new tail costs: its names go on from those of the
 session's last prompt after the segments equal to it (:func:`name_blocks`), and the
-replica's pool keeps the last prompt's blocks where they stand
+replica's pool keeps the blocks of the prompts it stored last where they stand
 (:meth:`~prefixgate.cache.pool.BlockPool.process`).
 """
 
