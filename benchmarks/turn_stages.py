@@ -1,6 +1,7 @@
 """Instructions of each stage of a Claude Code turn, in-process, counted by callgrind.
 
     python benchmarks/turn_stages.py [--turn 60] [--stages capture,convert,…] [--src DIR]
+                                     [--beside N]
 
 One session of ``agent_turns.py`` (the traffic generator's Claude Code shape) is run
 through the request path's stages in one process up to turn ``--turn`` - 1 (so the
@@ -16,9 +17,12 @@ Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed d
 ``convert`` (to Chat, alone), ``convert_lent`` (the same lent by the session's previous
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
-through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the ledger's cache-model
-blocks), ``journal`` (the record encoded as the journal appends it), ``row`` (the record's
-row in the store, as the writer makes it).
+through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the
+ledger's cache-model blocks, named as its worker names them: gone on from the session's
+previous turn), ``ledger`` (the ledger worker's computation of the turn's finished
+request after the session's turns before it: the cache model's path, ``model_blocks``
+included), ``journal`` (the record encoded as the journal appends it), ``row`` (the
+record's row in the store, as the writer makes it).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 REPS = 10
 
 
-def inner(turn: int, stage: str) -> None:
+def inner(turn: int, stage: str, beside: int = 0) -> None:
     """Run under valgrind: the session up to ``turn``, then ``stage`` REPS times."""
     sys.path.insert(0, str(HERE))
     import agent_turns as at
@@ -88,12 +92,14 @@ def inner(turn: int, stage: str) -> None:
         out = converted(typed, len(raw))
         return raw, body, typed, out, msgspec.json.encode(out)
 
+    history = []  # each turn's record, for the ledger's stage
     for k in range(turn):
         raw, body, typed, out, data = prep(k)
         before_rec = Record(
             request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid
         )
         take(before_rec, body, out, ch, None, raw, data)
+        history.append(before_rec)
     raw, body, typed, out, data = prep(turn)
 
     def capture() -> Record:
@@ -142,6 +148,13 @@ def inner(turn: int, stage: str) -> None:
         memo = BlockMemo()
         model_blocks(before_rec.segments_out, memo=memo)
         stages["model_blocks"] = lambda: model_blocks(rec.segments_out, memo=memo)
+    try:  # and goes on from the names of the session's turn 59, as the worker does
+        from prefixgate.ledger.cachemodel import name_blocks
+    except ImportError:
+        pass
+    else:
+        named = name_blocks(before_rec.segments_out, memo=memo)
+        stages["model_blocks"] = lambda: name_blocks(rec.segments_out, memo=memo, before=named)
     if lends:
         dturns, before_raw = SessionTurns(1 << 30), session[turn - 1][0]
         decode_messages_body(before_raw, limits, dturns, lambda _: sid)
@@ -151,6 +164,22 @@ def inner(turn: int, stage: str) -> None:
             decode_messages_body(before_raw, limits, dturns, lambda _: sid)
 
         stages["decode_lent"] = decode_lent
+    others: list[list] = []  # --beside: other sessions' records, turn by turn
+    for other in at.sessions(beside + 1, turn + 1)[1:] if stage == "ledger" else []:
+        osid = other[0][1]["X-Claude-Code-Session-Id"]
+        oturns, kept = SessionTurns(1 << 30), []
+        for k in range(turn + 1):
+            oraw = other[k][0]
+            obody = decode_messages_body(oraw, limits)
+            oout = oturns.convert(("o", osid), hygienic(obody.typed), opts, len(oraw))
+            orec = Record(request_id=f"o{k}", received_at=0.0, endpoint="messages", session_id=osid)
+            take(orec, obody, oout, ch, None, oraw, msgspec.json.encode(oout))
+            kept.append(orec)
+        others.append(kept)
+    if stage == "ledger":
+        ledger = _ledger_stage(ch, history, rec, others)
+        if ledger is not None:
+            stages["ledger"] = ledger
     if stage not in stages:
         print("missing", flush=True)
         return
@@ -158,6 +187,51 @@ def inner(turn: int, stage: str) -> None:
     _instrument()
     f(), f()  # warm
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
+
+
+def _ledger_stage(ch, history: list, rec, others: list[list]):
+    """The ledger's work on the turn's finished request (``LedgerWorker.compute`` and
+    what keeps it: the model's path, a channel without engine events), each call on a
+    worker of its own that computed the session's turns before (REPS + 2 of them, built
+    before the count), so that every call finds the state the gateway's worker would.
+    ``others``: sessions served beside it on the same replica, each turn of theirs before
+    the session's same turn."""
+    try:
+        from prefixgate.config import parse_config
+        from prefixgate.ledger.worker import LedgerWorker
+    except ImportError:
+        return None
+    config = parse_config({"channels": [{"name": ch.name, "base_url": ch.base_url}], "store": None})
+
+    def served(r):  # as the gateway finishes it: the fake upstream's usage
+        r.channel, r.replica = ch.name, ch.base_url
+        r.prompt_tokens, r.cached_tokens = 12000, 11520
+        return r
+
+    def run(w, r) -> None:
+        c = w.compute(r, None, None)
+        try:
+            c.send(None)  # the model's path awaits nothing
+        except StopIteration as stop:
+            if stop.value is not None:
+                w._done(stop.value, ch.name)
+        else:
+            raise SystemExit("the ledger's compute waited")
+
+    before = []
+    for k, r in enumerate(history):
+        before += [o[k] for o in others] + [r]
+    before += [o[len(history)] for o in others]
+    for r in (*before, rec):
+        served(r)
+    workers = []
+    for _ in range(REPS + 2):
+        w = LedgerWorker(config)
+        for r in before:
+            run(w, r)
+        workers.append(w)
+    left = iter(workers)
+    return lambda: run(next(left), rec)
 
 
 def _instrument() -> None:
@@ -173,7 +247,7 @@ def _instrument() -> None:
         sum(range(1000))
 
 
-def count(turn: int, stage: str, src: Path | None) -> float | None:
+def count(turn: int, stage: str, src: Path | None, beside: int = 0) -> float | None:
     env = {**os.environ, "TURN_STAGES_UNDER_VALGRIND": "1"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
@@ -181,7 +255,8 @@ def count(turn: int, stage: str, src: Path | None) -> float | None:
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                "--toggle-collect=builtin_exec*",
                f"--callgrind-out-file={tmp}/out", sys.executable, __file__,
-               "--inner", "--turn", str(turn), "--stages", stage]  # fmt: skip
+               "--inner", "--turn", str(turn), "--stages", stage,
+               "--beside", str(beside)]  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if "missing" in done.stdout:
         return None
@@ -196,18 +271,25 @@ def main() -> None:
     ap.add_argument("--turn", type=int, default=60)
     ap.add_argument(
         "--stages",
-        default="floor,decode,decode_lent,convert,convert_lent,encode,capture,model_blocks",
+        default="floor,decode,decode_lent,convert,convert_lent,encode,capture,model_blocks,ledger",
     )
     ap.add_argument("--src", type=Path, help="another tree's src directory")
+    ap.add_argument(
+        "--beside",
+        type=int,
+        default=0,
+        help="the ledger stage: this many other sessions served on the same replica, "
+        "each turn of theirs before the session's same turn",
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
-        inner(args.turn, args.stages)
+        inner(args.turn, args.stages, args.beside)
         return
-    empty = count(args.turn, "empty", args.src)
+    empty = count(args.turn, "empty", args.src, args.beside)
     print(f"turn {args.turn}: M instructions a stage (callgrind)")
     for stage in args.stages.split(","):
-        got = count(args.turn, stage, args.src)
+        got = count(args.turn, stage, args.src, args.beside)
         if got is None:
             print(f"{stage:<14}{'(not in this tree)':>20}")
             continue

@@ -269,3 +269,66 @@ def test_matches_naive_reference(reqs: list[tuple[str, int, int, bool]], capacit
         while expect < 6 and ref.lookup(f"{name}{expect}") is not None:
             expect += 1
         assert pool.longest_prefix(chain(name, 6)) == expect
+
+
+def _state(pool: BlockPool) -> tuple:
+    return (
+        pool._key,
+        pool._ref,
+        pool._cached,
+        [*pool._free, *(b for run in pool._runs for b in reversed(run.blocks))],  # the queue
+        pool._used,
+        pool._num_cached,
+        pool.hit_blocks,
+        pool.allocated_blocks,
+        pool.evicted_blocks,
+    )
+
+
+processes = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from("abcdef"), max_size=8),  # the prompt's block hashes
+        st.integers(min_value=0, max_value=9),  # hit cap (the last-token rule)
+        st.integers(min_value=0, max_value=2),  # uncached blocks (the partial one)
+        st.integers(min_value=0, max_value=3),  # 0: processed; else held this many more steps
+        st.booleans(),  # the very hash objects of earlier prompts (else equal ones)
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(processes, st.one_of(st.none(), st.integers(min_value=0, max_value=12)))
+def test_process_leaves_the_pool_as_acquire_and_release_do(reqs, capacity) -> None:
+    """``process`` against ``acquire`` then ``release``, on prompts that share prefixes,
+    repeat a hash, outgrow the pool, and beside requests that hold their blocks."""
+    evicted: tuple[list, list] = ([], [])
+    fast = BlockPool(1, capacity, on_evict=evicted[0].append)
+    slow = BlockPool(1, capacity, on_evict=evicted[1].append)
+    held: list[tuple[int, Handle, Handle]] = []
+    seen: dict[str, str] = {}
+    for letters, cap, extra, hold, same in reqs:
+        hashes = ["".join(letters[: i + 1]) for i in range(len(letters))]  # a chain
+        hashes += letters[len(letters) // 2 :]  # and blocks that may repeat a hash
+        if same:
+            hashes = [seen.setdefault(h, h) for h in hashes]
+        if hold:
+            a = fast.acquire(hashes, max_hit_blocks=cap, extra_blocks=extra)
+            b = slow.acquire(hashes, max_hit_blocks=cap, extra_blocks=extra)
+            assert a.blocks == b.blocks
+            held.append((hold, a, b))
+        else:
+            handle = slow.acquire(hashes, max_hit_blocks=cap, extra_blocks=extra)
+            slow.release(handle)
+            assert fast.process(hashes, max_hit_blocks=cap, extra_blocks=extra) == (
+                handle.hit_blocks
+            )
+        for step in list(held):
+            held.remove(step)
+            if step[0] == 1:
+                fast.release(step[1])
+                slow.release(step[2])
+            else:
+                held.append((step[0] - 1, step[1], step[2]))
+        assert _state(fast) == _state(slow)
+        assert evicted[0] == evicted[1]

@@ -1,5 +1,6 @@
 """The ledger worker's own parts: a turn's tokens hash only their new tail, the queue is
-bounded, the cache model names blocks without hashing each one."""
+bounded, the cache model names blocks without hashing each one, and goes on from the
+session's previous turn with the ledgers computed afresh."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefixgate.cache import PrefixCache
+from prefixgate.cache.pool import common_prefix
 from prefixgate.config import parse_config
 from prefixgate.events import content_keys
-from prefixgate.ledger.cachemodel import BlockMemo, ReplicaModels, model_blocks
-from prefixgate.ledger.worker import LedgerWorker
+from prefixgate.ledger.cachemodel import BlockMemo, ReplicaModels, model_blocks, name_blocks
+from prefixgate.ledger.worker import LedgerWorker, _first_changed
 from prefixgate.record import Record
 from prefixgate.record.record import Segment
+from prefixgate.record.segments import first_changed
 
 
 def worker(**kw) -> LedgerWorker:
@@ -122,3 +126,102 @@ def test_the_gateway_without_a_ledger_takes_what_the_worker_takes() -> None:
         inspect.signature(LedgerWorker.feed).parameters
     )
     NullLedger().feed(Record(request_id="a", received_at=1.0), {}, None)
+
+
+# -- a session's ledgers, gone on from its previous turn, against each computed afresh --------
+
+
+class _AfreshCache(PrefixCache):
+    """The cache model's request as ``begin_blocks`` then ``end`` (the pool walked)."""
+
+    def process_blocks(self, block_hashes, num_tokens):
+        lease = self.begin_blocks(block_hashes, num_tokens)
+        self.end(lease)
+        return lease.result
+
+
+class _Afresh(ReplicaModels):
+    """Every prompt named from nothing (no memo, no previous turn), stored the long way."""
+
+    def _names(self, segments, session):
+        return name_blocks(segments, self.block_size)
+
+    def _cache(self, replica: str) -> PrefixCache:
+        c = self._caches.get(replica)
+        if c is None:
+            c = self._caches[replica] = _AfreshCache(self.block_size, self.capacity_tokens)
+        return c
+
+
+_step = st.tuples(
+    st.sampled_from(["grow", "grow", "grow", "edit", "compact", "copy", "again"]),
+    st.sampled_from(["s1", "s2"]),  # two sessions, interleaved
+    st.sampled_from(["r1", "r1", "r2"]),  # on one replica mostly
+    st.integers(0, 10_000),  # where an edit lands, and what it writes
+    st.integers(0, 700),  # a new segment's tokens
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_step, min_size=1, max_size=30), st.sampled_from([1 << 20, 256 * 24]))
+def test_a_sessions_ledgers_are_those_computed_afresh(steps, capacity) -> None:
+    """Each turn's ledger from a worker that goes on from the session's previous turn (its
+    names, the pool's kept blocks) equals the one from a worker that computes every turn
+    from nothing: growing turns, an edited history, a compaction, equal segments that are
+    not the same objects, two sessions and two replicas, a pool that evicts."""
+    fast = worker(model_capacity_tokens=capacity)
+    slow = worker(model_capacity_tokens=capacity)
+    slow._models["c"] = _Afresh(capacity_tokens=capacity)
+    prompts: dict[str, list[Segment]] = {}
+    for n, (op, session, replica, at, tokens) in enumerate(steps):
+        p = prompts.get(session) or [seg("tools", 300, "tools"), seg("tool-x", 99, "tool")]
+        fresh = seg(f"m{n}", tokens)
+        if op == "grow":
+            p = [*p, fresh]
+        elif op == "edit" and len(p) > 2:
+            i = 2 + at % (len(p) - 2)
+            p = [*p[:i], seg(f"e{n}", tokens), *p[i + 1 :]]
+        elif op == "compact":
+            p = [*p[:2], seg(f"summary{n}", tokens), fresh]
+        elif op == "copy":  # equal segments, other objects
+            p = [Segment(s.kind, s.name, s.hash, s.chars, s.tokens) for s in p]
+        before, prompts[session] = prompts.get(session), p
+        if before is not None:  # the change found past the equal start: as found afresh
+            assert _first_changed(before, p) == first_changed(before, p)
+        rec = Record(
+            request_id=str(n),
+            received_at=float(n),
+            session_id=session,
+            channel="c",
+            replica=replica,
+            prompt_tokens=2 * sum(s.tokens for s in p if s.kind != "tool") + at % 3,
+            cached_tokens=at % 500 if at % 4 else None,
+            segments_out=p,
+        )
+        got = [asyncio.run(w.compute(rec, None)) for w in (fast, slow)]
+        assert got[0] == got[1]
+    for name, cache in fast._models["c"]._caches.items():
+        afresh = slow._models["c"]._caches[name].pool
+        assert cache.pool.free_order() == afresh.free_order()
+        assert cache.pool.copies() == afresh.copies()
+
+
+def test_the_names_kept_for_sessions_are_bounded() -> None:
+    """The block names kept per session (to go on from) stay within ``named_limit``, the
+    least recent session's dropped first; a prompt bigger than the bound is not kept."""
+    m = ReplicaModels(256, named_limit=40)
+    for i in range(30):
+        m.see("r1", [seg("tools", 300, "tools"), seg(f"m{i}", 2000)], 5000, session=i)
+        assert m._named_count == sum(len(n.names) + len(n.counts) for n in m._named.values())
+        assert m._named_count <= 40
+    assert list(m._named) == [27, 28, 29]  # 12 each: 9 names and 3 marks
+    m.see("r1", [seg("tools", 300, "tools"), seg("huge", 20_000)], 5000, session="big")
+    assert "big" not in m._named and m._named_count <= 40
+
+
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
+def test_common_prefix_is_the_leading_run_of_equal_items(a, b) -> None:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert common_prefix(a, b) == n

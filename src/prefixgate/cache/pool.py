@@ -27,11 +27,42 @@ Choices where vLLM would queue or preempt instead (this model has no scheduler):
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
+from operator import itemgetter
+from typing import Any
 
-__all__ = ["BlockPool", "Handle"]
+__all__ = ["BlockPool", "Handle", "common_prefix"]
+
+_first = itemgetter(0)
+RUNS_MAX = 64  # runs kept apart at the free queue's end (BlockPool.process)
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    """Blocks a processed request released, in chain order (queued tail first), and the
+    hashes of the leading ones, each of which it holds the oldest copy of."""
+
+    blocks: list[int]
+    known: list[Hashable]
+
+
+def common_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many leading items the lists ``a`` and ``b`` share (equal; identical ones
+    compare at once), found by comparing slices in C: the whole, then halves."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[lo:hi] != b[lo:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(eq=False, slots=True)
@@ -73,6 +104,11 @@ class BlockPool:
         self._ref: list[int] = []  # per block id: reference count
         self._cached: dict[Hashable, list[int]] = {}  # hash -> block ids, oldest first
         self._free: OrderedDict[int, None] = OrderedDict()  # LRU first
+        # the free queue's end: runs of the blocks of requests ``process`` ran, oldest
+        # first (the queue is ``_free`` then each run's blocks reversed), and each run by
+        # its first kept hash
+        self._runs: OrderedDict[_Run, None] = OrderedDict()
+        self._starts: dict[Hashable, _Run] = {}
         self._used = 0
         self._num_cached = 0
         self.hit_blocks = 0  # blocks served from the cache
@@ -112,13 +148,7 @@ class BlockPool:
 
     def longest_prefix(self, hashes: Sequence[Hashable]) -> int:
         """Number of leading ``hashes`` that are cached now."""
-        cached = self._cached
-        n = 0
-        for h in hashes:
-            if h not in cached:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self._cached.__contains__, hashes)))  # a loop in C
 
     def copies(self) -> dict[Hashable, int]:
         """Each cached hash and the number of blocks holding it (what an engine's events
@@ -128,6 +158,7 @@ class BlockPool:
     def free_order(self) -> list[Hashable | None]:
         """Hashes of the free blocks in eviction order (next victim first); for tests
         and inspection."""
+        self._settle()
         return [self._key[b] for b in self._free]
 
     # -- the request lifecycle -------------------------------------------------------
@@ -147,6 +178,7 @@ class BlockPool:
         blocks (the partial last block) are held too when the pool is bounded; they
         matter only for capacity and eviction order.
         """
+        self._settle()
         limit = len(hashes) if max_hit_blocks is None else max(0, min(max_hit_blocks, len(hashes)))
         hit = self.longest_prefix(hashes[:limit])
         handle = Handle(hit_blocks=hit)
@@ -165,6 +197,108 @@ class BlockPool:
         self._append_uncached(handle, extra_blocks)
         return handle
 
+    def process(
+        self,
+        hashes: Sequence[Hashable],
+        *,
+        max_hit_blocks: int | None = None,
+        extra_blocks: int = 0,
+    ) -> int:
+        """:meth:`acquire` then :meth:`release` at once (a request that finishes as it is
+        scheduled: untimed replay), its hit blocks returned; the pool is left as the two
+        calls leave it (the same blocks, hashes, free order, evictions and counters).
+
+        The blocks of the requests processed last are kept apart at the free queue's end,
+        as runs in chain order (up to :data:`RUNS_MAX`): a request whose hits are the
+        starts of runs takes each start by one comparison of lists, the rest of the run
+        staying where it stood, and those blocks, released tail first, end the queue in
+        the same order as a run of its own: they are not moved one by one. So a request
+        costs what its new blocks cost, not its length. Any other call settles the runs
+        into the queue first."""
+        if self._used:  # another request holds blocks: the two calls as they are
+            return self._acquire_release(hashes, max_hit_blocks, extra_blocks)
+        limit = len(hashes) if max_hit_blocks is None else max(0, min(max_hit_blocks, len(hashes)))
+        hashes = hashes if isinstance(hashes, list) else list(hashes)
+        runs, starts = self._runs, self._starts
+        taken: list[tuple[_Run, int]] = []  # the starts of runs the hits are, in order
+        k = 0
+        while k < limit:
+            run = starts.get(hashes[k])
+            if run is None or any(r is run for r, _ in taken):
+                break
+            q = common_prefix(hashes[k:limit], run.known)
+            taken.append((run, q))
+            k += q
+        cached, free = self._cached, self._free
+        hit = k + self.longest_prefix(hashes[k:limit])
+        # nothing is held, so every cached block is queued: the hits beyond the runs'
+        # starts leave the free queue (as acquire holds them) while new blocks are found
+        more = list(map(_first, map(cached.__getitem__, hashes[k:hit])))
+        if more and not (len(set(more)) == len(more) and all(map(free.__contains__, more))):
+            self._settle()  # a hash repeated in the prompt: the two calls
+            return self._acquire_release(hashes, max_hit_blocks, extra_blocks)
+        blocks: list[int] = []
+        known: list[Hashable] = []
+        for run, q in taken:  # each run's start taken, the rest left where it stands
+            blocks += run.blocks[:q]
+            known += run.known[:q]
+            del starts[run.known[0]]
+            del run.blocks[:q]
+            del run.known[:q]
+            if run.known:
+                starts[run.known[0]] = run
+            if not run.blocks:
+                del runs[run]
+        deque(map(free.__delitem__, more), maxlen=0)
+        self.hit_blocks += hit
+        blocks += more
+        known += hashes[k:hit]
+        oldest = True  # the new blocks hold the first copy of their hash
+        complete = True
+        for h in hashes[hit:]:
+            bid = self._take()
+            if bid is None:
+                complete = False
+                break
+            oldest = oldest and h not in cached
+            self._insert(h, bid)
+            blocks.append(bid)
+            if oldest:
+                known.append(h)
+        if complete and self.num_blocks is not None:
+            for _ in range(extra_blocks):
+                bid = self._take()
+                if bid is None:
+                    break
+                blocks.append(bid)
+        if blocks:
+            run = _Run(blocks, known)
+            runs[run] = None
+            if known:
+                starts[known[0]] = run
+            if len(runs) > RUNS_MAX:
+                self._settle_oldest()
+        return hit
+
+    def _acquire_release(
+        self, hashes: Sequence[Hashable], max_hit_blocks: int | None, extra_blocks: int
+    ) -> int:
+        handle = self.acquire(hashes, max_hit_blocks=max_hit_blocks, extra_blocks=extra_blocks)
+        self.release(handle)
+        return handle.hit_blocks
+
+    def _settle_oldest(self) -> None:
+        """The oldest run into the free queue, where it stands (right after it)."""
+        run, _ = self._runs.popitem(last=False)
+        if run.known:
+            del self._starts[run.known[0]]
+        self._free.update(dict.fromkeys(reversed(run.blocks)))
+
+    def _settle(self) -> None:
+        """Every run into the free queue, where they stand."""
+        while self._runs:
+            self._settle_oldest()
+
     def extend(self, handle: Handle, hashes: Sequence[Hashable], extra_blocks: int = 0) -> None:
         """Cache more full blocks of a running request's chain (output tokens filled
         them), then make it hold ``extra_blocks`` uncached blocks after them. Uncached
@@ -173,6 +307,7 @@ class BlockPool:
             raise ValueError("handle already released")
         if not handle.complete:
             return  # the chain has a gap; later blocks cannot be cached
+        self._settle()
         self._append_hashed(handle, hashes)
         self._append_uncached(handle, extra_blocks)
 
@@ -180,6 +315,7 @@ class BlockPool:
         """A request finished: drop its references, tail first."""
         if handle.released:
             raise ValueError("handle already released")
+        self._settle()
         handle.released = True
         ref, key, free = self._ref, self._key, self._free
         bounded = self.num_blocks is not None
@@ -195,6 +331,7 @@ class BlockPool:
         """Forget every cached hash (vLLM's reset_prefix_cache); only when idle."""
         if self._used:
             raise RuntimeError("cannot clear the pool while blocks are in use")
+        self._settle()
         self._key.clear()
         self._ref.clear()
         self._cached.clear()
@@ -233,11 +370,23 @@ class BlockPool:
 
     def _allocate(self) -> int | None:
         """A block with reference count 1 and no hash, or ``None`` if the pool is full."""
+        bid = self._take()
+        if bid is not None:
+            self._ref[bid] = 1
+            self._used += 1
+        return bid
+
+    def _take(self) -> int | None:
+        """A block with no hash and reference count 0 that is in no queue (a new one, or
+        the least recently used free one, its hash evicted), or ``None`` if the pool is
+        full."""
         if self.num_blocks is None or len(self._key) < self.num_blocks:
             bid = len(self._key)
             self._key.append(None)
-            self._ref.append(1)
-        elif self._free:
+            self._ref.append(0)
+        elif self._free or self._runs:
+            if not self._free:  # the oldest run is next in the queue
+                self._settle_oldest()
             bid, _ = self._free.popitem(last=False)
             old = self._key[bid]
             if old is not None:
@@ -245,10 +394,8 @@ class BlockPool:
                 self.evicted_blocks += 1
                 if self.on_evict is not None:
                     self.on_evict(old)
-            self._ref[bid] = 1
         else:
             return None
-        self._used += 1
         self.allocated_blocks += 1
         return bid
 

@@ -208,10 +208,20 @@ class PrefixCache:
         return lease.result
 
     def process_blocks(self, block_hashes: Sequence[Hashable], num_tokens: int) -> CacheResult:
-        """``begin_blocks`` + ``end``: one untimed request from precomputed hashes."""
-        lease = self.begin_blocks(block_hashes, num_tokens)
-        self.end(lease)
-        return lease.result
+        """``begin_blocks`` + ``end``: one untimed request from precomputed hashes (the
+        cache left as the two leave it; :meth:`BlockPool.process`)."""
+        full = num_full_blocks(num_tokens, self.block_size)
+        hashes = block_hashes[:full]
+        extra = num_blocks(num_tokens, self.block_size) - len(hashes)
+        with self._lock:
+            hit = self.pool.process(
+                hashes, max_hit_blocks=self._max_hit_blocks(num_tokens), extra_blocks=extra
+            )
+            cached = hit * self.block_size
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += cached
+        return CacheResult(num_tokens, cached)
 
     def reset(self) -> None:
         """Forget every cached block (only when no request is running); counters stay."""

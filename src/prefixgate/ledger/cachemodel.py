@@ -18,18 +18,24 @@ in estimated tokens scaled to the request's real ``prompt_tokens`` (coarse: a bl
 about ``MODEL_BLOCK`` tokens, and the estimates are about 4 characters a token). Then the
 prompt is stored on the serving replica's model, as the engine does. A 48k-token prompt
 costs about 0.2 ms (one hash per segment, a few hundred blocks), not one hash per block.
+A session's next turn costs what its new tail costs: its names go on from those of the
+session's last prompt after the segments equal to it (:func:`name_blocks`), and the
+replica's pool keeps the blocks of the prompts it stored last where they stand
+(:meth:`~prefixgate.cache.pool.BlockPool.process`).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
 from prefixgate.cache import PrefixCache
+from prefixgate.cache.pool import common_prefix
 from prefixgate.record.record import Segment
 
-__all__ = ["BlockMemo", "ModelView", "ReplicaModels", "model_blocks"]
+__all__ = ["BlockMemo", "ModelView", "Named", "ReplicaModels", "model_blocks", "name_blocks"]
 
 CAPACITY_TOKENS = 1_000_000  # per replica: the recent past the model remembers
 MODEL_BLOCK = 256  # estimated tokens per block of the model
@@ -50,10 +56,52 @@ def model_blocks(
     (``tool`` segments are parts of ``tools``). ``memo``: what segments named before (an
     agent re-sends its conversation: a segment after the same chained key, with the same
     hash, at the same offset in a block, names the same blocks), looked up, not hashed."""
+    named = name_blocks(list(segments), block, memo)
+    return named.names, named.tokens
+
+
+@dataclass(slots=True)
+class Named:
+    """A prompt's block names (:func:`name_blocks`), and where the walk stood before each
+    of its segments, to go on from for a prompt that starts with the same segments."""
+
+    segments: list[Segment]
+    names: list
+    tokens: int
+    # before segment i (and after the last, at len(segments)): names so far, chained key,
+    # estimated tokens so far
+    counts: list[int]
+    keys: list[bytes]
+    starts: list[int]
+
+
+def name_blocks(
+    segments: list[Segment],
+    block: int = MODEL_BLOCK,
+    memo: BlockMemo | None = None,
+    before: Named | None = None,
+) -> Named:
+    """:func:`model_blocks`, with where the walk stood at each segment. ``before``: a
+    prompt named earlier (a session's previous request): the walk goes on from the first
+    segment that differs from its own (compared whole, in C), so a turn names its new
+    tail only."""
     names: list[Hashable] = []
     key = b""
     start = 0  # estimated tokens before the current segment
-    for s in segments:
+    counts: list[int] = []
+    keys: list[bytes] = []
+    starts: list[int] = []
+    j = 0
+    if before is not None:
+        j = common_prefix(segments, before.segments)
+        if j:
+            names = before.names[: before.counts[j]]
+            key, start = before.keys[j], before.starts[j]
+            counts, keys, starts = before.counts[:j], before.keys[:j], before.starts[:j]
+    for s in segments[j:]:
+        counts.append(len(names))
+        keys.append(key)
+        starts.append(start)
         tokens = s.tokens
         if s.kind == "tool" or tokens <= 0:
             continue
@@ -73,7 +121,10 @@ def model_blocks(
             key, mine = got
         names.extend(mine)
         start += tokens
-    return names, start
+    counts.append(len(names))
+    keys.append(key)
+    starts.append(start)
+    return Named(segments, names, start, counts, keys, starts)
 
 
 class BlockMemo:
@@ -97,16 +148,30 @@ class BlockMemo:
         self._d[key] = value
 
 
+def _size(named: Named) -> int:
+    """What a kept :class:`Named` counts against ``named_limit``: its names and segments."""
+    return len(named.names) + len(named.counts)
+
+
 class ReplicaModels:
-    """One cache model per replica of one channel."""
+    """One cache model per replica of one channel. The block names of each session's
+    last prompt are kept (up to ``named_limit`` names in all, the least recent session's
+    dropped first; a segment counts as one), so that its next prompt names its new tail
+    only."""
 
     def __init__(
-        self, block_size: int = MODEL_BLOCK, capacity_tokens: int = CAPACITY_TOKENS
+        self,
+        block_size: int = MODEL_BLOCK,
+        capacity_tokens: int = CAPACITY_TOKENS,
+        named_limit: int = 1 << 16,
     ) -> None:
         self.block_size = block_size
         self.capacity_tokens = capacity_tokens
         self._caches: dict[str, PrefixCache] = {}
         self._memo = BlockMemo()
+        self._named: OrderedDict[Hashable, Named] = OrderedDict()
+        self._named_count = 0  # names held by _named
+        self.named_limit = named_limit
 
     def _cache(self, replica: str) -> PrefixCache:
         c = self._caches.get(replica)
@@ -114,9 +179,32 @@ class ReplicaModels:
             c = self._caches[replica] = PrefixCache(self.block_size, self.capacity_tokens)
         return c
 
-    def see(self, replica: str, segments: Sequence[Segment], prompt_tokens: int) -> ModelView:
-        """The model's view of a request to ``replica``, then its prompt stored there."""
-        names, n = model_blocks(segments, self.block_size, self._memo)
+    def _names(self, segments: Sequence[Segment], session: Hashable | None) -> Named:
+        segments = segments if isinstance(segments, list) else list(segments)
+        if session is None:
+            return name_blocks(segments, self.block_size, self._memo)
+        before = self._named.pop(session, None)
+        if before is not None:
+            self._named_count -= _size(before)
+        named = name_blocks(segments, self.block_size, self._memo, before)
+        if _size(named) <= self.named_limit:
+            self._named[session] = named
+            self._named_count += _size(named)
+            while self._named_count > self.named_limit:
+                self._named_count -= _size(self._named.popitem(last=False)[1])
+        return named
+
+    def see(
+        self,
+        replica: str,
+        segments: Sequence[Segment],
+        prompt_tokens: int,
+        session: Hashable | None = None,
+    ) -> ModelView:
+        """The model's view of a request to ``replica``, then its prompt stored there.
+        ``session``: the request's session, whose last prompt's names are gone on from."""
+        named = self._names(segments, session)
+        names, n = named.names, named.tokens
         if n == 0:
             return ModelView(0, 0, None, 1.0)
         scale = prompt_tokens / n if prompt_tokens else 1.0

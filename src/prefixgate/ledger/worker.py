@@ -39,9 +39,10 @@ import numpy as np
 
 from prefixgate.apis.messages.request import plain
 from prefixgate.cache.blocks import hash_blocks, hit_tokens_cap
+from prefixgate.cache.pool import common_prefix
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.record.record import Record, Segment
-from prefixgate.record.segments import first_changed
+from prefixgate.record.segments import FirstChange, first_changed, prefix_tokens
 from prefixgate.record.writer import CallThread
 from prefixgate.store.base import Store
 
@@ -99,6 +100,19 @@ class Calibration:
 class _Previous:
     prompt_tokens: int
     segments: list[Segment] | None
+
+
+def _first_changed(prev: list[Segment], cur: list[Segment]) -> FirstChange | None:
+    """:func:`~prefixgate.record.segments.first_changed`, the leading segments equal to
+    the previous request's passed in one step (compared whole, in C)."""
+    j = common_prefix(prev, cur)
+    if j == len(prev) or j == len(cur):
+        return None
+    change = first_changed(prev[j:], cur[j:])
+    if change is None:
+        return None
+    index = j + change.index
+    return FirstChange(index, prefix_tokens(cur[:index]))
 
 
 def _segment_at(segments: list[Segment], token: int, prompt_tokens: int) -> int:
@@ -320,13 +334,14 @@ class LedgerWorker:
         B = self._block_size(ch)
         previous = self._remember(rec)
         segments = rec.segments_out
-        change = first_changed(previous.segments, segments) if previous and segments else None
+        change = _first_changed(previous.segments, segments) if previous and segments else None
         models = self._models.get(ch.name)
         if models is None:
             models = self._models[ch.name] = ReplicaModels(
                 capacity_tokens=self.model_capacity_tokens
             )
-        view = models.see(rec.replica, segments, L) if segments else None
+        session = rec.session_id
+        view = models.see(rec.replica, segments, L, session) if segments else None
         cap = hit_tokens_cap(L, B)
         model_predicted = None if view is None else min(view.here, cap) // B * B
         prev_tokens = previous.prompt_tokens if previous else None
