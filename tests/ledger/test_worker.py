@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixgate.cache import PrefixCache
-from prefixgate.cache.pool import common_prefix
 from prefixgate.config import parse_config
 from prefixgate.events import content_keys
 from prefixgate.ledger.cachemodel import BlockMemo, ReplicaModels, model_blocks, name_blocks
@@ -18,6 +17,7 @@ from prefixgate.ledger.worker import LedgerWorker, _first_changed
 from prefixgate.record import Record
 from prefixgate.record.record import Segment
 from prefixgate.record.segments import first_changed
+from prefixgate.sequences import common_prefix
 
 
 def worker(**kw) -> LedgerWorker:

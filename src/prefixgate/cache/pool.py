@@ -32,9 +32,10 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 from operator import itemgetter
-from typing import Any
 
-__all__ = ["BlockPool", "Handle", "common_prefix"]
+from prefixgate.sequences import common_prefix
+
+__all__ = ["BlockPool", "Handle"]
 
 _first = itemgetter(0)
 RUNS_MAX = 64  # runs kept apart at the free queue's end (BlockPool.process)
@@ -47,22 +48,6 @@ class _Run:
 
     blocks: list[int]
     known: list[Hashable]
-
-
-def common_prefix(a: list[Any], b: list[Any]) -> int:
-    """How many leading items the lists ``a`` and ``b`` share (equal; identical ones
-    compare at once), found by comparing slices in C: the whole, then halves."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[lo:hi] != b[lo:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass(eq=False, slots=True)

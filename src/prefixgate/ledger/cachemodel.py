@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from prefixgate.cache import PrefixCache
-from prefixgate.cache.pool import common_prefix
 from prefixgate.record.record import Segment
+from prefixgate.sequences import common_prefix
 
 __all__ = ["BlockMemo", "ModelView", "Named", "ReplicaModels", "model_blocks", "name_blocks"]
 

@@ -39,11 +39,11 @@ import numpy as np
 
 from prefixgate.apis.messages.request import plain
 from prefixgate.cache.blocks import hash_blocks, hit_tokens_cap
-from prefixgate.cache.pool import common_prefix
 from prefixgate.config import ChannelConfig, Config
 from prefixgate.record.record import Record, Segment
 from prefixgate.record.segments import FirstChange, first_changed, prefix_tokens
 from prefixgate.record.writer import CallThread
+from prefixgate.sequences import common_prefix
 from prefixgate.store.base import Store
 
 from .cachemodel import CAPACITY_TOKENS, ReplicaModels

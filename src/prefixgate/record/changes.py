@@ -36,6 +36,7 @@ from prefixgate.record.compacted import COMPACTED, Marks, compacted, marks_of, r
 from prefixgate.record.cut import ChatCut, pieces_of
 from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.segments import stripped
+from prefixgate.sequences import common_prefix
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 DEFAULT_BUDGET = 64 * 1024 * 1024
@@ -270,7 +271,7 @@ def _break(prev: _Cut, cur: _Cut, i: int) -> tuple[int, int, int]:
     (sa, ba), (sb, bb) = prev.out[i], cur.out[i]
     within = suffix = 0
     if ba is not None and bb is not None and sa.name == sb.name:
-        within = sh.common_prefix(ba, bb)
+        within = common_prefix(ba, bb)
         suffix = sh.common_suffix(ba, bb, min(len(ba), len(bb)) - within)
     before = sum(s.tokens for s, _ in cur.out[:i])
     sent = {s.hash for s, _ in prev.out}

@@ -22,6 +22,8 @@ import re
 
 import msgspec
 
+from prefixgate.sequences import common_prefix
+
 TIME_OF_DAY = "time_of_day"
 DATE = "date"
 DATE_TIME = "date_time"
@@ -143,21 +145,6 @@ def _classes(s: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-
-
-def common_prefix(a: str | bytes, b: str | bytes) -> int:
-    """Length of the common prefix, by halving (slice comparisons run at memcmp speed;
-    a character loop over a 100 KB text would not)."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def common_suffix(a: str | bytes, b: str | bytes, most: int) -> int:

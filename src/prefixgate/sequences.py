@@ -1,0 +1,28 @@
+"""Two sequences compared in C: how long a prefix they share.
+
+A request re-sends the previous one's text, tokens or segments and appends; comparing
+them item by item in Python would cost a bytecode loop over the whole conversation, where
+slice comparisons run at memcmp speed (strings, bytes) or compare references first
+(lists: identical items are equal at once)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["common_prefix"]
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items (characters, bytes, list items) ``a`` and ``b`` share:
+    the whole compared at once, then by halves."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[lo:hi] != b[lo:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
