@@ -33,7 +33,7 @@ import msgspec
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
 from prefixgate.record.compacted import COMPACTED, Marks, compacted, marks_of, rewritten
-from prefixgate.record.cut import ChatCut, pieces_of
+from prefixgate.record.cut import ChatCut, Pieces, pieces_of
 from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.segments import stripped
 
@@ -56,7 +56,8 @@ class _Cut:
     channel, messages by hash); ``lent``: the chat request the gateway built, as cut
     (:class:`~prefixgate.record.segments.ChatCut`), for the next turn's capture."""
 
-    __slots__ = ("into", "out", "lent", "shared", "size", "_tokens", "_marks")
+    __slots__ = ("into", "out", "lent", "shared", "size", "_into_bytes", "_tokens", "_marks")
+    _into_bytes: int  # the bytes of ``into``'s pieces
 
     def __init__(
         self,
@@ -65,19 +66,31 @@ class _Cut:
         lent: ChatCut | None = None,
         *,
         shared: bool = False,
+        base: _Cut | None = None,
+        same: int = 0,
     ) -> None:
-        """``shared``: ``out`` holds ``into``'s bytes (a request sent as it came)."""
+        """``shared``: ``out`` holds ``into``'s bytes (a request sent as it came).
+        ``base``, ``same``: ``into``'s first ``same`` pieces are ``base.into``'s very
+        ones, so its sums and marks go on from ``base``'s over the rest only."""
         self.into, self.out, self.lent, self.shared = into, out, lent, shared
-        size = sum([len(d) for _, d in into if d is not None])
+        self._marks: Marks | None = None
+        if base is not None and same:
+            gone = base.into[same:]
+            size: int = base._into_bytes - sum([len(d) for _, d in gone if d is not None])
+            size += sum([len(d) for _, d in into[same:] if d is not None])
+            if base._marks is not None and base._marks.model_turns >= 0:
+                self._marks = _marks_on(base._marks, gone, into[same:])
+        else:
+            size = sum([len(d) for _, d in into if d is not None])
+        self._into_bytes = size
         if not shared:
             size += sum([len(d) for _, d in out if d is not None])
         self.size = size + 64 * (len(into) + len(out)) + (lent.size if lent else 0)
         self._tokens: int | None = None
-        self._marks: Marks | None = None
 
     def marks(self) -> Marks:
         """The request's compaction marks as received (found once, then kept)."""
-        if self._marks is None:
+        if self._marks is None or self._marks.model_turns < 0:
             self._marks = marks_of(_segs(self.into))
         return self._marks
 
@@ -144,11 +157,16 @@ class ChangeTracker:
             return
         key = (channel, upstream_model, rec.session_id)
         kept = self._sessions.pop(key, None)
+        same = 0  # how many leading pieces of ``into`` are the latest request's very ones
+        if isinstance(into, Pieces):
+            if kept and into.base is kept[-1].into:
+                same = into.same
+            into.base, into.same = None, 0
         if kept:
-            _share(kept[-1].into, into)  # before ``out`` may take the same bytes
+            _share(kept[-1].into, into, same)  # before ``out`` may take the same bytes
         out = _sent(into if raw_out is None else out_full, by_bytes, kept[-1].out if kept else ())
         if kept:
-            cur = _Cut(into, out, lent, shared=raw_out is None)
+            cur = _Cut(into, out, lent, shared=raw_out is None, base=kept[-1], same=same)
             rec.compared = "session"
             rec.change = _best(kept, cur, summary)
             self.bytes -= sum(c.size for c in kept)
@@ -208,9 +226,19 @@ def _sent(pieces: list, by_bytes: bool, prev: list[Piece] | tuple) -> list[Piece
     return out
 
 
-def _share(prev: list[Piece], cur: list[Piece]) -> None:
-    """Where ``cur`` holds the very bytes ``prev`` does, keep one copy."""
-    for j in range(min(len(prev), len(cur))):
+def _marks_on(base: Marks, gone: list[Piece], new: list[Piece]) -> Marks:
+    """The marks of a request that is ``base``'s with the pieces ``gone`` replaced by
+    ``new`` (:func:`marks_of` of the whole, from the two tails)."""
+    a, b = marks_of(_segs(gone)), marks_of(_segs(new))
+    if a.compactions:  # a compaction item left: counted again from the whole
+        return Marks(-1, frozenset())
+    return Marks(base.model_turns - a.model_turns + b.model_turns, base.compactions | b.compactions)
+
+
+def _share(prev: list[Piece], cur: list[Piece], start: int = 0) -> None:
+    """Where ``cur`` holds the very bytes ``prev`` does, keep one copy (``cur``'s first
+    ``start`` pieces are ``prev``'s already)."""
+    for j in range(start, min(len(prev), len(cur))):
         if prev[j] is cur[j]:  # lent by the cut already
             continue
         (sa, ba), (sb, bb) = prev[j], cur[j]

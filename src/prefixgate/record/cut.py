@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from prefixgate.cache.pool import common_prefix
 from prefixgate.record.record import Segment
 from prefixgate.record.segments import (
     DIGESTS,
@@ -322,6 +323,22 @@ def _pieces(whole: list[Piece]) -> list[Piece]:
     return [p for p in whole if p[0].kind != "tools"]
 
 
+class Pieces(list):
+    """A request's pieces as received (:data:`Piece` each), with how the cut split them,
+    for the next turn's cut to go on from (``split``: its tools bytes, system bytes and
+    messages' bytes, its segments, how many pieces lead the messages); ``same``: how many
+    leading pieces are the previous request's very pieces (set by the cut that lent them,
+    cleared by the change memory once it used it)."""
+
+    __slots__ = ("split", "same", "base")
+
+    def __init__(self, items=(), split=None, same: int = 0, base=None) -> None:
+        super().__init__(items)
+        self.split = split
+        self.same = same
+        self.base = base  # the list ``same`` counts in
+
+
 def _cut(
     api: str,
     tools_list: bytes,
@@ -330,6 +347,15 @@ def _cut(
     tools_first: bool,
     previous: list[Piece] | None,
 ) -> tuple[list[Segment], list[Piece]] | None:
+    split = getattr(previous, "split", None)
+    if (
+        split is not None
+        and api == "anthropic"
+        and split[0] == tools_first
+        and type(messages_raw) is list
+        and type(system_raw) is bytes
+    ):
+        return _cut_on(previous, split, tools_list, messages_raw, system_raw)  # type: ignore[arg-type]
     prev_tools: list[Piece] = []
     prev_blocks: list[Piece] = []
     prev_messages: list[Piece] = []  # in their order: messages[0], messages[1] …
@@ -344,10 +370,41 @@ def _cut(
     tools_part = _tools_part(api, tools_list, prev_tools)
     if tools_part is None:
         return None
+    msgs = _messages(messages_raw or (), prev_messages, 0, [])
 
-    msgs: list[Piece] = []
+    if api == "anthropic":
+        head = _head(system_raw, prev_blocks)
+        if head is None:
+            return None
+        whole = tools_part + head if tools_first else head + tools_part
+        lead = len(whole)
+        whole += msgs
+        segs = [p[0] for p in whole]
+        if type(messages_raw) is list and type(system_raw) is bytes:  # lent by the decode
+            split = (
+                tools_first,
+                tools_list,
+                tools_part,
+                system_raw,
+                head,
+                list(messages_raw),
+                segs,
+                lead,
+            )
+            return segs, Pieces(_pieces(whole), split)
+        return segs, _pieces(whole)
+    whole = _chat_order(tools_part, msgs, tools_first, _leading(msgs))
+    return [p[0] for p in whole], _pieces(whole)
+
+
+def _messages(
+    messages_raw, prev_messages: list[Piece], start: int, msgs: list[Piece]
+) -> list[Piece]:
+    """``msgs`` and the pieces of ``messages_raw[start:]``: a message whose bytes equal
+    the previous request's at the same place takes its piece."""
     n = len(prev_messages)
-    for i, m in enumerate(messages_raw or ()):
+    for i in range(start, len(messages_raw)):
+        m = messages_raw[i]
         if i < n:
             before = prev_messages[i]
             was = before[1]
@@ -357,31 +414,78 @@ def _cut(
         data = bytes(m)
         piece = piece_of("message", data, role_of)
         msgs.append((_seg("message", f"messages[{i}]:{piece[2]}", piece), data))
+    return msgs
 
-    if api == "anthropic":
-        head: list[Piece] = []
-        system = bytes(system_raw)
-        if system[:1] == b'"':
-            head.append((_seg("system", "system", piece_of("system", system, _no_label)), system))
-        elif system[:1] == b"[":
-            if (
-                prev_blocks
-                and prev_blocks[0][0].name != "system"
-                and _same_list(system, prev_blocks)
-            ):
-                head = list(prev_blocks)
-            else:
-                for i, block in enumerate(ITEMS.decode(system)):
-                    data = bytes(block)
-                    piece = piece_of("block", data, _no_label)
-                    head.append((_seg("system", f"system[{i}]", piece), data))
-        elif system != b"null":
-            return None
-        whole = tools_part + head if tools_first else head + tools_part
-        whole += msgs
+
+def _head(system_raw, prev_blocks: list[Piece]) -> list[Piece] | None:
+    """An Anthropic request's system pieces (``None``: not of the shape)."""
+    head: list[Piece] = []
+    system = bytes(system_raw)
+    if system[:1] == b'"':
+        head.append((_seg("system", "system", piece_of("system", system, _no_label)), system))
+    elif system[:1] == b"[":
+        if prev_blocks and prev_blocks[0][0].name != "system" and _same_list(system, prev_blocks):
+            head = list(prev_blocks)
+        else:
+            for i, block in enumerate(ITEMS.decode(system)):
+                data = bytes(block)
+                piece = piece_of("block", data, _no_label)
+                head.append((_seg("system", f"system[{i}]", piece), data))
+    elif system != b"null":
+        return None
+    return head
+
+
+def _cut_on(
+    previous: Pieces, split: tuple, tools_list: bytes, messages_raw: list, system: bytes
+) -> tuple[list[Segment], list[Piece]] | None:
+    """:func:`_cut` of an Anthropic request lent by the decode, going on from the
+    session's previous request as this cut split it: the tools list and the system taken
+    as they were when their bytes are equal; the messages equal to the previous ones from
+    the start (compared in C) taken as a slice of its pieces and segments; only the rest
+    walked, as the cut does. The result is the cut's without ``previous``'s split."""
+    tools_first, ptools, ptools_part, psystem, phead, praw, psegs, plead = split
+    if tools_list is ptools or tools_list == ptools:
+        tools_part = ptools_part
     else:
-        whole = _chat_order(tools_part, msgs, tools_first, _leading(msgs))
-    return [p[0] for p in whole], _pieces(whole)
+        got = _tools_part("anthropic", tools_list, [p for p in ptools_part if p[0].kind == "tool"])
+        if got is None:
+            return None
+        tools_part = got
+    if system is psystem or system == psystem:
+        head = phead
+    else:
+        got = _head(system, [p for p in phead if p[0].kind == "system"])
+        if got is None:
+            return None
+        head = got
+    front = tools_part + head if tools_first else head + tools_part
+    lead = len(front)
+    k = common_prefix(messages_raw, praw)
+    skip = plead - (1 if ptools_part else 0)  # where the messages start in the pieces
+    prev_messages = previous[skip:]
+    msgs = _messages(messages_raw, prev_messages, k, prev_messages[:k])
+    tail = msgs[k:]
+    if tools_part is ptools_part and head is phead:  # the front and k messages as they were
+        segs = psegs[: lead + k]
+        segs += [p[0] for p in tail]
+        pieces = Pieces(previous[: skip + k], None, skip + k, previous)
+        pieces += tail
+    else:
+        whole = front + msgs
+        segs = [p[0] for p in whole]
+        pieces = Pieces(_pieces(whole))
+    pieces.split = (
+        tools_first,
+        tools_list,
+        tools_part,
+        system,
+        head,
+        list(messages_raw),
+        segs,
+        lead,
+    )
+    return segs, pieces
 
 
 def _as(seg: Segment, kind: str) -> Segment:
