@@ -13,6 +13,8 @@ array, say) go the object way.
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import is_not
 from typing import Any, NamedTuple
 
 import msgspec
@@ -224,6 +226,10 @@ class ChatCut(NamedTuple):
     tools: Any
     tools_part: list[Piece]
     size: int  # ≈ bytes the kept objects hold
+    chars: int = 0  # the messages' pieces' characters
+    leading: int = 0  # how many messages lead as system ones
+    rest: list[Segment] | None = None  # the segments of the messages after them
+    tools_first: bool = True
 
 
 def cut_of_chat(
@@ -235,22 +241,34 @@ def cut_of_chat(
     The conversion lends a message it converted before as the very object
     (:class:`~prefixgate.apis.messages.request.SessionTurns`): the same object at the same
     place is the same bytes, so its piece is taken as it was, without encoding it; any
-    other is encoded alone and cut as if nothing came before."""
+    other is encoded alone and cut as if nothing came before. The messages lent are found
+    in C and taken as slices of the previous cut's lists; only the others are walked.
+    The pieces (a :class:`Pieces`) say in ``runs`` which of them are, at the same
+    places, the previous turn's very pieces."""
     tools = body.get("tools")
     messages = body["messages"]
     before = previous.messages if previous is not None else ()
-    n, size = len(before), 0
-    msgs: list[Any] = []
-    for i, m in enumerate(messages):
-        if i < n and before[i] is m:
-            piece = previous.pieces[i]  # type: ignore[union-attr]
-            msgs.append(piece)
-            size += piece[0].chars
-            continue
+    n = min(len(before), len(messages))
+    # the messages that are not the previous turn's at the same place, and the new ones
+    other = list(compress(range(n), map(is_not, messages, before))) if n else []
+    other += range(n, len(messages))
+    msgs: list[Any] = previous.pieces[:n] if previous is not None else []
+    chars = size = 0
+    if previous is not None:
+        chars = previous.chars - sum([p[0].chars for p in previous.pieces[n:]])
+        chars -= sum([previous.pieces[i][0].chars for i in other if i < n])
+        size = chars
+    for i in other:
+        m = messages[i]
         data = _encode(m)
         got = piece_of("message", data, role_of)
-        msgs.append((_seg("message", f"messages[{i}]:{got[2]}", got), data))
+        piece = (_seg("message", f"messages[{i}]:{got[2]}", got), data)
+        if i < n:
+            msgs[i] = piece
+        else:
+            msgs.append(piece)
         size += len(data)
+        chars += got[1]
     if previous is not None and tools and tools is previous.tools:
         tools_part = previous.tools_part
     else:
@@ -261,10 +279,39 @@ def cut_of_chat(
         if msgs[i][1] is None:
             msgs[i] = (msgs[i][0], _encode(messages[i]))
     # the conversation's bytes are not kept: the change memory compares it by its hashes
-    msgs[leading:] = [p if p[1] is None else (p[0], None) for p in msgs[leading:]]
-    whole = _chat_order(tools_part, msgs, tools_first, leading)
+    # (a lent piece past the previous leading ones holds none already)
+    was = previous.leading if previous is not None else 0
+    for i in (*range(leading, max(leading, was)), *other):
+        if i >= leading and msgs[i][1] is not None:
+            msgs[i] = (msgs[i][0], None)
+    first = next((i for i in other if i >= leading), len(msgs))  # the rest lent up to it
+    if previous is not None and previous.rest is not None and leading == was:
+        j = min(first, len(previous.rest) + leading) - leading
+        rest = previous.rest[:j]
+        rest += [p[0] for p in msgs[leading + j :]]
+    else:
+        rest = [p[0] for p in msgs[leading:]]
+    lead = [p if p[0].kind == "system" else (_as(p[0], "system"), p[1]) for p in msgs[:leading]]
+    tools_segs = [p[0] for p in tools_part]
+    lead_segs = [p[0] for p in lead]
+    tool_pieces = tools_part[1:]
+    segs = tools_segs + lead_segs + rest if tools_first else lead_segs + tools_segs + rest
+    pieces = Pieces(tool_pieces + lead if tools_first else lead + tool_pieces)
+    pieces += msgs[leading:]  # (the messages' pieces are of kind ``message``)
+    if previous is not None:
+        aligned = leading == was and tools_first == previous.tools_first
+        tools_same = len(tool_pieces) if aligned and tools_part is previous.tools_part else 0
+        at = 0 if tools_first else len(lead)
+        start = len(lead) + len(tool_pieces)
+        if not aligned or len(tools_part) != len(previous.tools_part):
+            same = 0
+        else:
+            same = min(first, len(previous.pieces)) - leading
+        pieces.runs = [(a, a + k) for a, k in ((at, tools_same), (start, same)) if k > 0]
+        pieces.base = previous
     size += 64 * len(msgs) + sum(len(d or b"") for _, d in tools_part)
-    return [p[0] for p in whole], _pieces(whole), ChatCut(messages, msgs, tools, tools_part, size)
+    cut = ChatCut(messages, msgs, tools, tools_part, size, chars, leading, rest, tools_first)
+    return segs, pieces, cut
 
 
 _encode = msgspec.json.encode
@@ -330,13 +377,14 @@ class Pieces(list):
     leading pieces are the previous request's very pieces (set by the cut that lent them,
     cleared by the change memory once it used it)."""
 
-    __slots__ = ("split", "same", "base")
+    __slots__ = ("split", "same", "base", "runs")
 
     def __init__(self, items=(), split=None, same: int = 0, base=None) -> None:
         super().__init__(items)
         self.split = split
         self.same = same
-        self.base = base  # the list ``same`` counts in
+        self.base = base  # what ``same`` (or ``runs``) counts in
+        self.runs: list[tuple[int, int]] = []  # the chat cut's: (start, end) lent as they were
 
 
 def _cut(
