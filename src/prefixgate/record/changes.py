@@ -203,7 +203,6 @@ class ChangeTracker:
             cur.by_bytes = by_bytes
             rec.compared = "session"
             rec.change = _best(kept, cur, summary)
-            cur.runs = []  # (against the latest request only)
             self.bytes -= sum(c.size for c in kept)
             kept = [*kept, cur][-KEPT:]
         else:
@@ -313,7 +312,7 @@ def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
     """The change against the kept request ``cur`` shares the most tokens with (its
     predecessor in the same thread of the session); a compaction's when ``cur`` is its
     summary request, or rewrites that predecessor's or the latest request's history."""
-    found = [(_sharing(prev, cur, kept[-1]), prev) for prev in kept]
+    found = [(_sharing(prev, cur, kept), prev) for prev in kept]
     (shared, i, _), prev = max(found, key=lambda x: x[0][0])
     latest = kept[-1]
     if summary:
@@ -333,13 +332,35 @@ def _segs(pieces: list[Piece]) -> Iterator[Segment]:
     return (s for s, _ in pieces)
 
 
-def _sharing(prev: _Cut, cur: _Cut, latest: _Cut | None = None) -> tuple[int, int | None, int]:
-    """(≈ tokens of ``cur`` that ``prev`` had sent, the index where it breaks, …)."""
-    i = _first_difference(prev.out, cur.out, cur.runs if prev is latest else ())
+def _sharing(prev: _Cut, cur: _Cut, kept: list[_Cut] | None = None) -> tuple[int, int | None, int]:
+    """(≈ tokens of ``cur`` that ``prev`` had sent, the index where it breaks, …).
+    ``kept``: the session's kept requests, ``cur``'s ``runs`` against the latest one,
+    whose own are against the one before it."""
+    runs: list[tuple[int, int]] = []
+    if kept and prev is kept[-1]:
+        runs = cur.runs
+    elif kept and len(kept) > 1 and prev is kept[-2]:
+        runs = _both(cur.runs, kept[-1].runs)
+    i = _first_difference(prev.out, cur.out, runs)
     if i is None:
         return prev.tokens(), None, 0
     at, lost, _ = _break(prev, cur, i)
     return at + lost, i, lost
+
+
+def _both(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where two lists of (start, end) runs (each sorted, apart) overlap."""
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
 
 
 def _first_difference(
