@@ -142,6 +142,7 @@ def test_a_sessions_capture_goes_on_from_its_previous_turn_as_a_whole_walk_gives
             lending, walking = Capturer(), Capturer()
             walking.changes.go_on = False
             convs = SessionTurns(1 << 30), SessionTurns(1 << 30)
+            went_on = 0  # turns whose both sides went on from the previous turn's
             for k, (body, headers) in enumerate(turns):
                 raw = json.dumps(body).encode()
                 sid = headers["X-Claude-Code-Session-Id"]
@@ -169,6 +170,9 @@ def test_a_sessions_capture_goes_on_from_its_previous_turn_as_a_whole_walk_gives
                     ]
                     assert x[-1].lent == y[-1].lent._replace(rest=x[-1].lent.rest)
                     _check_chat_size(x[-1].lent, x[-2].lent if len(x) > 1 else None)
+                    if len(x) > 1 and x[-1].runs and x[-1].into[0] is x[-2].into[0]:
+                        went_on += 1
+            assert went_on > len(turns) // 2
 
 
 def _check_chat_size(cut, previous) -> None:
