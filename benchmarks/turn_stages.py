@@ -1,7 +1,7 @@
 """Instructions of each stage of a Claude Code turn, in-process, counted by callgrind.
 
     python benchmarks/turn_stages.py [--turn 60] [--stages capture,convert,…] [--src DIR]
-                                     [--beside N]
+                                     [--beside N] [--cpu RUNS]
 
 One session of ``agent_turns.py`` (the traffic generator's Claude Code shape) is run
 through the request path's stages in one process up to turn ``--turn`` - 1 (so the
@@ -9,7 +9,8 @@ session's memories hold what a gateway's would), then each stage is run ten time
 ``--turn``, under ``valgrind --tool=callgrind --toggle-collect=builtin_exec*`` (only the
 ``exec`` that runs the stage is counted, imports done before it; the session's turns run
 uninstrumented, ``--instr-atstart=no``, instrumentation switched on after them); an empty
-stage's count is subtracted. ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
+stage's count is subtracted (``--cpu RUNS``: each stage timed instead, by
+``time.process_time`` over RUNS runs, best of 5, not under valgrind). ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
 does not have are skipped.
 
 Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
@@ -40,8 +41,10 @@ HERE = Path(__file__).resolve().parent
 REPS = 10
 
 
-def inner(turn: int, stage: str, beside: int = 0) -> None:
-    """Run under valgrind: the session up to ``turn``, then ``stage`` REPS times."""
+def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0) -> None:
+    """Run under valgrind: the session up to ``turn``, then ``stage`` REPS times (``cpu``:
+    not under valgrind, ``cpu`` runs timed by ``time.process_time`` five times, the
+    best and the median printed in microseconds a run)."""
     sys.path.insert(0, str(HERE))
     import agent_turns as at
     import msgspec
@@ -184,6 +187,18 @@ def inner(turn: int, stage: str, beside: int = 0) -> None:
         print("missing", flush=True)
         return
     f = stages[stage]
+    if cpu:
+        import time
+
+        f(), f()
+        times = []
+        for _ in range(5):
+            t = time.process_time()
+            exec("for _ in range(RUNS): f()", {"RUNS": cpu, "f": f})
+            times.append((time.process_time() - t) / cpu * 1e6)
+        times.sort()
+        print(f"{stage:<14}{times[0]:>10.1f} us (median {times[2]:.1f})", flush=True)
+        return
     _instrument()
     f(), f()  # warm
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
@@ -281,10 +296,28 @@ def main() -> None:
         help="the ledger stage: this many other sessions served on the same replica, "
         "each turn of theirs before the session's same turn",
     )
+    ap.add_argument(
+        "--cpu",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="time each stage instead (time.process_time over RUNS runs, best of 5, in "
+        "microseconds; not under valgrind)",
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-inner", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.inner:
-        inner(args.turn, args.stages, args.beside)
+    if args.inner or args.cpu_inner:
+        inner(args.turn, args.stages, args.beside, args.cpu_inner)
+        return
+    if args.cpu:
+        env = {**os.environ}
+        if args.src is not None:
+            env["PYTHONPATH"] = str(args.src)
+        for stage in args.stages.split(","):
+            cmd = [sys.executable, __file__, "--cpu-inner", str(args.cpu), "--turn",
+                   str(args.turn), "--stages", stage, "--beside", str(args.beside)]  # fmt: skip
+            subprocess.run(cmd, env=env, check=True)
         return
     empty = count(args.turn, "empty", args.src, args.beside)
     print(f"turn {args.turn}: M instructions a stage (callgrind)")

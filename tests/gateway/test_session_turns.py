@@ -96,3 +96,94 @@ def test_each_turn_goes_upstream_and_into_the_record_as_if_it_were_alone(upstrea
     edited = recorder.records[8]
     assert edited.change is not None and edited.change.segment == "messages[0]:user"
     assert recorder.records[9].change is None  # the edit re-sent as it was: no break
+
+
+def _edited_turns(seed: int) -> list[list[dict]]:
+    """A session's turns (a compaction and an edited message on the way, as above) with
+    more edits: tools reordered, the system prompt changed, a system message that leads
+    now, a message left out, a later system message."""
+    turns = _session_turns() if seed == 7 else _session_turns_of(seed)
+    edits = [
+        lambda b: b.update(tools=b.get("tools", [])[::-1]),
+        lambda b: b["system"][-1].update(text="the clock: 12:01"),
+        lambda b: b["messages"].insert(0, {"role": "system", "content": "now it leads"}),
+        lambda b: b["messages"].pop(1),
+        lambda b: b["messages"].insert(2, {"role": "system", "content": "a later one"}),
+    ]
+    for k, edit in zip(range(3, len(turns), 2), edits, strict=False):
+        body = turns[k][0] = copy.deepcopy(turns[k][0])
+        edit(body)
+    return turns
+
+
+def _session_turns_of(seed: int) -> list[list[dict]]:
+    spec = TrafficSpec(
+        sessions=1, turns=12, titles=False, tools_kb=4, system_kb=1,
+        tool_result_chars=(100, 2000), compact_chars=20_000, mix={AGENT_CLAUDE_CODE: 1.0},
+        models=("m",),
+    )  # fmt: skip
+    return [[r.body, r.headers] for r in ClaudeCodeSession(spec, seed).requests()]
+
+
+def test_a_sessions_capture_goes_on_from_its_previous_turn_as_a_whole_walk_gives():
+    """Each turn's capture goes on from what the session's previous turn derived (its
+    split pieces, its sums, its marks, the runs it lent): the records, the change memory's
+    kept requests and its bytes equal those of a capture that walks every request whole,
+    through edits, compactions, a changed system prompt and reordered tools."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.config import ChannelConfig
+    from prefixgate.engine.order import RenderOrders
+
+    for seed in (7, 3):
+        turns = _edited_turns(seed)
+        for order in ("tools_first", "system_first"):
+            ch = ChannelConfig(name="c", base_url="http://127.0.0.1:9/v1", render_order=order)
+            orders, opts = RenderOrders(), ConvertOptions(upstream_model="m")
+            lending, walking = Capturer(), Capturer()
+            walking.changes.go_on = False
+            convs = SessionTurns(1 << 30), SessionTurns(1 << 30)
+            went_on = 0  # turns whose both sides went on from the previous turn's
+            for k, (body, headers) in enumerate(turns):
+                raw = json.dumps(body).encode()
+                sid = headers["X-Claude-Code-Session-Id"]
+                recs = []
+                for cap, conv in zip((lending, walking), convs, strict=True):
+                    decoded = decode_messages_body(raw, Limits(), conv, lambda _: sid)  # noqa: B023
+                    typed = hygiene.apply_typed(decoded.typed, ch, orders)
+                    out = conv.convert(("c", sid), typed, opts, len(raw))
+                    rec = Record(
+                        request_id=f"r{k}", received_at=0.0, endpoint="messages", session_id=sid
+                    )
+                    cap(rec, decoded, out, ch, None, raw, msgspec.json.encode(out), orders=orders)
+                    recs.append(rec)
+                a, b = recs
+                assert (a.segments_in, a.segments_out, a.compared, a.change) == (
+                    b.segments_in, b.segments_out, b.compared, b.change,
+                )  # fmt: skip
+                assert lending.changes.bytes == walking.changes.bytes
+                for x, y in zip(
+                    lending.changes._sessions.values(), walking.changes._sessions.values(),
+                    strict=True,
+                ):  # fmt: skip
+                    assert [(c.into, c.out, c.size, c.tokens(), c.marks()) for c in x] == [
+                        (c.into, c.out, c.size, c.tokens(), c.marks()) for c in y
+                    ]
+                    assert x[-1].lent == y[-1].lent._replace(rest=x[-1].lent.rest)
+                    _check_chat_size(x[-1].lent, x[-2].lent if len(x) > 1 else None)
+                    if len(x) > 1 and x[-1].runs and x[-1].into[0] is x[-2].into[0]:
+                        went_on += 1
+            assert went_on > len(turns) // 2
+
+
+def _check_chat_size(cut, previous) -> None:
+    """A chat cut's size: a message lent (the previous turn's very object at the same
+    place) counts its piece's characters, any other its bytes encoded, each 64 more, and
+    the tools' bytes."""
+    before = previous.messages if previous is not None else []
+    size = 0
+    for i, m in enumerate(cut.messages):
+        lent = i < len(before) and before[i] is m
+        size += cut.pieces[i][0].chars if lent else len(msgspec.json.encode(m))
+    size += 64 * len(cut.messages) + sum(len(d or b"") for _, d in cut.tools_part)
+    assert cut.size == size
+    assert cut.chars == sum(p[0].chars for p in cut.pieces)

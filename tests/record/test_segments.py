@@ -487,10 +487,23 @@ def test_a_tools_list_seen_before_is_looked_up_whole_and_a_changed_tool_shows():
 
 # -- one cut, and the session's previous request lending what did not change -------------
 def _cut_checked(body: dict, api: str, previous=None):
-    from prefixgate.record.cut import cut_from_bytes, pieces_of
+    """The cut of ``body`` (lent ``previous``), checked against the object way; for an
+    Anthropic body also cut from its parts as the decode lends them (going on from
+    ``previous`` where it was cut so too), which is what is returned then."""
+    from prefixgate.record.cut import cut_from_bytes, cut_from_pieces, pieces_of
 
     raw = json.dumps(body).encode()
     cut = cut_from_bytes(raw, api, previous=previous)
+    if api == "anthropic":
+        top = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])
+        parts = tuple(bytes(top.get(k, b"null")) for k in ("tools", "system"))
+        listed = top.get("messages", b"null")
+        raws = msgspec.json.decode(listed, type=list[msgspec.Raw] | None) or []
+        messages = [bytes(m) for m in raws]
+        from_parts = cut_from_pieces((*parts, messages), api, previous=previous)
+        if cut is not None and from_parts is not None:
+            assert from_parts == cut
+            cut = from_parts
     if cut is None:
         return None
     segs, pieces = cut

@@ -92,10 +92,13 @@ class Capturer:
             if tracking
             else None
         )
+        go_on = prev is not None and self.changes.go_on
         if texts is None and raw_in is not None:
             # one cut gives the segments and their bytes (for the change memory); the
             # session's previous request lends what it sent the same way
-            cut = api.cut(raw_in, body_in, None if prev is None else prev.into)
+            cut = api.cut(
+                raw_in, body_in, None if prev is None else prev.into if go_on else list(prev.into)
+            )
             if cut is not None:
                 segs, pieces_in = cut
         if segs is None:
@@ -122,9 +125,10 @@ class Capturer:
             ):
                 # built here from the typed request: its pieces are encoded alone, and what
                 # the conversion lent from the previous turn lends its pieces too
-                segs, pieces_out, lent = cut_of_chat(
-                    body_out, tools_first=first, previous=None if prev is None else prev.lent
-                )
+                previous = None if prev is None else prev.lent
+                if previous is not None and not go_on:
+                    previous = previous._replace(rest=None)
+                segs, pieces_out, lent = cut_of_chat(body_out, tools_first=first, previous=previous)
             elif texts is None and raw_out is not None:
                 cut = cut_from_bytes(raw_out, api_out, tools_first=first)
                 if cut is not None:

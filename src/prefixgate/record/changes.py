@@ -33,7 +33,7 @@ import msgspec
 from prefixgate.hygiene.markers import known_marker
 from prefixgate.record import shape as sh
 from prefixgate.record.compacted import COMPACTED, Marks, compacted, marks_of, rewritten
-from prefixgate.record.cut import ChatCut, pieces_of
+from prefixgate.record.cut import ChatCut, Pieces, pieces_of
 from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.segments import stripped
 from prefixgate.sequences import common_prefix
@@ -57,7 +57,12 @@ class _Cut:
     channel, messages by hash); ``lent``: the chat request the gateway built, as cut
     (:class:`~prefixgate.record.segments.ChatCut`), for the next turn's capture."""
 
-    __slots__ = ("into", "out", "lent", "shared", "size", "_tokens", "_marks")
+    __slots__ = (
+        "into", "out", "lent", "shared", "size", "by_bytes", "runs",
+        "_into_bytes", "_out_bytes", "_tokens", "_marks",
+    )  # fmt: skip
+    _into_bytes: int  # the bytes of ``into``'s pieces
+    _out_bytes: int  # and of ``out``'s
 
     def __init__(
         self,
@@ -66,19 +71,46 @@ class _Cut:
         lent: ChatCut | None = None,
         *,
         shared: bool = False,
+        base: _Cut | None = None,
+        same: int = 0,
+        runs: list[tuple[int, int]] | None = None,
     ) -> None:
-        """``shared``: ``out`` holds ``into``'s bytes (a request sent as it came)."""
+        """``shared``: ``out`` holds ``into``'s bytes (a request sent as it came).
+        ``base``, ``same``: ``into``'s first ``same`` pieces are ``base.into``'s very
+        ones, so its sums and marks go on from ``base``'s over the rest only; ``runs``:
+        the (start, end) of ``out`` that are ``base.out``'s very pieces (likewise: the
+        comparison with ``base`` passes them). ``base`` is not kept."""
         self.into, self.out, self.lent, self.shared = into, out, lent, shared
-        size = sum([len(d) for _, d in into if d is not None])
-        if not shared:
-            size += sum([len(d) for _, d in out if d is not None])
-        self.size = size + 64 * (len(into) + len(out)) + (lent.size if lent else 0)
-        self._tokens: int | None = None
+        self.by_bytes = False
+        self.runs = runs or []
         self._marks: Marks | None = None
+        if base is not None and same:
+            gone = base.into[same:]
+            size: int = base._into_bytes - sum([len(d) for _, d in gone if d is not None])
+            size += sum([len(d) for _, d in into[same:] if d is not None])
+            if base._marks is not None and base._marks.model_turns >= 0:
+                self._marks = _marks_on(base._marks, gone, into[same:])
+        else:
+            size = sum([len(d) for _, d in into if d is not None])
+        self._into_bytes = size
+        self._tokens: int | None = None
+        if runs and base is not None:
+            gone, new = _outside(base.out, runs), _outside(out, runs)
+            sent = base._out_bytes - sum([len(d) for _, d in gone if d is not None])
+            sent += sum([len(d) for _, d in new if d is not None])
+            if base._tokens is not None:
+                self._tokens = base._tokens - sum([s.tokens for s, _ in gone])
+                self._tokens += sum([s.tokens for s, _ in new])
+        else:
+            sent = sum([len(d) for _, d in out if d is not None])
+        self._out_bytes = sent
+        if not shared:
+            size += sent
+        self.size = size + 64 * (len(into) + len(out)) + (lent.size if lent else 0)
 
     def marks(self) -> Marks:
         """The request's compaction marks as received (found once, then kept)."""
-        if self._marks is None:
+        if self._marks is None or self._marks.model_turns < 0:
             self._marks = marks_of(_segs(self.into))
         return self._marks
 
@@ -108,6 +140,9 @@ class ChangeTracker:
         self._sessions: OrderedDict[tuple, list[_Cut]] = OrderedDict()
         self._openings: OrderedDict[tuple, _Cut] = OrderedDict()
         self.bytes = 0
+        # each request's cut, sums and comparison go on from the previous one's (False:
+        # each walks the whole request, as a check of the results)
+        self.go_on = True
 
     def observe(
         self,
@@ -145,17 +180,35 @@ class ChangeTracker:
             return
         key = (channel, upstream_model, rec.session_id)
         kept = self._sessions.pop(key, None)
+        same = 0  # how many leading pieces of ``into`` are the latest request's very ones
+        if isinstance(into, Pieces):
+            if kept and into.base is kept[-1].into and self.go_on:
+                same = into.same
+            into.base, into.same = None, 0
         if kept:
-            _share(kept[-1].into, into)  # before ``out`` may take the same bytes
-        out = _sent(into if raw_out is None else out_full, by_bytes, kept[-1].out if kept else ())
+            _share(kept[-1].into, into, same)  # before ``out`` may take the same bytes
+        runs: list[tuple[int, int]] = []  # pieces sent as the latest request's very ones
+        if isinstance(out_full, Pieces) and out_full is not into:
+            if (
+                kept
+                and out_full.base is kept[-1].lent
+                and kept[-1].by_bytes == by_bytes
+                and self.go_on
+            ):
+                runs = out_full.runs
+            out_full.base, out_full.runs = None, []
+        prev_out = kept[-1].out if kept else ()
+        out = _sent(into if raw_out is None else out_full, by_bytes, prev_out, runs)
         if kept:
-            cur = _Cut(into, out, lent, shared=raw_out is None)
+            cur = _Cut(into, out, lent, shared=raw_out is None, base=kept[-1], same=same, runs=runs)
+            cur.by_bytes = by_bytes
             rec.compared = "session"
             rec.change = _best(kept, cur, summary)
             self.bytes -= sum(c.size for c in kept)
             kept = [*kept, cur][-KEPT:]
         else:
             cur = _Cut(into, out, lent, shared=raw_out is None)
+            cur.by_bytes = by_bytes
             kept = [cur]
             okey = (channel, upstream_model, rec.client, rec.client_version, rec.endpoint)
             opened = self._openings.pop(okey, None)
@@ -189,11 +242,38 @@ class ChangeTracker:
         return len(self._sessions)
 
 
-def _sent(pieces: list, by_bytes: bool, prev: list[Piece] | tuple) -> list[Piece]:
+def _outside(pieces: list[Piece], runs: list[tuple[int, int]]) -> list[Piece]:
+    """The pieces outside the (start, end) runs (sorted, apart)."""
+    out: list[Piece] = []
+    at = 0
+    for a, b in runs:
+        out += pieces[at:a]
+        at = b
+    out += pieces[at:]
+    return out
+
+
+def _sent(
+    pieces: list,
+    by_bytes: bool,
+    prev: list[Piece] | tuple,
+    runs: list[tuple[int, int]] | tuple = (),
+) -> list[Piece]:
     """What is kept of the pieces as sent: bytes only where compared by bytes (not the
     messages), and the previous request's very piece where it is the same (the same
-    segment and bytes: one copy kept, and the comparison passes it by identity)."""
-    out: list[Piece] = []
+    segment and bytes: one copy kept, and the comparison passes it by identity).
+    ``runs``: the (start, end) where ``pieces`` are the very pieces ``prev`` was kept
+    of, which give what ``prev`` holds there (taken as slices)."""
+    if runs:
+        out: list[Piece] = []
+        at = 0
+        for a, b in runs:
+            out += _sent(pieces[at:a], by_bytes, prev[at:a])
+            out += prev[a:b]
+            at = b
+        out += _sent(pieces[at:], by_bytes, prev[at:])
+        return out
+    out = []
     n = len(prev)
     for j, (s, d) in enumerate(pieces):
         if not by_bytes or s.kind == "message":
@@ -209,9 +289,19 @@ def _sent(pieces: list, by_bytes: bool, prev: list[Piece] | tuple) -> list[Piece
     return out
 
 
-def _share(prev: list[Piece], cur: list[Piece]) -> None:
-    """Where ``cur`` holds the very bytes ``prev`` does, keep one copy."""
-    for j in range(min(len(prev), len(cur))):
+def _marks_on(base: Marks, gone: list[Piece], new: list[Piece]) -> Marks:
+    """The marks of a request that is ``base``'s with the pieces ``gone`` replaced by
+    ``new`` (:func:`marks_of` of the whole, from the two tails)."""
+    a, b = marks_of(_segs(gone)), marks_of(_segs(new))
+    if a.compactions:  # a compaction item left: counted again from the whole
+        return Marks(-1, frozenset())
+    return Marks(base.model_turns - a.model_turns + b.model_turns, base.compactions | b.compactions)
+
+
+def _share(prev: list[Piece], cur: list[Piece], start: int = 0) -> None:
+    """Where ``cur`` holds the very bytes ``prev`` does, keep one copy (``cur``'s first
+    ``start`` pieces are ``prev``'s already)."""
+    for j in range(start, min(len(prev), len(cur))):
         if prev[j] is cur[j]:  # lent by the cut already
             continue
         (sa, ba), (sb, bb) = prev[j], cur[j]
@@ -223,7 +313,7 @@ def _best(kept: list[_Cut], cur: _Cut, summary: bool = False) -> Change | None:
     """The change against the kept request ``cur`` shares the most tokens with (its
     predecessor in the same thread of the session); a compaction's when ``cur`` is its
     summary request, or rewrites that predecessor's or the latest request's history."""
-    found = [(_sharing(prev, cur), prev) for prev in kept]
+    found = [(_sharing(prev, cur, kept), prev) for prev in kept]
     (shared, i, _), prev = max(found, key=lambda x: x[0][0])
     latest = kept[-1]
     if summary:
@@ -243,17 +333,55 @@ def _segs(pieces: list[Piece]) -> Iterator[Segment]:
     return (s for s, _ in pieces)
 
 
-def _sharing(prev: _Cut, cur: _Cut) -> tuple[int, int | None, int]:
-    """(≈ tokens of ``cur`` that ``prev`` had sent, the index where it breaks, …)."""
-    i = _first_difference(prev.out, cur.out)
+def _sharing(prev: _Cut, cur: _Cut, kept: list[_Cut] | None = None) -> tuple[int, int | None, int]:
+    """(≈ tokens of ``cur`` that ``prev`` had sent, the index where it breaks, …).
+    ``kept``: the session's kept requests, ``cur``'s ``runs`` against the latest one,
+    whose own are against the one before it."""
+    runs: list[tuple[int, int]] = []
+    if kept and prev is kept[-1]:
+        runs = cur.runs
+    elif kept and len(kept) > 1 and prev is kept[-2]:
+        runs = _both(cur.runs, kept[-1].runs)
+    i = _first_difference(prev.out, cur.out, runs)
     if i is None:
         return prev.tokens(), None, 0
     at, lost, _ = _break(prev, cur, i)
     return at + lost, i, lost
 
 
-def _first_difference(prev: list[Piece], cur: list[Piece]) -> int | None:
-    for i in range(min(len(prev), len(cur))):
+def _both(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where two lists of (start, end) runs (each sorted, apart) overlap."""
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _first_difference(
+    prev: list[Piece], cur: list[Piece], runs: list[tuple[int, int]] | tuple = ()
+) -> int | None:
+    """The first index where the pieces differ (None: one list is the other's start);
+    ``runs``: where ``cur`` holds ``prev``'s very pieces (passed without a look)."""
+    n = min(len(prev), len(cur))
+    at = 0
+    for a, b in runs:
+        found = _first_difference(prev[at:a], cur[at:a]) if a > at else None
+        if found is not None:
+            return at + found
+        at = b
+        if at >= n:
+            return None
+    if at:
+        found = _first_difference(prev[at:n], cur[at:n])
+        return None if found is None else at + found
+    for i in range(n):
         a, b = prev[i], cur[i]
         if a is b:  # the very piece (``_sent``): the same segment and bytes
             continue

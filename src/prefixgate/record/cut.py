@@ -13,10 +13,13 @@ array, say) go the object way.
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import is_not
 from typing import Any, NamedTuple
 
 import msgspec
 
+from prefixgate.cache.pool import common_prefix
 from prefixgate.record.record import Segment
 from prefixgate.record.segments import (
     DIGESTS,
@@ -223,6 +226,10 @@ class ChatCut(NamedTuple):
     tools: Any
     tools_part: list[Piece]
     size: int  # ≈ bytes the kept objects hold
+    chars: int = 0  # the messages' pieces' characters
+    leading: int = 0  # how many messages lead as system ones
+    rest: list[Segment] | None = None  # the segments of the messages after them
+    tools_first: bool = True
 
 
 def cut_of_chat(
@@ -234,22 +241,34 @@ def cut_of_chat(
     The conversion lends a message it converted before as the very object
     (:class:`~prefixgate.apis.messages.request.SessionTurns`): the same object at the same
     place is the same bytes, so its piece is taken as it was, without encoding it; any
-    other is encoded alone and cut as if nothing came before."""
+    other is encoded alone and cut as if nothing came before. The messages lent are found
+    in C and taken as slices of the previous cut's lists; only the others are walked.
+    The pieces (a :class:`Pieces`) say in ``runs`` which of them are, at the same
+    places, the previous turn's very pieces."""
     tools = body.get("tools")
     messages = body["messages"]
     before = previous.messages if previous is not None else ()
-    n, size = len(before), 0
-    msgs: list[Any] = []
-    for i, m in enumerate(messages):
-        if i < n and before[i] is m:
-            piece = previous.pieces[i]  # type: ignore[union-attr]
-            msgs.append(piece)
-            size += piece[0].chars
-            continue
+    n = min(len(before), len(messages))
+    # the messages that are not the previous turn's at the same place, and the new ones
+    other = list(compress(range(n), map(is_not, messages, before))) if n else []
+    other += range(n, len(messages))
+    msgs: list[Any] = previous.pieces[:n] if previous is not None else []
+    chars = size = 0
+    if previous is not None:
+        chars = previous.chars - sum([p[0].chars for p in previous.pieces[n:]])
+        chars -= sum([previous.pieces[i][0].chars for i in other if i < n])
+        size = chars
+    for i in other:
+        m = messages[i]
         data = _encode(m)
         got = piece_of("message", data, role_of)
-        msgs.append((_seg("message", f"messages[{i}]:{got[2]}", got), data))
+        piece = (_seg("message", f"messages[{i}]:{got[2]}", got), data)
+        if i < n:
+            msgs[i] = piece
+        else:
+            msgs.append(piece)
         size += len(data)
+        chars += got[1]
     if previous is not None and tools and tools is previous.tools:
         tools_part = previous.tools_part
     else:
@@ -260,10 +279,39 @@ def cut_of_chat(
         if msgs[i][1] is None:
             msgs[i] = (msgs[i][0], _encode(messages[i]))
     # the conversation's bytes are not kept: the change memory compares it by its hashes
-    msgs[leading:] = [p if p[1] is None else (p[0], None) for p in msgs[leading:]]
-    whole = _chat_order(tools_part, msgs, tools_first, leading)
+    # (a lent piece past the previous leading ones holds none already)
+    was = previous.leading if previous is not None else 0
+    for i in (*range(leading, max(leading, was)), *other):
+        if i >= leading and msgs[i][1] is not None:
+            msgs[i] = (msgs[i][0], None)
+    first = next((i for i in other if i >= leading), len(msgs))  # the rest lent up to it
+    if previous is not None and previous.rest is not None and leading == was:
+        j = min(first, len(previous.rest) + leading) - leading
+        rest = previous.rest[:j]
+        rest += [p[0] for p in msgs[leading + j :]]
+    else:
+        rest = [p[0] for p in msgs[leading:]]
+    lead = [p if p[0].kind == "system" else (_as(p[0], "system"), p[1]) for p in msgs[:leading]]
+    tools_segs = [p[0] for p in tools_part]
+    lead_segs = [p[0] for p in lead]
+    tool_pieces = tools_part[1:]
+    segs = tools_segs + lead_segs + rest if tools_first else lead_segs + tools_segs + rest
+    pieces = Pieces(tool_pieces + lead if tools_first else lead + tool_pieces)
+    pieces += msgs[leading:]  # (the messages' pieces are of kind ``message``)
+    if previous is not None:
+        aligned = leading == was and tools_first == previous.tools_first
+        tools_same = len(tool_pieces) if aligned and tools_part is previous.tools_part else 0
+        at = 0 if tools_first else len(lead)
+        start = len(lead) + len(tool_pieces)
+        if not aligned or len(tools_part) != len(previous.tools_part):
+            same = 0
+        else:
+            same = min(first, len(previous.pieces)) - leading
+        pieces.runs = [(a, a + k) for a, k in ((at, tools_same), (start, same)) if k > 0]
+        pieces.base = previous
     size += 64 * len(msgs) + sum(len(d or b"") for _, d in tools_part)
-    return [p[0] for p in whole], _pieces(whole), ChatCut(messages, msgs, tools, tools_part, size)
+    cut = ChatCut(messages, msgs, tools, tools_part, size, chars, leading, rest, tools_first)
+    return segs, pieces, cut
 
 
 _encode = msgspec.json.encode
@@ -322,6 +370,23 @@ def _pieces(whole: list[Piece]) -> list[Piece]:
     return [p for p in whole if p[0].kind != "tools"]
 
 
+class Pieces(list):
+    """A request's pieces as received (:data:`Piece` each), with how the cut split them,
+    for the next turn's cut to go on from (``split``: its tools bytes, system bytes and
+    messages' bytes, its segments, how many pieces lead the messages); ``same``: how many
+    leading pieces are the previous request's very pieces (set by the cut that lent them,
+    cleared by the change memory once it used it)."""
+
+    __slots__ = ("split", "same", "base", "runs")
+
+    def __init__(self, items=(), split=None, same: int = 0, base=None) -> None:
+        super().__init__(items)
+        self.split = split
+        self.same = same
+        self.base = base  # what ``same`` (or ``runs``) counts in
+        self.runs: list[tuple[int, int]] = []  # the chat cut's: (start, end) lent as they were
+
+
 def _cut(
     api: str,
     tools_list: bytes,
@@ -330,6 +395,15 @@ def _cut(
     tools_first: bool,
     previous: list[Piece] | None,
 ) -> tuple[list[Segment], list[Piece]] | None:
+    split = getattr(previous, "split", None)
+    if (
+        split is not None
+        and api == "anthropic"
+        and split[0] == tools_first
+        and type(messages_raw) is list
+        and type(system_raw) is bytes
+    ):
+        return _cut_on(previous, split, tools_list, messages_raw, system_raw)  # type: ignore[arg-type]
     prev_tools: list[Piece] = []
     prev_blocks: list[Piece] = []
     prev_messages: list[Piece] = []  # in their order: messages[0], messages[1] …
@@ -344,10 +418,41 @@ def _cut(
     tools_part = _tools_part(api, tools_list, prev_tools)
     if tools_part is None:
         return None
+    msgs = _messages(messages_raw or (), prev_messages, 0, [])
 
-    msgs: list[Piece] = []
+    if api == "anthropic":
+        head = _head(system_raw, prev_blocks)
+        if head is None:
+            return None
+        whole = tools_part + head if tools_first else head + tools_part
+        lead = len(whole)
+        whole += msgs
+        segs = [p[0] for p in whole]
+        if type(messages_raw) is list and type(system_raw) is bytes:  # lent by the decode
+            split = (
+                tools_first,
+                tools_list,
+                tools_part,
+                system_raw,
+                head,
+                list(messages_raw),
+                segs,
+                lead,
+            )
+            return segs, Pieces(_pieces(whole), split)
+        return segs, _pieces(whole)
+    whole = _chat_order(tools_part, msgs, tools_first, _leading(msgs))
+    return [p[0] for p in whole], _pieces(whole)
+
+
+def _messages(
+    messages_raw, prev_messages: list[Piece], start: int, msgs: list[Piece]
+) -> list[Piece]:
+    """``msgs`` and the pieces of ``messages_raw[start:]``: a message whose bytes equal
+    the previous request's at the same place takes its piece."""
     n = len(prev_messages)
-    for i, m in enumerate(messages_raw or ()):
+    for i in range(start, len(messages_raw)):
+        m = messages_raw[i]
         if i < n:
             before = prev_messages[i]
             was = before[1]
@@ -357,31 +462,78 @@ def _cut(
         data = bytes(m)
         piece = piece_of("message", data, role_of)
         msgs.append((_seg("message", f"messages[{i}]:{piece[2]}", piece), data))
+    return msgs
 
-    if api == "anthropic":
-        head: list[Piece] = []
-        system = bytes(system_raw)
-        if system[:1] == b'"':
-            head.append((_seg("system", "system", piece_of("system", system, _no_label)), system))
-        elif system[:1] == b"[":
-            if (
-                prev_blocks
-                and prev_blocks[0][0].name != "system"
-                and _same_list(system, prev_blocks)
-            ):
-                head = list(prev_blocks)
-            else:
-                for i, block in enumerate(ITEMS.decode(system)):
-                    data = bytes(block)
-                    piece = piece_of("block", data, _no_label)
-                    head.append((_seg("system", f"system[{i}]", piece), data))
-        elif system != b"null":
-            return None
-        whole = tools_part + head if tools_first else head + tools_part
-        whole += msgs
+
+def _head(system_raw, prev_blocks: list[Piece]) -> list[Piece] | None:
+    """An Anthropic request's system pieces (``None``: not of the shape)."""
+    head: list[Piece] = []
+    system = bytes(system_raw)
+    if system[:1] == b'"':
+        head.append((_seg("system", "system", piece_of("system", system, _no_label)), system))
+    elif system[:1] == b"[":
+        if prev_blocks and prev_blocks[0][0].name != "system" and _same_list(system, prev_blocks):
+            head = list(prev_blocks)
+        else:
+            for i, block in enumerate(ITEMS.decode(system)):
+                data = bytes(block)
+                piece = piece_of("block", data, _no_label)
+                head.append((_seg("system", f"system[{i}]", piece), data))
+    elif system != b"null":
+        return None
+    return head
+
+
+def _cut_on(
+    previous: Pieces, split: tuple, tools_list: bytes, messages_raw: list, system: bytes
+) -> tuple[list[Segment], list[Piece]] | None:
+    """:func:`_cut` of an Anthropic request lent by the decode, going on from the
+    session's previous request as this cut split it: the tools list and the system taken
+    as they were when their bytes are equal; the messages equal to the previous ones from
+    the start (compared in C) taken as a slice of its pieces and segments; only the rest
+    walked, as the cut does. The result is the cut's without ``previous``'s split."""
+    tools_first, ptools, ptools_part, psystem, phead, praw, psegs, plead = split
+    if tools_list is ptools or tools_list == ptools:
+        tools_part = ptools_part
     else:
-        whole = _chat_order(tools_part, msgs, tools_first, _leading(msgs))
-    return [p[0] for p in whole], _pieces(whole)
+        got = _tools_part("anthropic", tools_list, [p for p in ptools_part if p[0].kind == "tool"])
+        if got is None:
+            return None
+        tools_part = got
+    if system is psystem or system == psystem:
+        head = phead
+    else:
+        got = _head(system, [p for p in phead if p[0].kind == "system"])
+        if got is None:
+            return None
+        head = got
+    front = tools_part + head if tools_first else head + tools_part
+    lead = len(front)
+    k = common_prefix(messages_raw, praw)
+    skip = plead - (1 if ptools_part else 0)  # where the messages start in the pieces
+    prev_messages = previous[skip:]
+    msgs = _messages(messages_raw, prev_messages, k, prev_messages[:k])
+    tail = msgs[k:]
+    if tools_part is ptools_part and head is phead:  # the front and k messages as they were
+        segs = psegs[: lead + k]
+        segs += [p[0] for p in tail]
+        pieces = Pieces(previous[: skip + k], None, skip + k, previous)
+        pieces += tail
+    else:
+        whole = front + msgs
+        segs = [p[0] for p in whole]
+        pieces = Pieces(_pieces(whole))
+    pieces.split = (
+        tools_first,
+        tools_list,
+        tools_part,
+        system,
+        head,
+        list(messages_raw),
+        segs,
+        lead,
+    )
+    return segs, pieces
 
 
 def _as(seg: Segment, kind: str) -> Segment:
