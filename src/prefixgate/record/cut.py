@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from prefixgate.cache.pool import common_prefix
 from prefixgate.record.record import Segment
 from prefixgate.record.segments import (
     DIGESTS,
@@ -30,6 +29,7 @@ from prefixgate.record.segments import (
     role_of,
     stripped,
 )
+from prefixgate.sequences import common_prefix
 
 
 class _Shape(msgspec.Struct):
