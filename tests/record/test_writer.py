@@ -60,11 +60,11 @@ class FlakyStore(Store):
     def schema_version(self):
         return self.inner.schema_version()
 
-    def write_batch(self, records):
+    def write_batch(self, records, *, segments=None):
         self._check()
         if self.fail_after is not None and self.writes >= self.fail_after:
             raise StoreError("store failed midway (test)")
-        self.inner.write_batch(records)
+        self.inner.write_batch(records, segments=segments)
         self.writes += 1
 
     def count(self):
@@ -387,10 +387,10 @@ def test_close_does_not_wait_for_a_hung_store(sqlite_store: SqliteStore, tmp_pat
     closed = threading.Event()
 
     class HungStore(FlakyStore):
-        def write_batch(self, records):
+        def write_batch(self, records, *, segments=None):
             entered.set()
             release.wait(120)
-            super().write_batch(records)
+            super().write_batch(records, segments=segments)
 
     journal = tmp_path / "journal"
 
@@ -485,12 +485,12 @@ class NiceProbe(FlakyStore):
         self.gate = threading.Event()
         self.gate.set()
 
-    def write_batch(self, records):
+    def write_batch(self, records, *, segments=None):
         self.calls += 1
         self.gate.wait(30)
         tid = threading.get_native_id()
         self.nices.append((os.getpriority(os.PRIO_PROCESS, tid), len(records)))
-        super().write_batch(records)
+        super().write_batch(records, segments=segments)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")

@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 
 from prefixgate.record.backlog import Batch, open_backlog
+from prefixgate.record.journal import SegmentsJson
 from prefixgate.record.record import Record
 from prefixgate.store.base import Store, StoreDataError, StoreError
 
@@ -267,7 +268,7 @@ class RecordWriter:
 
     async def _store_batch(self, batch: Batch) -> bool:
         try:
-            rejected = await self._off(self._write_sync, batch.records)
+            rejected = await self._off(self._write_sync, batch.records, batch.segments)
         except Exception as exc:
             self._store_failed(exc)
             return False
@@ -284,9 +285,12 @@ class RecordWriter:
             )
         return True
 
-    def _write_sync(self, records: list[Record]) -> list[tuple[Record, str]]:
+    def _write_sync(
+        self, records: list[Record], segments: list[SegmentsJson] | None = None
+    ) -> list[tuple[Record, str]]:
         """Write a batch; when the store refuses its data, each record alone, to find the
-        ones it refuses (returned, with the reason) and store the rest."""
+        ones it refuses (returned, with the reason) and store the rest. ``segments``: the
+        records' segment lists as the journal encoded them, when it did."""
         store = self._store
         if store is None:
             if self._factory is None:
@@ -297,15 +301,15 @@ class RecordWriter:
             store.migrate()
             self._migrated = True
         try:
-            store.write_batch(records)
+            store.write_batch(records, segments=segments)
             return []
         except StoreDataError as exc:
             if len(records) == 1:
                 return [(records[0], str(exc))]
         refused = []
-        for record in records:
+        for i, record in enumerate(records):
             try:
-                store.write_batch([record])
+                store.write_batch([record], segments=None if segments is None else [segments[i]])
             except StoreDataError as exc:
                 refused.append((record, str(exc)))
         return refused
