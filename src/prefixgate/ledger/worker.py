@@ -18,7 +18,9 @@ returns. A background task takes them in order, one per turn of the event loop, 
 3. keeps the session's prompt length and segments for its next request (where the prompt
    changed), bounded;
 4. counts the tokens per cause and the predictions that agree with the engine (read by
-   ``/metrics``), and writes the ledgers to the store in batches, in a thread.
+   ``/metrics``), and writes the ledgers to the store in batches, in a thread: a batch
+   once it holds ``batch_size`` ledgers or ``flush_interval`` after its first came, so
+   the turns finished within that interval share one transaction.
 
 Ledgers are derived data: a crash loses the ones not yet written (their records are safe
 in the journal), and a full queue drops new requests' ledgers (counted), never blocks.
@@ -182,6 +184,7 @@ class LedgerWorker:
         self._thread: CallThread | None = None
         self._retry_at = 0.0
         self._closing = False
+        self._hurry = False  # drain(): write what is pending now
 
     # -- the request path -----------------------------------------------------------------
     def feed(
@@ -236,20 +239,30 @@ class LedgerWorker:
             self._thread = None
 
     async def drain(self) -> None:
-        """Until everything fed so far is computed and written (tests, benchmarks)."""
+        """Until everything fed so far is computed and written (tests, benchmarks): what
+        is pending is written without waiting out ``flush_interval``."""
         while self._queue or self._pending:
+            self._hurry = True
             self._wake.set()
             await asyncio.sleep(0.01)
+        self._hurry = False
 
     async def _run(self) -> None:
-        last_flush = time.monotonic()
+        # A batch is written once it is full, or ``flush_interval`` after its first
+        # ledger: the turns that finish within it (sessions served side by side, a
+        # client's requests in a burst) share one transaction.
+        first = 0.0  # when the oldest ledger pending came
         while True:
             if not self._queue:
                 if self._closing:
                     await self._flush()
                     return
                 self._wake.clear()
-                timeout = self.flush_interval if self._pending else None
+                timeout = None
+                if self._pending:
+                    now = time.monotonic()
+                    due = max(now if self._hurry else first + self.flush_interval, self._retry_at)
+                    timeout = max(0.0, due - now)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
@@ -265,14 +278,17 @@ class LedgerWorker:
                     self._done(ledger, record.channel or "-")
                 _call(then, ledger)
                 await asyncio.sleep(0)  # one request a turn: the loop serves requests first
+            if not self._pending:
+                continue
             now = time.monotonic()
+            if not first:
+                first = now
             full = len(self._pending) >= self.batch_size
-            if self._pending and (
-                full or now - last_flush >= self.flush_interval or not self._queue
+            if (full or self._hurry or now - first >= self.flush_interval) and (
+                now >= self._retry_at
             ):
-                if now >= self._retry_at:
-                    await self._flush()
-                last_flush = now
+                await self._flush()
+                first = 0.0 if not self._pending else time.monotonic()
 
     def _done(self, ledger: Ledger, channel: str) -> None:
         self.computed += 1
