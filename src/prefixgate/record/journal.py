@@ -69,10 +69,20 @@ _SEGMENTS_ENCODER = msgspec.json.Encoder()
 
 
 def encode_segments_json(
-    segments_in: list[Segment] | None, segments_out: list[Segment] | None
+    segments_in: list[Segment] | None,
+    segments_out: list[Segment] | None,
+    buf: bytearray | None = None,
 ) -> SegmentsJson:
-    """The two lists as JSON, each encoded once (once in all when they are one list)."""
-    enc = _SEGMENTS_ENCODER.encode
+    """The two lists as JSON, each encoded once (once in all when they are one list).
+    ``buf``: a buffer of the caller's thread to encode into (it keeps its size from one
+    call to the next: no growing buffer each time), each list then copied out of it."""
+
+    def enc(segments: list[Segment]) -> bytes:
+        if buf is None:
+            return _SEGMENTS_ENCODER.encode(segments)
+        _SEGMENTS_ENCODER.encode_into(segments, buf)
+        return bytes(buf)
+
     a = None if segments_in is None else enc(segments_in)
     if segments_out is None:
         return SegmentsJson(a, None, False)
@@ -102,6 +112,7 @@ class Journal:
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(Record)
         self._buf = bytearray()
+        self._segments_buf = bytearray()
 
     @property
     def is_open(self) -> bool:
@@ -185,7 +196,7 @@ class Journal:
         lists are encoded first and spliced into the line as they are (the same bytes as
         the record encoded whole), then kept in ``last_segments`` for the store's row."""
         buf = self._buf
-        segments = encode_segments_json(record.segments_in, record.segments_out)
+        segments = encode_segments_json(record.segments_in, record.segments_out, self._segments_buf)
         self.last_segments = segments
         line = record
         if segments.segments_in is not None or segments.segments_out is not None:
@@ -199,6 +210,8 @@ class Journal:
         n = len(buf)
         if n > 1 << 20:
             self._buf = bytearray()  # do not keep a huge record's buffer
+        if len(self._segments_buf) > 1 << 20:
+            self._segments_buf = bytearray()
         if self.bytes + n > self.max_bytes:
             return self._refuse(
                 f"it holds {self.bytes / (1 << 20):.1f} MiB, its bound (store.journal_max_mb)"
