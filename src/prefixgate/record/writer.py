@@ -5,11 +5,13 @@ store in batches, off the request path.
 which survives the process being killed) and returns. A background task takes batches
 off the backlog (up to ``batch_size``, or whatever arrived within ``flush_interval``) and
 writes each to the store in a worker thread; a stored batch is committed, and journal
-segments wholly stored are deleted. When the store fails (unreachable, or a statement or
-lock wait past its timeout: a stalled store is a failed store), nothing moves: the records
-wait in the journal, and the store is tried again every ``retry_interval``. What a
-previous run left in the journal (a crash, a shutdown while the store was down) is stored
-first. Stores write each ``request_id`` once, so replaying a stored record stores nothing.
+segments wholly stored are deleted. A record's segment lists are encoded once, by the
+journal: its line holds them as they were encoded, and its row in the store is made of
+them (a batch loaded back from the journal's files encodes them again). When the store
+fails (unreachable, or a statement or lock wait past its timeout: a stalled store is a
+failed store), nothing moves: the records wait in the journal, and the store is tried
+again every ``retry_interval``. What a previous run left in the journal (a crash, a
+shutdown while the store was down) is stored first. Stores write each ``request_id`` once, so replaying a stored record stores nothing.
 
 ``close()`` gives the store at most ``close_timeout`` to take what is pending, then
 stops: the rest is already on disk, for the next start. A store call that hangs is left
