@@ -24,7 +24,8 @@ request after the session's turns before it: the cache model's path, ``model_blo
 included), ``journal`` (the record appended to a journal: encoded and written), ``row``
 (the record's row in the store, as the writer makes it), ``write`` (the writer's batch of
 that one record into a SQLite store), ``ledger_write`` (one ledger written alone),
-``ledgers_10`` (ten ledgers in one transaction, a tenth counted).
+``ledgers_10`` (ten ledgers in one transaction, a tenth counted), ``write_ledger`` (the
+record's batch with its ledger in the same transaction, as the writer now writes a turn's).
 """
 
 from __future__ import annotations
@@ -190,8 +191,9 @@ def _store_stages(stages: dict, rec, stage: str) -> None:
     encoded and written), ``row`` (its row, as the writer makes it of the batch the
     journal's mirror hands it), ``write`` (a batch of that one record written to a SQLite
     store: the row, the transaction), ``ledger_write`` (a ledger written to it alone, as
-    the ledger worker flushed each turn's) and ``ledgers_10`` (ten ledgers in one
-    transaction, a tenth counted)."""
+    the ledger worker flushed each turn's), ``ledgers_10`` (ten ledgers in one
+    transaction, a tenth counted) and ``write_ledger`` (the record's batch with its
+    ledger, in one transaction)."""
     import inspect
     import tempfile
 
@@ -211,7 +213,7 @@ def _store_stages(stages: dict, rec, stage: str) -> None:
         return
     takes = "segments" in inspect.signature(record_row).parameters
     stages["row"] = (lambda: record_row(rec, encoded)) if takes else (lambda: record_row(rec))
-    if stage not in ("write", "ledger_write", "ledgers_10"):
+    if stage not in ("write", "ledger_write", "ledgers_10", "write_ledger"):
         return
     from prefixgate.store.sqlite import SqliteStore
 
@@ -243,6 +245,15 @@ def _store_stages(stages: dict, rec, stage: str) -> None:
 
     stages["ledger_write"] = ledgers(1)
     stages["ledgers_10"] = ledgers(10)
+    if "ledgers" in inspect.signature(store.write_batch).parameters:
+
+        def write_with_ledger() -> None:  # the record and its ledger in one transaction
+            i = next(ids)
+            r = msgspec.structs.replace(rec, request_id=f"w{i}")
+            x = msgspec.structs.replace(ledger, request_id=f"w{i}")
+            store.write_batch([r], segments=[encoded], ledgers=[x])  # type: ignore[list-item]
+
+        stages["write_ledger"] = write_with_ledger
 
 
 def _ledger_stage(ch, history: list, rec, others: list[list]):

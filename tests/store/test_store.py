@@ -408,3 +408,29 @@ def test_rows_from_the_journals_encoding_are_those_written_before(
         )
         assert back_new.segments_in == record.segments_in
         assert back_new.segments_out == record.segments_out
+
+
+def test_ledgers_written_in_the_records_transaction(store: Store) -> None:
+    """``write_batch``'s ledgers are stored as ``write_ledgers`` stores them, with records
+    or alone, once per request."""
+    from prefixgate.ledger.causes import Ledger
+
+    store.migrate()
+    ledgers = [
+        Ledger(
+            request_id=f"req-{i}",
+            received_at=T0 + i,
+            source="model",
+            prompt_tokens=100,
+            block_size=16,
+            hit=96,
+            cold=4,
+            engine_cached=96,
+            changed_segment="messages[3]:user",
+        )  # fmt: skip
+        for i in range(3)
+    ]
+    store.write_batch([full_record(0)], ledgers=ledgers[:2])
+    store.write_batch([], ledgers=ledgers[1:])
+    assert store.count() == 1
+    assert [store.get_ledger(f"req-{i}") for i in range(3)] == ledgers

@@ -82,11 +82,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def write_batch(
-        self, records: list[Record], *, segments: list[SegmentsJson] | None = None
+        self,
+        records: list[Record],
+        *,
+        segments: list[SegmentsJson] | None = None,
+        ledgers: list[Ledger] | None = None,
     ) -> None:
         """Write records and their texts in one transaction. Idempotent per
         ``request_id``: writing a record again stores nothing new. ``segments``: each
-        record's segment lists already encoded (the journal's), so they are not again."""
+        record's segment lists already encoded (the journal's), so they are not again;
+        ``ledgers``: miss ledgers written in the same transaction (as ``write_ledgers``)."""
 
     def write_ledgers(self, ledgers: list[Ledger]) -> None:
         """Write miss ledgers (:mod:`prefixgate.ledger`) in one transaction; a request's

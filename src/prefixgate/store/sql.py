@@ -119,9 +119,15 @@ class SqlStore(SessionQueries, Store):
         return data.decode()
 
     def write_batch(
-        self, records: list[Record], *, segments: list[SegmentsJson] | None = None
+        self,
+        records: list[Record],
+        *,
+        segments: list[SegmentsJson] | None = None,
+        ledgers: list[Ledger] | None = None,
     ) -> None:
         if not records:
+            if ledgers:
+                self.write_ledgers(ledgers)
             return
         json = self._json
         if segments is None:
@@ -140,6 +146,8 @@ class SqlStore(SessionQueries, Store):
                 cur.executemany(self._insert_request, rows)
                 if fresh:
                     cur.executemany(self._insert_text, fresh)
+                if ledgers:
+                    cur.executemany(self._insert_ledger, [schema.ledger_row(x) for x in ledgers])
             if len(seen) + len(fresh) > TEXT_CACHE_MAX:
                 seen.clear()
             for h, at, _ in fresh:
