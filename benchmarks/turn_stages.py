@@ -194,7 +194,9 @@ def _store_stages(stages: dict, rec, stage: str) -> None:
     the ledger worker flushed each turn's), ``ledgers_10`` (ten ledgers in one
     transaction, a tenth counted) and ``write_ledger`` (the record's batch with its
     ledger, in one transaction)."""
+    import atexit
     import inspect
+    import shutil
     import tempfile
 
     import msgspec
@@ -202,6 +204,7 @@ def _store_stages(stages: dict, rec, stage: str) -> None:
     from prefixgate.record.journal import Journal
 
     tmp = tempfile.mkdtemp(prefix="turn-stages-")
+    atexit.register(shutil.rmtree, tmp, True)
     journal = Journal(tmp + "/journal", segment_bytes=1 << 30)
     journal.open()
     stages["journal"] = lambda: journal.append(rec)
