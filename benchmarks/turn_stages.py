@@ -22,8 +22,11 @@ through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (t
 ledger's cache-model blocks, named as its worker names them: gone on from the session's
 previous turn), ``ledger`` (the ledger worker's computation of the turn's finished
 request after the session's turns before it: the cache model's path, ``model_blocks``
-included), ``journal`` (the record encoded as the journal appends it), ``row`` (the
-record's row in the store, as the writer makes it).
+included), ``journal`` (the record appended to a journal: encoded and written), ``row``
+(the record's row in the store, as the writer makes it), ``write`` (the writer's batch of
+that one record into a SQLite store), ``ledger_write`` (one ledger written alone),
+``ledgers_10`` (ten ledgers in one transaction, a tenth counted), ``write_ledger`` (the
+record's batch with its ledger in the same transaction, as the writer now writes a turn's).
 """
 
 from __future__ import annotations
@@ -122,14 +125,8 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0) -> None:
         "encode": lambda: msgspec.json.encode(out),
         "capture": capture,
         "model_blocks": lambda: model_blocks(rec.segments_out),  # replaced below if lent
-        "journal": lambda: msgspec.json.Encoder().encode_into(rec, bytearray()),
     }
-    try:  # the record's row in the store (the writer's thread)
-        from prefixgate.store.schema import record_row
-    except ImportError:
-        pass
-    else:
-        stages["row"] = lambda: record_row(rec)
+    _store_stages(stages, rec, stage)
     try:
         from prefixgate.apis.messages.request import SessionTurns
     except ImportError:
@@ -202,6 +199,79 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0) -> None:
     _instrument()
     f(), f()  # warm
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
+
+
+def _store_stages(stages: dict, rec, stage: str) -> None:
+    """The record's way to the store: ``journal`` (its append to a journal: the line
+    encoded and written), ``row`` (its row, as the writer makes it of the batch the
+    journal's mirror hands it), ``write`` (a batch of that one record written to a SQLite
+    store: the row, the transaction), ``ledger_write`` (a ledger written to it alone, as
+    the ledger worker flushed each turn's), ``ledgers_10`` (ten ledgers in one
+    transaction, a tenth counted) and ``write_ledger`` (the record's batch with its
+    ledger, in one transaction)."""
+    import atexit
+    import inspect
+    import shutil
+    import tempfile
+
+    import msgspec
+
+    from prefixgate.record.journal import Journal
+
+    tmp = tempfile.mkdtemp(prefix="turn-stages-")
+    atexit.register(shutil.rmtree, tmp, True)
+    journal = Journal(tmp + "/journal", segment_bytes=1 << 30)
+    journal.open()
+    stages["journal"] = lambda: journal.append(rec)
+    journal.append(rec)
+    encoded = getattr(journal, "last_segments", None)
+    try:
+        from prefixgate.store.schema import record_row
+    except ImportError:
+        return
+    takes = "segments" in inspect.signature(record_row).parameters
+    stages["row"] = (lambda: record_row(rec, encoded)) if takes else (lambda: record_row(rec))
+    if stage not in ("write", "ledger_write", "ledgers_10", "write_ledger"):
+        return
+    from prefixgate.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp + "/records.db")
+    store.migrate()
+    ids = iter(range(1 << 30))
+
+    def write() -> None:
+        r = msgspec.structs.replace(rec, request_id=f"w{next(ids)}")
+        if encoded is not None:
+            store.write_batch([r], segments=[encoded])
+        else:
+            store.write_batch([r])
+
+    stages["write"] = write
+    try:
+        from prefixgate.ledger.causes import Ledger
+    except ImportError:
+        return
+    ledger = Ledger(
+        request_id="l", received_at=0.0, source="model", prompt_tokens=12000, block_size=16,
+        hit=11520, cold=480, model_predicted=11520, engine_cached=11520,
+    )  # fmt: skip
+
+    def ledgers(n: int):
+        return lambda: store.write_ledgers(
+            [msgspec.structs.replace(ledger, request_id=f"l{next(ids)}") for _ in range(n)]
+        )
+
+    stages["ledger_write"] = ledgers(1)
+    stages["ledgers_10"] = ledgers(10)
+    if "ledgers" in inspect.signature(store.write_batch).parameters:
+
+        def write_with_ledger() -> None:  # the record and its ledger in one transaction
+            i = next(ids)
+            r = msgspec.structs.replace(rec, request_id=f"w{i}")
+            x = msgspec.structs.replace(ledger, request_id=f"w{i}")
+            store.write_batch([r], segments=[encoded], ledgers=[x])  # type: ignore[list-item]
+
+        stages["write_ledger"] = write_with_ledger
 
 
 def _ledger_stage(ch, history: list, rec, others: list[list]):
@@ -326,7 +396,7 @@ def main() -> None:
         if got is None:
             print(f"{stage:<14}{'(not in this tree)':>20}")
             continue
-        per = (got - empty) / (2 if stage.endswith("_lent") else 1)
+        per = (got - empty) / (2 if stage.endswith("_lent") else 10 if stage.endswith("_10") else 1)
         print(f"{stage:<14}{per / 1e6:>10.2f}", flush=True)
 
 

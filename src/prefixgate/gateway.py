@@ -157,7 +157,7 @@ class Gateway:
             capture=capture,
             token_counter=token_counter,
             events=events,
-            ledger=_ledger(config, client, events, orders),
+            ledger=_ledger(config, client, events, orders, recorder),
             render_orders=orders,
         )
 
@@ -273,18 +273,30 @@ def _engine_events(config: Config) -> EngineEvents | None:
 
 
 def _ledger(
-    config: Config, upstream: EngineClient, events: EngineEvents | None, orders: RenderOrders
+    config: Config,
+    upstream: EngineClient,
+    events: EngineEvents | None,
+    orders: RenderOrders,
+    recorder=None,
 ):
     """The miss ledger's worker (ledger/), when there is a store to keep the ledgers in
     (``store.ledger``, on by default) or engine events to read; fed by each record's
-    finish, its figures on ``/metrics``."""
+    finish, its figures on ``/metrics``. Its ledgers go into the record writer's batches
+    (one transaction with the turn's record) when the writer is the store's own."""
     store = config.store if config.store is not None and config.store.ledger else None
     if store is None and events is None:
         return None
     from prefixgate.ledger.worker import LedgerWorker
+    from prefixgate.record.writer import RecordWriter
 
+    writer = recorder if store is not None and isinstance(recorder, RecordWriter) else None
     return LedgerWorker(
-        config, events=events, store=_store_factory(store), upstream=upstream, orders=orders
+        config,
+        events=events,
+        store=_store_factory(store),
+        upstream=upstream,
+        orders=orders,
+        writer=writer,
     )
 
 

@@ -225,3 +225,53 @@ def test_common_prefix_is_the_leading_run_of_equal_items(a, b) -> None:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     assert common_prefix(a, b) == n
+
+
+class _CountingStore:
+    """A store that keeps what each ``write_ledgers`` call was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def migrate(self) -> int:
+        return 0
+
+    def write_ledgers(self, ledgers) -> None:
+        self.calls.append([x.request_id for x in ledgers])
+
+    def close(self) -> None:
+        pass
+
+
+def test_ledgers_finished_within_the_interval_share_one_write() -> None:
+    """Turns that come one at a time, each computed before the next is fed, wait for the
+    interval (or a full batch) and are written together, in order."""
+    store = _CountingStore()
+    w = worker(store=lambda: store, flush_interval=3600.0, batch_size=4)  # type: ignore[arg-type, return-value]
+
+    def rec(i: int) -> Record:
+        return Record(
+            request_id=f"r{i}",
+            received_at=1.0 + i,
+            session_id="s",
+            channel="c",
+            replica="http://x/v1",
+            prompt_tokens=100 + i,
+            segments_out=[seg("m", 25 + i)],
+        )
+
+    async def run() -> None:
+        await w.start()
+        for i in range(6):
+            w.feed(rec(i), None)
+            while w.computed <= i:
+                await asyncio.sleep(0.001)
+        for _ in range(10):  # the loop turns: nothing more is written before the interval
+            await asyncio.sleep(0.001)
+        assert store.calls == [["r0", "r1", "r2", "r3"]]  # a full batch goes at once
+        await w.drain()
+        assert store.calls == [["r0", "r1", "r2", "r3"], ["r4", "r5"]]
+        await w.aclose()
+
+    asyncio.run(run())
+    assert w.written == 6

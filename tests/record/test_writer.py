@@ -48,6 +48,7 @@ class FlakyStore(Store):
         self.down = threading.Event()
         self.fail_after: int | None = None  # fail every write after this many successes
         self.writes = 0
+        self.batches: list[tuple[list[str], list[str]]] = []  # request ids: records, ledgers
 
     def _check(self) -> None:
         if self.down.is_set():
@@ -60,12 +61,19 @@ class FlakyStore(Store):
     def schema_version(self):
         return self.inner.schema_version()
 
-    def write_batch(self, records):
+    def write_batch(self, records, *, segments=None, ledgers=None):
         self._check()
         if self.fail_after is not None and self.writes >= self.fail_after:
             raise StoreError("store failed midway (test)")
-        self.inner.write_batch(records)
+        self.inner.write_batch(records, segments=segments, ledgers=ledgers)
         self.writes += 1
+        self.batches.append(
+            ([r.request_id for r in records], [x.request_id for x in ledgers or ()])
+        )
+
+    def write_ledgers(self, ledgers):
+        self._check()
+        self.inner.write_ledgers(ledgers)
 
     def count(self):
         return self.inner.count()
@@ -387,10 +395,10 @@ def test_close_does_not_wait_for_a_hung_store(sqlite_store: SqliteStore, tmp_pat
     closed = threading.Event()
 
     class HungStore(FlakyStore):
-        def write_batch(self, records):
+        def write_batch(self, records, *, segments=None):
             entered.set()
             release.wait(120)
-            super().write_batch(records)
+            super().write_batch(records, segments=segments)
 
     journal = tmp_path / "journal"
 
@@ -485,12 +493,12 @@ class NiceProbe(FlakyStore):
         self.gate = threading.Event()
         self.gate.set()
 
-    def write_batch(self, records):
+    def write_batch(self, records, *, segments=None):
         self.calls += 1
         self.gate.wait(30)
         tid = threading.get_native_id()
         self.nices.append((os.getpriority(os.PRIO_PROCESS, tid), len(records)))
-        super().write_batch(records)
+        super().write_batch(records, segments=segments)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
@@ -566,3 +574,54 @@ def test_a_tail_past_the_mirror_bytes_is_read_back_from_the_journal(
 
     asyncio.run(main())
     assert ids(sqlite_store) == expected(63)
+
+
+def test_ledgers_handed_over_share_the_records_transaction(
+    sqlite_store: SqliteStore, tmp_path: Path
+) -> None:
+    """A turn's ledger, handed over while the writer waits for its record's batch, is
+    written in that batch's transaction; ledgers with no record pending are written
+    alone; through an outage they wait and are written once the store is back."""
+    from prefixgate.ledger.causes import Ledger
+
+    flaky = FlakyStore(sqlite_store)
+    settled: list[tuple[int, int]] = []
+
+    def ledger(i: int) -> Ledger:
+        return Ledger(
+            request_id=f"req-{i:06d}", received_at=1.0, source="model", prompt_tokens=10,
+            block_size=16, cold=10,
+        )  # fmt: skip
+
+    async def main() -> None:
+        writer = RecordWriter(
+            flaky, journal=tmp_path / "journal", flush_interval=3600.0, retry_interval=0.02
+        )
+        await writer.start()
+        writer.submit(make(0))
+        assert writer.take_ledgers([ledger(0)], lambda w, lost: settled.append((w, lost)))
+        writer.submit(make(1))
+        writer.submit(make(2))
+        for _ in range(10):
+            await asyncio.sleep(0.001)
+        assert flaky.batches == []  # the batch waits for its interval
+        writer._wake.set()
+        writer.batch_size = 3  # a full batch goes at once
+        writer.submit(make(3))
+        await wait_until(lambda: writer.stats().pending == 1)
+        assert flaky.batches == [(expected(3), expected(1))]
+        flaky.down.set()
+        writer.take_ledgers([ledger(1), ledger(2)], lambda w, lost: settled.append((w, lost)))
+        writer._wake.set()  # the next batch tried while the store is down
+        await wait_until(lambda: not writer.stats().store_ok)
+        assert writer.ledgers_pending == 2
+        flaky.down.clear()
+        # woken until it has written them (a wake within the retry interval is passed)
+        await wait_until(lambda: writer._wake.set() or writer.ledgers_pending == 0)
+        await writer.close()
+
+    asyncio.run(main())
+    assert flaky.batches[-1] == (["req-000003"], ["req-000001", "req-000002"])
+    assert settled == [(1, 0), (2, 0)]
+    assert [sqlite_store.get_ledger(f"req-{i:06d}") is not None for i in range(3)] == [True] * 3
+    assert ids(sqlite_store) == expected(4)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import sqlite3
 
+import msgspec
 import psycopg
 import pytest
 
+from prefixgate.record.journal import Position
 from prefixgate.record.record import Change, Record, Segment
 from prefixgate.record.shape import Shape
 from prefixgate.store import Store, StoreDataError, StoreError, open_store, schema, sql
@@ -324,3 +326,111 @@ def test_a_value_the_store_cannot_hold_is_a_data_error(store: Store, dsn: str) -
         store.write_batch([bad])
     store.write_batch([full_record(2)])
     assert store.count() == 1
+
+
+def _old_row(record: Record) -> tuple:
+    """A record's row as the store made it before its segments came encoded from the
+    journal: each list encoded to text here, compared as lists."""
+    row = list(schema.record_row(record))
+    n = len(schema.SCALAR_COLUMNS)
+    same = record.segments_out is not None and record.segments_out == record.segments_in
+    row[n] = schema.encode_segments(record.segments_in)
+    row[n + 1] = None if same else schema.encode_segments(record.segments_out)
+    row[n + 2] = same
+    return tuple(row)
+
+
+def _variants() -> list[Record]:
+    """Segment lists in every relation: different, equal (one list, or two), absent,
+    empty, one side only; texts that are not ASCII."""
+    base = full_record(0, texts={"a": "é ✓"})
+    equal = [seg("system", "système[0]", 1), seg("message", "messages[0]:user", 2)]
+    return [
+        base,
+        msgspec.structs.replace(base, segments_out=base.segments_in),
+        msgspec.structs.replace(base, segments_in=equal, segments_out=list(equal)),
+        msgspec.structs.replace(base, segments_in=None, segments_out=None),
+        msgspec.structs.replace(base, segments_in=[], segments_out=[]),
+        msgspec.structs.replace(base, segments_in=None),
+        msgspec.structs.replace(base, segments_out=None),
+        msgspec.structs.replace(base, change=None, diagnosis=None),
+    ]
+
+
+def test_rows_from_the_journals_encoding_are_those_written_before(
+    store: Store, dsn: str, tmp_path
+) -> None:
+    """Rows written with the segments the journal encoded (spliced into its line as is)
+    hold what rows encoded here held, stored as the same types, and read back equal."""
+    from prefixgate.record.journal import Journal
+
+    store.migrate()
+    journal = Journal(tmp_path / "journal")
+    journal.open()
+    variants = _variants()
+    old, new, encoded = [], [], []
+    for i, record in enumerate(variants):
+        line_before = msgspec.json.encode(record)
+        assert journal.append(record) is not None
+        assert journal.last_segments is not None
+        encoded.append(journal.last_segments)
+        new.append(msgspec.structs.replace(record, request_id=f"new-{i}"))
+        old.append(msgspec.structs.replace(record, request_id=f"old-{i}"))
+        assert journal.read(Position(1, 0), dict(journal.sizes), 100)[0][-1] == record
+        assert msgspec.json.encode(record) == line_before  # the record is left as it was
+    end = journal.end
+    with open(journal.slot / f"{end.seq:012d}.jsonl", "rb") as f:  # type: ignore[operator]
+        lines = f.read().splitlines()
+    assert lines == [msgspec.json.encode(r) for r in variants]  # the same bytes as before
+    journal.close(everything_stored=True)
+
+    store.write_batch(new, segments=encoded)
+    assert isinstance(store, sql.SqlStore)
+    with store._transaction(exclusive=True) as cur:
+        cur.executemany(store._insert_request, [_old_row(r) for r in old])
+    types = (
+        "typeof(segments_in), typeof(segments_out), typeof(change), typeof(diagnosis)"
+        if dsn.startswith("sqlite")
+        else "pg_typeof(segments_in)::text, pg_typeof(segments_out)::text,"
+        " pg_typeof(change)::text, pg_typeof(diagnosis)::text"
+    )
+    cols = ", ".join(c for c in store._select_cols.split(", ") if c != "request_id")
+    for i, record in enumerate(variants):
+        got = [
+            store.query(f"SELECT {cols}, {types} FROM requests WHERE request_id = ?", [rid])
+            for rid in (f"old-{i}", f"new-{i}")
+        ]
+        assert got[0] == got[1] and len(got[0]) == 1
+        back_new, back_old = store.get_record(f"new-{i}"), store.get_record(f"old-{i}")
+        assert back_new is not None and back_old is not None
+        assert msgspec.structs.replace(back_new, request_id="") == msgspec.structs.replace(
+            back_old, request_id=""
+        )
+        assert back_new.segments_in == record.segments_in
+        assert back_new.segments_out == record.segments_out
+
+
+def test_ledgers_written_in_the_records_transaction(store: Store) -> None:
+    """``write_batch``'s ledgers are stored as ``write_ledgers`` stores them, with records
+    or alone, once per request."""
+    from prefixgate.ledger.causes import Ledger
+
+    store.migrate()
+    ledgers = [
+        Ledger(
+            request_id=f"req-{i}",
+            received_at=T0 + i,
+            source="model",
+            prompt_tokens=100,
+            block_size=16,
+            hit=96,
+            cold=4,
+            engine_cached=96,
+            changed_segment="messages[3]:user",
+        )  # fmt: skip
+        for i in range(3)
+    ]
+    store.write_batch([full_record(0)], ledgers=ledgers[:2])
+    store.write_batch([], ledgers=ledgers[1:])
+    assert store.count() == 1
+    assert [store.get_ledger(f"req-{i}") for i in range(3)] == ledgers

@@ -18,7 +18,12 @@ returns. A background task takes them in order, one per turn of the event loop, 
 3. keeps the session's prompt length and segments for its next request (where the prompt
    changed), bounded;
 4. counts the tokens per cause and the predictions that agree with the engine (read by
-   ``/metrics``), and writes the ledgers to the store in batches, in a thread.
+   ``/metrics``), and writes the ledgers to the store in batches, in a thread: a batch
+   once it holds ``batch_size`` ledgers or ``flush_interval`` after its first came, so
+   the turns finished within that interval share one transaction. Given the record
+   writer of the same store (``writer``), each ledger is handed to it as it is
+   computed instead, and written in the transaction of the writer's next batch (the
+   turn's record is in it: the writer waits for its batch to fill meanwhile).
 
 Ledgers are derived data: a crash loses the ones not yet written (their records are safe
 in the journal), and a full queue drops new requests' ledgers (counted), never blocks.
@@ -146,6 +151,7 @@ class LedgerWorker:
         sessions_max: int = 20_000,
         model_capacity_tokens: int = CAPACITY_TOKENS,
         keep_recent: int = 1000,
+        writer: Any = None,  # the gateway's RecordWriter, when it writes to the same store
     ) -> None:
         self.channels = {ch.name: ch for ch in config.channels}
         self.events = events
@@ -182,6 +188,8 @@ class LedgerWorker:
         self._thread: CallThread | None = None
         self._retry_at = 0.0
         self._closing = False
+        self._hurry = False  # drain(): write what is pending now
+        self.writer = writer
 
     # -- the request path -----------------------------------------------------------------
     def feed(
@@ -236,20 +244,30 @@ class LedgerWorker:
             self._thread = None
 
     async def drain(self) -> None:
-        """Until everything fed so far is computed and written (tests, benchmarks)."""
-        while self._queue or self._pending:
+        """Until everything fed so far is computed and written (tests, benchmarks): what
+        is pending is written without waiting out ``flush_interval``."""
+        while self._queue or self._pending or (self.writer and self.writer.ledgers_pending):
+            self._hurry = True
             self._wake.set()
             await asyncio.sleep(0.01)
+        self._hurry = False
 
     async def _run(self) -> None:
-        last_flush = time.monotonic()
+        # A batch is written once it is full, or ``flush_interval`` after its first
+        # ledger: the turns that finish within it (sessions served side by side, a
+        # client's requests in a burst) share one transaction.
+        first = 0.0  # when the oldest ledger pending came
         while True:
             if not self._queue:
                 if self._closing:
                     await self._flush()
                     return
                 self._wake.clear()
-                timeout = self.flush_interval if self._pending else None
+                timeout = None
+                if self._pending:
+                    now = time.monotonic()
+                    due = max(now if self._hurry else first + self.flush_interval, self._retry_at)
+                    timeout = max(0.0, due - now)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
@@ -265,14 +283,17 @@ class LedgerWorker:
                     self._done(ledger, record.channel or "-")
                 _call(then, ledger)
                 await asyncio.sleep(0)  # one request a turn: the loop serves requests first
+            if not self._pending:
+                continue
             now = time.monotonic()
-            full = len(self._pending) >= self.batch_size
-            if self._pending and (
-                full or now - last_flush >= self.flush_interval or not self._queue
+            if not first:
+                first = now
+            full = len(self._pending) >= self.batch_size or self.writer is not None
+            if (full or self._hurry or now - first >= self.flush_interval) and (
+                now >= self._retry_at
             ):
-                if now >= self._retry_at:
-                    await self._flush()
-                last_flush = now
+                await self._flush()
+                first = 0.0 if not self._pending else time.monotonic()
 
     def _done(self, ledger: Ledger, channel: str) -> None:
         self.computed += 1
@@ -289,6 +310,8 @@ class LedgerWorker:
         if not self._pending or self._factory is None:
             return
         batch, self._pending = self._pending, []
+        if self.writer is not None and self.writer.take_ledgers(batch, self._settled):
+            return  # written in the transaction of the writer's next batch
         if self._thread is None:
             self._thread = CallThread("prefixgate-ledgers", lowered=True)
         try:
@@ -305,6 +328,10 @@ class LedgerWorker:
             return
         self._retry_at = 0.0
         self.written += len(batch)
+
+    def _settled(self, written: int, lost: int) -> None:
+        self.written += written
+        self.lost += lost
 
     def _write(self, batch: list[Ledger]) -> None:
         if self._store is None:

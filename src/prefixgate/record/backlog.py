@@ -21,7 +21,7 @@ import itertools
 import os
 from typing import NamedTuple
 
-from prefixgate.record.journal import Journal, Position
+from prefixgate.record.journal import Journal, Position, SegmentsJson
 from prefixgate.record.record import Record
 
 # The mirrored tail's bound in encoded bytes, besides its count (records carrying captured
@@ -34,6 +34,9 @@ class Batch(NamedTuple):
     count: int  # entries it takes off the backlog (unreadable journal lines included)
     end: Position | None  # where the next batch starts
     memory: bool  # taken from memory (the head of the mirror or of the queue)
+    # each record's segment lists as the journal encoded them, for the store's rows
+    # (None: not at hand, the rows encode them)
+    segments: list[SegmentsJson] | None = None
 
 
 class MemoryBacklog:
@@ -96,7 +99,10 @@ class JournalBacklog:
         self.where = str(journal.root)
         self.pending = 0  # records appended and not yet stored (estimated for a backlog)
         self._cursor = Position(0, 0)  # the first byte not yet stored
-        self._mirror: collections.deque[tuple[Record, Position, int]] = collections.deque()
+        # each: the record, its end in the journal, its line's size, its segments' JSON
+        self._mirror: collections.deque[tuple[Record, Position, int, SegmentsJson | None]] = (
+            collections.deque()
+        )
         self._mirror_bytes = 0
         # The mirror holds exactly the records from the cursor to the journal's end.
         self._in_sync = False
@@ -122,7 +128,7 @@ class JournalBacklog:
         if self._in_sync:
             n = self.journal.last_bytes
             if len(self._mirror) < self.mirror_max and self._mirror_bytes + n <= MIRROR_BYTES:
-                self._mirror.append((record, end, n))
+                self._mirror.append((record, end, n, self.journal.last_segments))
                 self._mirror_bytes += n
             else:  # too far behind to keep in memory: read it back from the files later
                 self._in_sync = False
@@ -136,7 +142,14 @@ class JournalBacklog:
             return None
         head = list(itertools.islice(self._mirror, n))
         end = head[-1][1] if head else self._cursor
-        return Batch([r for r, _, _ in head], len(head), end, True)
+        segments = [s for _, _, _, s in head]
+        return Batch(
+            [r for r, _, _, _ in head],
+            len(head),
+            end,
+            True,
+            segments if None not in segments else None,  # type: ignore[arg-type]
+        )
 
     def snapshot(self) -> dict[int, int]:
         return dict(self.journal.sizes)

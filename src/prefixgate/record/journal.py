@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from prefixgate.record.record import Record
+from prefixgate.record.record import Record, Segment
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,44 @@ class Position(NamedTuple):
     offset: int
 
 
+class SegmentsJson(NamedTuple):
+    """A record's segment lists as JSON, encoded once: spliced into its journal line and
+    kept for its row in the store (``store/schema.py``), which then encodes nothing again.
+    ``same``: ``segments_out`` is equal to ``segments_in`` (compared as encoded: equal
+    lists of segments encode to equal bytes, and equal bytes decode to equal lists)."""
+
+    segments_in: bytes | None
+    segments_out: bytes | None
+    same: bool
+
+
+_SEGMENTS_ENCODER = msgspec.json.Encoder()
+
+
+def encode_segments_json(
+    segments_in: list[Segment] | None,
+    segments_out: list[Segment] | None,
+    buf: bytearray | None = None,
+) -> SegmentsJson:
+    """The two lists as JSON, each encoded once (once in all when they are one list).
+    ``buf``: a buffer of the caller's thread to encode into (it keeps its size from one
+    call to the next: no growing buffer each time), each list then copied out of it."""
+
+    def enc(segments: list[Segment]) -> bytes:
+        if buf is None:
+            return _SEGMENTS_ENCODER.encode(segments)
+        _SEGMENTS_ENCODER.encode_into(segments, buf)
+        return bytes(buf)
+
+    a = None if segments_in is None else enc(segments_in)
+    if segments_out is None:
+        return SegmentsJson(a, None, False)
+    if segments_out is segments_in:
+        return SegmentsJson(a, a, True)
+    b = enc(segments_out)
+    return SegmentsJson(a, b, b == a)
+
+
 class Journal:
     def __init__(
         self, root: str | os.PathLike[str], *, max_bytes: int = 1 << 30, segment_bytes: int = 0
@@ -66,6 +104,7 @@ class Journal:
         self.bytes = 0  # their sum
         self.refused = 0  # records not taken since the journal last had room
         self.last_bytes = 0  # the size of the line appended last
+        self.last_segments: SegmentsJson | None = None  # its segment lists, encoded
         self._refusing: str | None = None  # why records are refused, while they are
         self._seq = 0  # the segment being appended to
         self._fd = -1
@@ -73,6 +112,7 @@ class Journal:
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(Record)
         self._buf = bytearray()
+        self._segments_buf = bytearray()
 
     @property
     def is_open(self) -> bool:
@@ -152,13 +192,26 @@ class Journal:
     # -- appending (the event loop's thread) ----------------------------------------------
     def append(self, record: Record) -> Position | None:
         """Append one record as one line; its end, or None when the journal refuses it
-        (full, or the disk failed: logged when that starts and when it ends)."""
+        (full, or the disk failed: logged when that starts and when it ends). The segment
+        lists are encoded first and spliced into the line as they are (the same bytes as
+        the record encoded whole), then kept in ``last_segments`` for the store's row."""
         buf = self._buf
-        self._encoder.encode_into(record, buf)
+        segments = encode_segments_json(record.segments_in, record.segments_out, self._segments_buf)
+        self.last_segments = segments
+        line = record
+        if segments.segments_in is not None or segments.segments_out is not None:
+            line = msgspec.structs.replace(
+                record,
+                segments_in=_raw(segments.segments_in),
+                segments_out=_raw(segments.segments_out),
+            )
+        self._encoder.encode_into(line, buf)
         buf.extend(b"\n")
         n = len(buf)
         if n > 1 << 20:
             self._buf = bytearray()  # do not keep a huge record's buffer
+        if len(self._segments_buf) > 1 << 20:
+            self._segments_buf = bytearray()
         if self.bytes + n > self.max_bytes:
             return self._refuse(
                 f"it holds {self.bytes / (1 << 20):.1f} MiB, its bound (store.journal_max_mb)"
@@ -263,6 +316,10 @@ class Journal:
     def _path(self, seq: int) -> Path:
         assert self.slot is not None
         return self.slot / f"{seq:012d}{SUFFIX}"
+
+
+def _raw(data: bytes | None) -> msgspec.Raw | None:
+    return None if data is None else msgspec.Raw(data)
 
 
 def _segments(slot: Path) -> list[tuple[int, Path]]:

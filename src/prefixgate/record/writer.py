@@ -5,11 +5,13 @@ store in batches, off the request path.
 which survives the process being killed) and returns. A background task takes batches
 off the backlog (up to ``batch_size``, or whatever arrived within ``flush_interval``) and
 writes each to the store in a worker thread; a stored batch is committed, and journal
-segments wholly stored are deleted. When the store fails (unreachable, or a statement or
-lock wait past its timeout: a stalled store is a failed store), nothing moves: the records
-wait in the journal, and the store is tried again every ``retry_interval``. What a
-previous run left in the journal (a crash, a shutdown while the store was down) is stored
-first. Stores write each ``request_id`` once, so replaying a stored record stores nothing.
+segments wholly stored are deleted. A record's segment lists are encoded once, by the
+journal: its line holds them as they were encoded, and its row in the store is made of
+them (a batch loaded back from the journal's files encodes them again). When the store
+fails (unreachable, or a statement or lock wait past its timeout: a stalled store is a
+failed store), nothing moves: the records wait in the journal, and the store is tried
+again every ``retry_interval``. What a previous run left in the journal (a crash, a
+shutdown while the store was down) is stored first. Stores write each ``request_id`` once, so replaying a stored record stores nothing.
 
 ``close()`` gives the store at most ``close_timeout`` to take what is pending, then
 stops: the rest is already on disk, for the next start. A store call that hangs is left
@@ -44,13 +46,17 @@ from typing import Any
 
 import msgspec
 
+from prefixgate.ledger.causes import Ledger
 from prefixgate.record.backlog import Batch, open_backlog
+from prefixgate.record.journal import SegmentsJson
 from prefixgate.record.record import Record
 from prefixgate.store.base import Store, StoreDataError, StoreError
 
 log = logging.getLogger(__name__)
 
 StoreFactory = Callable[[], Store]
+# Told, once ledgers handed to the writer are settled: how many were written, how many lost.
+LedgersSettled = Callable[[int, int], None]
 
 
 class WriterStats(msgspec.Struct, frozen=True):
@@ -115,6 +121,10 @@ class RecordWriter:
         self._retry_at = 0.0  # monotonic time before which the store is not tried again
         self.submitted = self.written = self.dropped = self.rejected = 0
         self._threads: dict[bool, CallThread] = {}  # behind? -> its worker thread
+        self.queue_max = queue_max
+        # miss ledgers handed over (take_ledgers), written in the next batch's transaction
+        self._ledgers: list[Ledger] = []
+        self._ledgers_settled: LedgersSettled | None = None
 
     @classmethod
     def from_config(cls, store) -> RecordWriter:
@@ -144,6 +154,39 @@ class RecordWriter:
         except Exception:  # the request path must never see an error
             log.exception("record writer: a record could not be journaled")
             self.dropped += 1
+
+    def take_ledgers(self, ledgers: list[Ledger], settled: LedgersSettled) -> bool:
+        """Miss ledgers (``ledger/worker.py``) to write in the transaction of the next
+        batch of records (a turn's ledger is computed while the writer waits for its
+        record's batch to fill), or alone when no record is pending. Derived data: kept in
+        memory (at most ``queue_max``, the oldest dropped) until written, across the
+        store's outages. ``settled`` is told what was written and lost. False when the
+        writer is closing: the caller writes them itself."""
+        if self._closing or self._closed:
+            return False
+        self._ledgers_settled = settled
+        self._ledgers += ledgers
+        self._bound_ledgers()
+        if not self._backlog.pending:
+            self._wake.set()
+        return True
+
+    @property
+    def ledgers_pending(self) -> int:
+        return len(self._ledgers)
+
+    def _bound_ledgers(self) -> None:
+        over = len(self._ledgers) - self.queue_max
+        if over > 0:
+            del self._ledgers[:over]
+            self._settle_ledgers(0, over)
+
+    def _settle_ledgers(self, written: int, lost: int) -> None:
+        if self._ledgers_settled is not None and (written or lost):
+            try:
+                self._ledgers_settled(written, lost)
+            except Exception:
+                log.exception("record writer: a ledgers' callback failed")
 
     def stats(self) -> WriterStats:
         return WriterStats(
@@ -191,6 +234,9 @@ class RecordWriter:
                     await self._task
             self._task = None
         self._closed = True
+        if self._ledgers:  # derived data, not journaled: lost with the process
+            self._settle_ledgers(0, len(self._ledgers))
+            self._ledgers = []
         left = self._backlog.close()
         if left:
             log.warning(
@@ -227,7 +273,7 @@ class RecordWriter:
     async def _run(self) -> None:
         backlog = self._backlog
         while True:
-            if not backlog.pending:
+            if not backlog.pending and not self._ledgers:
                 if self._closing:
                     return
                 await self._sleep(None, self._wake)
@@ -259,15 +305,19 @@ class RecordWriter:
         batch = backlog.take(self.batch_size)
         if batch is None:
             batch = await self._off(backlog.load, self.batch_size, backlog.snapshot())
-        if batch.records and not await self._store_batch(batch):
+        ledgers, self._ledgers = self._ledgers, []
+        if (batch.records or ledgers) and not await self._store_batch(batch, ledgers):
+            self._ledgers = ledgers + self._ledgers  # tried again with the next batch
+            self._bound_ledgers()
             return
+        self._settle_ledgers(len(ledgers), 0)
         done = backlog.commit(batch)
         if done:
             await self._off(backlog.delete, done)
 
-    async def _store_batch(self, batch: Batch) -> bool:
+    async def _store_batch(self, batch: Batch, ledgers: list[Ledger]) -> bool:
         try:
-            rejected = await self._off(self._write_sync, batch.records)
+            rejected = await self._off(self._write_sync, batch.records, batch.segments, ledgers)
         except Exception as exc:
             self._store_failed(exc)
             return False
@@ -284,9 +334,16 @@ class RecordWriter:
             )
         return True
 
-    def _write_sync(self, records: list[Record]) -> list[tuple[Record, str]]:
-        """Write a batch; when the store refuses its data, each record alone, to find the
-        ones it refuses (returned, with the reason) and store the rest."""
+    def _write_sync(
+        self,
+        records: list[Record],
+        segments: list[SegmentsJson] | None = None,
+        ledgers: list[Ledger] | None = None,
+    ) -> list[tuple[Record, str]]:
+        """Write a batch (and ``ledgers``, in its transaction); when the store refuses its
+        data, the ledgers alone, then each record alone, to find the ones it refuses
+        (returned, with the reason) and store the rest. ``segments``: the records' segment
+        lists as the journal encoded them, when it did."""
         store = self._store
         if store is None:
             if self._factory is None:
@@ -297,15 +354,31 @@ class RecordWriter:
             store.migrate()
             self._migrated = True
         try:
-            store.write_batch(records)
+            if ledgers:
+                store.write_batch(records, segments=segments, ledgers=ledgers)
+            else:
+                store.write_batch(records, segments=segments)
             return []
         except StoreDataError as exc:
+            if ledgers:
+                try:
+                    store.write_ledgers(ledgers)
+                except StoreDataError as why:  # derived data: logged, not kept
+                    log.error("record store refused %d ledgers: %s", len(ledgers), why)
+            if not records:
+                return []
+            if ledgers:
+                try:
+                    store.write_batch(records, segments=segments)
+                    return []
+                except StoreDataError:
+                    pass
             if len(records) == 1:
                 return [(records[0], str(exc))]
         refused = []
-        for record in records:
+        for i, record in enumerate(records):
             try:
-                store.write_batch([record])
+                store.write_batch([record], segments=None if segments is None else [segments[i]])
             except StoreDataError as exc:
                 refused.append((record, str(exc)))
         return refused

@@ -10,10 +10,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixgate.ledger.causes import Ledger
 from prefixgate.record.record import Record
+
+if TYPE_CHECKING:
+    from prefixgate.record.journal import SegmentsJson
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +81,17 @@ class Store(abc.ABC):
         """The applied schema version, 0 for an empty database."""
 
     @abc.abstractmethod
-    def write_batch(self, records: list[Record]) -> None:
+    def write_batch(
+        self,
+        records: list[Record],
+        *,
+        segments: list[SegmentsJson] | None = None,
+        ledgers: list[Ledger] | None = None,
+    ) -> None:
         """Write records and their texts in one transaction. Idempotent per
-        ``request_id``: writing a record again stores nothing new."""
+        ``request_id``: writing a record again stores nothing new. ``segments``: each
+        record's segment lists already encoded (the journal's), so they are not again;
+        ``ledgers``: miss ledgers written in the same transaction (as ``write_ledgers``)."""
 
     def write_ledgers(self, ledgers: list[Ledger]) -> None:
         """Write miss ledgers (:mod:`prefixgate.ledger`) in one transaction; a request's

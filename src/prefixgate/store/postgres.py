@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from prefixgate.store.base import StoreDataError, StoreError
 from prefixgate.store.sql import SqlStore
@@ -55,6 +56,11 @@ class PostgresStore(SqlStore):
 
     def _param(self, kind: str) -> str:
         return "%s::jsonb" if kind == "json" else "%s"
+
+    def _json(self, data: bytes) -> Any:
+        # The encoded JSON handed to the driver as it is: no text made of it, none
+        # encoded back to bytes for the wire.
+        return Jsonb(data, dumps=_as_is)
 
     def _column(self, name: str, kind: str) -> str:
         return f"{name}::text" if kind == "json" else name
@@ -115,6 +121,10 @@ class PostgresStore(SqlStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _as_is(data: Any) -> Any:
+    return data
 
 
 def _first_line(exc: BaseException) -> str:

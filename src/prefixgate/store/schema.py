@@ -56,13 +56,14 @@ Migrations are append-only: never edit a released one, add the next.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 
 from prefixgate.ledger.causes import CAUSES as LEDGER_CAUSES
 from prefixgate.ledger.causes import Ledger
+from prefixgate.record.journal import SegmentsJson, encode_segments_json
 from prefixgate.record.record import Change, Diagnosis, Record, Segment
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
@@ -348,14 +349,26 @@ def decode_segments(value: str | bytes | None) -> list[Segment] | None:
     return _SEGMENTS_DECODER.decode(value)
 
 
-def record_row(record: Record) -> tuple[Any, ...]:
-    """The ``requests`` row of a record, in :data:`COLUMNS` order."""
+def _text(data: bytes) -> str:
+    return data.decode()
+
+
+def record_row(
+    record: Record,
+    segments: SegmentsJson | None = None,
+    json: Callable[[bytes], Any] = _text,
+) -> tuple[Any, ...]:
+    """The ``requests`` row of a record, in :data:`COLUMNS` order. ``segments``: its
+    segment lists already encoded (the journal's), else they are encoded here; ``json``
+    makes a segments column's value of their JSON (default: the text)."""
     values = msgspec.structs.astuple(record)
     row = [values[i] for i in _SCALAR_INDEX]
     row[_STREAM_POS] = bool(row[_STREAM_POS])
-    same = record.segments_out is not None and record.segments_out == record.segments_in
-    row.append(encode_segments(record.segments_in))
-    row.append(None if same else encode_segments(record.segments_out))
+    if segments is None:
+        segments = encode_segments_json(record.segments_in, record.segments_out)
+    seg_in, seg_out, same = segments
+    row.append(None if seg_in is None else json(seg_in))
+    row.append(None if same or seg_out is None else json(seg_out))
     row.append(same)
     row.append(bool(record.texts))
     row += [values[i] for i in _COST_INDEX]
@@ -371,10 +384,10 @@ def record_row(record: Record) -> tuple[Any, ...]:
             c.segment,
             min(c.at_tokens / scale, 1.0),
             min(c.lost_tokens / scale, 1.0),
-            _SEGMENTS_ENCODER.encode(c).decode(),
+            json(_SEGMENTS_ENCODER.encode(c)),
         ]
     d = record.diagnosis
-    row.append(None if d is None else _SEGMENTS_ENCODER.encode(d).decode())
+    row.append(None if d is None else json(_SEGMENTS_ENCODER.encode(d)))
     return tuple(row)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from prefixgate.ledger.causes import Ledger
+from prefixgate.record.journal import SegmentsJson
 from prefixgate.record.record import Record
 from prefixgate.store import schema
 from prefixgate.store.base import AuditRow, KeyRow, Store, StoreError
@@ -113,10 +114,26 @@ class SqlStore(SessionQueries, Store):
             return version
 
     # -- writing ---------------------------------------------------------------------
-    def write_batch(self, records: list[Record]) -> None:
+    def _json(self, data: bytes) -> Any:
+        """A JSON column's parameter from its encoded JSON (the text; Postgres: the bytes)."""
+        return data.decode()
+
+    def write_batch(
+        self,
+        records: list[Record],
+        *,
+        segments: list[SegmentsJson] | None = None,
+        ledgers: list[Ledger] | None = None,
+    ) -> None:
         if not records:
+            if ledgers:
+                self.write_ledgers(ledgers)
             return
-        rows = [schema.record_row(r) for r in records]
+        json = self._json
+        if segments is None:
+            rows = [schema.record_row(r, None, json) for r in records]
+        else:
+            rows = [schema.record_row(r, s, json) for r, s in zip(records, segments, strict=True)]
         texts = schema.batch_texts(records)
         seen = self._text_seen
         fresh = [  # texts this store may not hold yet, or whose last_seen is due a refresh
@@ -129,6 +146,8 @@ class SqlStore(SessionQueries, Store):
                 cur.executemany(self._insert_request, rows)
                 if fresh:
                     cur.executemany(self._insert_text, fresh)
+                if ledgers:
+                    cur.executemany(self._insert_ledger, [schema.ledger_row(x) for x in ledgers])
             if len(seen) + len(fresh) > TEXT_CACHE_MAX:
                 seen.clear()
             for h, at, _ in fresh:
