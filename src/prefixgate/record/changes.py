@@ -74,21 +74,23 @@ class _Cut:
         base: _Cut | None = None,
         same: int = 0,
         runs: list[tuple[int, int]] | None = None,
+        by_bytes: bool = False,
     ) -> None:
         """``shared``: ``out`` holds ``into``'s bytes (a request sent as it came).
         ``base``, ``same``: ``into``'s first ``same`` pieces are ``base.into``'s very
         ones, so its sums and marks go on from ``base``'s over the rest only; ``runs``:
         the (start, end) of ``out`` that are ``base.out``'s very pieces (likewise: the
-        comparison with ``base`` passes them). ``base`` is not kept."""
+        comparison with ``base`` passes them). ``base`` is not kept. ``by_bytes``:
+        ``out`` was kept to be compared by bytes (an ``openai`` channel)."""
         self.into, self.out, self.lent, self.shared = into, out, lent, shared
-        self.by_bytes = False
+        self.by_bytes = by_bytes
         self.runs = runs or []
         self._marks: Marks | None = None
         if base is not None and same:
             gone = base.into[same:]
             size: int = base._into_bytes - sum([len(d) for _, d in gone if d is not None])
             size += sum([len(d) for _, d in into[same:] if d is not None])
-            if base._marks is not None and base._marks.model_turns >= 0:
+            if base._marks is not None:
                 self._marks = _marks_on(base._marks, gone, into[same:])
         else:
             size = sum([len(d) for _, d in into if d is not None])
@@ -110,7 +112,7 @@ class _Cut:
 
     def marks(self) -> Marks:
         """The request's compaction marks as received (found once, then kept)."""
-        if self._marks is None or self._marks.model_turns < 0:
+        if self._marks is None:
             self._marks = marks_of(_segs(self.into))
         return self._marks
 
@@ -200,15 +202,16 @@ class ChangeTracker:
         prev_out = kept[-1].out if kept else ()
         out = _sent(into if raw_out is None else out_full, by_bytes, prev_out, runs)
         if kept:
-            cur = _Cut(into, out, lent, shared=raw_out is None, base=kept[-1], same=same, runs=runs)
-            cur.by_bytes = by_bytes
+            cur = _Cut(
+                into, out, lent, shared=raw_out is None, base=kept[-1], same=same, runs=runs,
+                by_bytes=by_bytes,
+            )  # fmt: skip
             rec.compared = "session"
             rec.change = _best(kept, cur, summary)
             self.bytes -= sum(c.size for c in kept)
             kept = [*kept, cur][-KEPT:]
         else:
-            cur = _Cut(into, out, lent, shared=raw_out is None)
-            cur.by_bytes = by_bytes
+            cur = _Cut(into, out, lent, shared=raw_out is None, by_bytes=by_bytes)
             kept = [cur]
             okey = (channel, upstream_model, rec.client, rec.client_version, rec.endpoint)
             opened = self._openings.pop(okey, None)
@@ -289,12 +292,13 @@ def _sent(
     return out
 
 
-def _marks_on(base: Marks, gone: list[Piece], new: list[Piece]) -> Marks:
+def _marks_on(base: Marks, gone: list[Piece], new: list[Piece]) -> Marks | None:
     """The marks of a request that is ``base``'s with the pieces ``gone`` replaced by
-    ``new`` (:func:`marks_of` of the whole, from the two tails)."""
+    ``new`` (:func:`marks_of` of the whole, from the two tails); None when a compaction
+    item left (found again from the whole, when asked)."""
     a, b = marks_of(_segs(gone)), marks_of(_segs(new))
     if a.compactions:  # a compaction item left: counted again from the whole
-        return Marks(-1, frozenset())
+        return None
     return Marks(base.model_turns - a.model_turns + b.model_turns, base.compactions | b.compactions)
 
 
