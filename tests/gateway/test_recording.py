@@ -148,7 +148,9 @@ async def _load(url: str, n: int) -> list[int]:
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-def _sigterm(proc: subprocess.Popen) -> None:
+def _sigterm(proc: subprocess.Popen) -> str:
+    """Stop the gateway as an operator does; its output (warnings and up), for the
+    assertions' messages."""
     proc.send_signal(signal.SIGTERM)
     try:
         rc = proc.wait(60)
@@ -156,6 +158,7 @@ def _sigterm(proc: subprocess.Popen) -> None:
     finally:
         proc.stdout.close()
     assert rc == 0, out
+    return out
 
 
 def _run_load_then_sigterm(
@@ -308,6 +311,6 @@ def test_several_workers_serve_and_stop_cleanly(upstream, tmp_path):
     proc, url = _start_gateway(tmp_path, upstream.url, dsn, "--workers", "2")
     n = 24
     assert asyncio.run(_load(url, n)) == [200] * n
-    _sigterm(proc)
+    out = _sigterm(proc)
     with open_store(dsn) as store:
-        assert store.count() == n
+        assert store.count() == n, out

@@ -199,6 +199,38 @@ def test_store_down_midway_records_wait_in_the_journal(
     assert not journal.exists()
 
 
+def test_close_tries_the_store_once_more_after_a_failed_write(
+    sqlite_store: SqliteStore, tmp_path: Path
+) -> None:
+    """A write that failed a moment before shutdown (a lock held past lock_timeout by
+    another worker writing to the same SQLite file) is tried once more by close(),
+    within its timeout, instead of leaving the records for the next start; a store still
+    failing then is not tried again, and the records stay in the journal."""
+    flaky = FlakyStore(sqlite_store)
+    journal = tmp_path / "journal"
+
+    async def main(recovers: bool) -> RecordWriter:
+        # the retry interval is far past close()'s timeout: only a try at close can store them
+        writer = RecordWriter(flaky, journal=journal, flush_interval=0.01, retry_interval=3600)
+        await writer.start()
+        flaky.down.set()
+        for i in range(12):
+            writer.submit(make(i))
+        await wait_until(lambda: not writer.stats().store_ok)
+        if recovers:
+            flaky.down.clear()  # the other worker let go of its lock
+        await writer.close(timeout=60)
+        return writer
+
+    writer = asyncio.run(main(recovers=False))
+    assert writer.stats().pending == 12 and sqlite_store.count() == 0
+    assert sum(len(p.read_bytes().splitlines()) for p in segment_files(journal)) == 12
+    writer = asyncio.run(main(recovers=True))  # the journal's 12 first, then 12 more
+    assert writer.stats().pending == 0 and writer.stats().store_ok
+    assert ids(sqlite_store) == expected(12)
+    assert not journal.exists()
+
+
 @pytest.mark.postgres
 def test_unreachable_postgres_then_back(pg_database: str, tmp_path: Path) -> None:
     good = pg_schema_dsn(pg_database)

@@ -13,8 +13,9 @@ failed store), nothing moves: the records wait in the journal, and the store is 
 again every ``retry_interval``. What a previous run left in the journal (a crash, a
 shutdown while the store was down) is stored first. Stores write each ``request_id`` once, so replaying a stored record stores nothing.
 
-``close()`` gives the store at most ``close_timeout`` to take what is pending, then
-stops: the rest is already on disk, for the next start. A store call that hangs is left
+``close()`` gives the store at most ``close_timeout`` to take what is pending (a store
+that failed a moment before is tried once more, not left to its retry), then stops: the
+rest is already on disk, for the next start. A store call that hangs is left
 behind in its (daemon) thread; it never holds up the process's exit.
 
 Records are lost only when the journal refuses them (past ``journal_max_bytes``, or the
@@ -119,6 +120,7 @@ class RecordWriter:
         self._task: asyncio.Task[None] | None = None
         self._closing = self._closed = False
         self._retry_at = 0.0  # monotonic time before which the store is not tried again
+        self._tried_at_close = False  # a failed store was tried once more by close()
         self.submitted = self.written = self.dropped = self.rejected = 0
         self._threads: dict[bool, CallThread] = {}  # behind? -> its worker thread
         self.queue_max = queue_max
@@ -280,10 +282,14 @@ class RecordWriter:
                 continue
             wait = self._retry_at - time.monotonic()
             if wait > 0:  # the store failed a moment ago
-                if self._closing:
+                if self._closing and self._tried_at_close:
                     return  # what is pending is in the journal already
-                await self._sleep(wait, self._stop)
-                continue
+                if not self._closing:
+                    await self._sleep(wait, self._stop)
+                    continue
+                # Closing: one more try, within close()'s timeout. The failure may have
+                # been a lock another worker held on the same store, gone by now.
+                self._tried_at_close = True
             if backlog.pending < self.batch_size and not self._closing:
                 # Let a batch fill up for flush_interval; submit() wakes us when it is full.
                 await self._sleep(self.flush_interval, self._wake)
