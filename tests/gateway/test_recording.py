@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -314,3 +315,27 @@ def test_several_workers_serve_and_stop_cleanly(upstream, tmp_path):
     out = _sigterm(proc)
     with open_store(dsn) as store:
         assert store.count() == n, out
+
+
+def test_a_lock_held_past_its_timeout_before_sigterm_loses_no_record(upstream, tmp_path):
+    """Another writer holds the SQLite file past lock_timeout, so both workers' batches
+    fail, and the lock is let go just before SIGTERM: the drain tries the store once more
+    and stores every record, instead of leaving them in the journal for the next start."""
+    dsn = f"sqlite:///{tmp_path / 'r.db'}"
+    upstream.script = lambda b: Reply(text="a b c")
+    with open_store(dsn) as store:
+        store.migrate()
+    proc, url = _start_gateway(tmp_path, upstream.url, dsn, "--workers", "2")
+    assert asyncio.run(_load(url, 4)) == [200] * 4
+    con = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        assert asyncio.run(_load(url, 20)) == [200] * 20
+        time.sleep(2.5)  # past the store's lock_timeout (2 s): the batches fail
+    finally:
+        con.execute("COMMIT")
+        con.close()
+    out = _sigterm(proc)
+    assert "database is locked" in out  # the batches did fail
+    with open_store(dsn) as store:
+        assert store.count() == 24, out
