@@ -16,7 +16,9 @@ does not have are skipped.
 Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
 ``decode_lent`` (the same lent by the session's previous turn, as in the gateway),
 ``convert`` (to Chat, alone), ``convert_lent`` (the same lent by the session's previous
-turn: ``SessionTurns``), ``encode`` (the upstream request), ``capture`` (segments in and
+turn: ``SessionTurns``), ``encode`` (the upstream request), ``encode_lent`` (the same lent
+by the previous turn's body, as ``SessionTurns.encode``), ``segments_json`` (the record's
+segment lists encoded, as the journal does), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
 through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the
 ledger's cache-model blocks, named as its worker names them: gone on from the session's
@@ -44,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 REPS = 10
 
 
-def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0) -> None:
+def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -> None:
     """Run under valgrind: the session up to ``turn``, then ``stage`` REPS times (``cpu``:
     not under valgrind, ``cpu`` runs timed by ``time.process_time`` five times, the
     best and the median printed in microseconds a run)."""
@@ -106,6 +108,7 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0) -> None:
         )
         take(before_rec, body, out, ch, None, raw, data)
         history.append(before_rec)
+    prev_out = out if turn else None  # turn - 1's upstream request, as the gateway made it
     raw, body, typed, out, data = prep(turn)
 
     def capture() -> Record:
@@ -140,6 +143,13 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0) -> None:
             turns.convert(("c", sid), before, opts, 1)
 
         stages["convert_lent"] = convert_lent
+        try:
+            from prefixgate.apis.messages.request import encode_lent
+        except ImportError:
+            pass
+        else:  # the upstream body lent by turn - 1's, as SessionTurns.encode does
+            lent = encode_lent(prev_out, None) if prev_out is not None else None
+            stages["encode_lent"] = lambda: encode_lent(out, lent)
     try:  # the ledger's memory of the blocks segments named (its turn 59 seen)
         from prefixgate.ledger.cachemodel import BlockMemo
     except ImportError:
@@ -189,6 +199,18 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0) -> None:
 
         f(), f()
         times = []
+        if cold:  # each run after the caches were filled with other data, as in service
+            sweep = bytearray(cold << 20)
+            for _ in range(cpu):
+                sweep[::64] = bytes(len(sweep[::64]))  # a write to every cache line
+                t = time.process_time()
+                f()
+                times.append((time.process_time() - t) * 1e6)
+            times.sort()
+            n = len(times)
+            print(f"{stage:<14}{times[n // 2]:>10.1f} us cold (p25 {times[n // 4]:.1f}, "
+                  f"p75 {times[3 * n // 4]:.1f})", flush=True)  # fmt: skip
+            return
         for _ in range(5):
             t = time.process_time()
             exec("for _ in range(RUNS): f()", {"RUNS": cpu, "f": f})
@@ -224,6 +246,15 @@ def _store_stages(stages: dict, rec, stage: str) -> None:
     journal.open()
     stages["journal"] = lambda: journal.append(rec)
     journal.append(rec)
+    try:
+        from prefixgate.record.journal import encode_segments_json
+    except ImportError:
+        pass
+    else:
+        buf = bytearray()
+        stages["segments_json"] = lambda: encode_segments_json(
+            rec.segments_in, rec.segments_out, buf
+        )
     encoded = getattr(journal, "last_segments", None)
     try:
         from prefixgate.store.schema import record_row
@@ -374,11 +405,20 @@ def main() -> None:
         help="time each stage instead (time.process_time over RUNS runs, best of 5, in "
         "microseconds; not under valgrind)",
     )
+    ap.add_argument(
+        "--cold",
+        type=int,
+        default=0,
+        metavar="MB",
+        help="with --cpu: time each run alone, after writing to every cache line of MB "
+        "megabytes of other data (a turn's data has left the caches by the next turn in "
+        "service); the median run, in microseconds",
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cpu-inner", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner or args.cpu_inner:
-        inner(args.turn, args.stages, args.beside, args.cpu_inner)
+        inner(args.turn, args.stages, args.beside, args.cpu_inner, args.cold)
         return
     if args.cpu:
         env = {**os.environ}
@@ -386,7 +426,8 @@ def main() -> None:
             env["PYTHONPATH"] = str(args.src)
         for stage in args.stages.split(","):
             cmd = [sys.executable, __file__, "--cpu-inner", str(args.cpu), "--turn",
-                   str(args.turn), "--stages", stage, "--beside", str(args.beside)]  # fmt: skip
+                   str(args.turn), "--stages", stage, "--beside", str(args.beside),
+                   "--cold", str(args.cold)]  # fmt: skip
             subprocess.run(cmd, env=env, check=True)
         return
     empty = count(args.turn, "empty", args.src, args.beside)

@@ -8,9 +8,11 @@ slice comparisons run at memcmp speed (strings, bytes) or compare references fir
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
-__all__ = ["common_prefix"]
+__all__ = ["common_prefix", "same_prefix"]
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -26,3 +28,10 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
         else:
             hi = mid
     return lo
+
+
+def same_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items of ``a`` and ``b`` are the very same objects (``is``), found
+    in C: equal objects that are not the same one end it. For what was lent turn over
+    turn, whose bytes are known only for the object itself."""
+    return next(compress(count(), map(is_not, a, b)), min(len(a), len(b)))

@@ -64,7 +64,7 @@ def test_a_turn_converts_as_alone_and_borrows_only_what_is_equal():
 
 def test_the_memory_keeps_within_its_budget():
     typed, size = _typed(_turn(2))
-    turns = SessionTurns(2 * (2 * size + SessionTurns.ENTRY))
+    turns = SessionTurns(2 * (3 * size + SessionTurns.ENTRY))
     for s in range(5):
         turns.convert(("ch", str(s)), typed, ConvertOptions("u"), size)
         assert turns.bytes <= turns.budget
@@ -104,3 +104,33 @@ def test_a_document_text_that_is_not_a_string_converts_to_no_text():
         assert out["messages"] == [
             {"role": "user", "content": "b" if source["type"] == "content" else ""}
         ]
+
+
+def test_a_body_encoded_from_the_previous_one_is_the_body_encoded_alone():
+    """``encode_lent``: whatever the previous body lends (all of its messages, some, none;
+    the tools list or not; another model; nothing after the messages), the bytes are
+    those of the request encoded alone."""
+    from msgspec import json as mjson
+
+    from prefixgate.apis.messages.request import encode_lent
+
+    a, b, c = ({"role": "user", "content": f"m{i}"} for i in range(3))
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    first = {"model": "m", "messages": [a, b], "tools": tools, "max_tokens": 5}
+    prev = encode_lent(first, None)
+    assert prev.data == mjson.encode(first) and prev.ends[-1] == prev.data.index(b"]") + 0
+    cases = [
+        {"model": "m", "messages": [a, b, c], "tools": tools, "max_tokens": 5},  # one more
+        {"model": "m", "messages": [a, b], "tools": tools, "max_tokens": 5},  # the same
+        {"model": "m", "messages": [a], "max_tokens": 5},  # fewer, no tools
+        {"model": "m", "messages": [dict(a), b], "tools": list(tools)},  # equal, not the same
+        {"model": "n", "messages": [a, b, c], "tools": tools},  # another model
+        {"model": "m", "messages": [a, b]},  # nothing after the messages
+        {"model": "m", "messages": []},
+        {"messages": [a], "model": "m"},  # keys in another order
+    ]
+    for out in cases:
+        got = encode_lent(out, prev)
+        assert got.data == mjson.encode(out), out
+        again = encode_lent({**out, "messages": [*out["messages"], c]}, got)
+        assert again.data == mjson.encode({**out, "messages": [*out["messages"], c]})

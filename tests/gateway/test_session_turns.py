@@ -70,10 +70,12 @@ def test_each_turn_goes_upstream_and_into_the_record_as_if_it_were_alone(upstrea
     orders = gateway.render_orders
     sent = upstream.requests
     assert len(sent) == len(turns) == len(recorder.records)
-    for (body, _), got, rec in zip(turns, sent, recorder.records, strict=True):
+    for (body, _), got, raw, rec in zip(turns, sent, upstream.raw, recorder.records, strict=True):
         hygienic = hygiene.apply_plain(copy.deepcopy(body), config.channels[0], orders)
         alone = anthropic_to_openai(hygienic, ConvertOptions(upstream_model="m"))
         assert got == alone
+        typed = decode_messages_body(json.dumps(hygienic).encode(), Limits()).typed
+        assert raw == msgspec.json.encode(convert(typed, ConvertOptions(upstream_model="m")))
         assert rec.segments_in == segments_anthropic(body)
         assert rec.segments_out == segments_openai(alone, tools_first=True)
     # the change memory says what it says of the same turns converted and cut alone
@@ -187,3 +189,39 @@ def _check_chat_size(cut, previous) -> None:
     size += 64 * len(cut.messages) + sum(len(d or b"") for _, d in cut.tools_part)
     assert cut.size == size
     assert cut.chars == sum(p[0].chars for p in cut.pieces)
+
+
+def test_a_sessions_upstream_body_takes_what_it_resends_from_its_previous_one():
+    """``SessionTurns.encode``: each turn's upstream body is the bytes of encoding it alone,
+    through edits, compactions, a changed system prompt and reordered tools; the messages
+    re-sent as the previous turn's very objects (and the system message, and the tools
+    list) are taken from the previous body, not encoded again."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.config import ChannelConfig
+    from prefixgate.engine.order import RenderOrders
+
+    ch = ChannelConfig(name="c", base_url="http://127.0.0.1:9/v1")
+    for seed in (7, 3):
+        turns, orders = SessionTurns(1 << 30), RenderOrders()
+        opts = ConvertOptions(upstream_model="m")
+        lent = 0  # turns whose body took more than its head from the previous one
+        for body, headers in _edited_turns(seed):
+            raw = json.dumps(body).encode()
+            sid = headers["X-Claude-Code-Session-Id"]
+            decoded = decode_messages_body(raw, Limits(), turns, lambda _: sid)  # noqa: B023
+            typed = hygiene.apply_typed(decoded.typed, ch, orders)
+            out = turns.convert(("c", sid), typed, opts, len(raw))
+            before = turns._d[("c", sid)].lent
+            data = turns.encode(("c", sid), out)
+            assert data == msgspec.json.encode(out)
+            assert turns.encode(("c", sid), out) is data  # once a turn
+            fresh = decode_messages_body(raw, Limits()).typed
+            assert data == msgspec.json.encode(
+                convert(hygiene.apply_typed(fresh, ch, orders), opts)
+            )
+            if before is not None and out["messages"] and out["messages"][0] is before.sent[0]:
+                lent += 1
+        assert lent > len(_edited_turns(seed)) // 2
+        # a request the memory did not give is encoded as it is
+        other = {"model": "m", "messages": [], "max_tokens": 1}
+        assert turns.encode(("c", "nobody"), other) == msgspec.json.encode(other)

@@ -31,6 +31,7 @@ from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.anthropic import check_messages_request
 from prefixgate.protocol.common import check_body_bytes, decode_body, json_depth
 from prefixgate.protocol.validate import MAX_TOKENS
+from prefixgate.sequences import common_prefix
 
 _QUOTE = 34  # '"': the first byte of a JSON string
 
@@ -252,18 +253,45 @@ class Decoded:
     kept never holds a whole body alive) and the structs decoded from them (views of those
     bytes). ``messages``: per message (its bytes, its struct, its blocks)."""
 
-    __slots__ = ("limits", "tools", "system", "messages", "parts", "size")
+    __slots__ = (
+        "limits",
+        "tools",
+        "system",
+        "messages",
+        "parts",
+        "size",
+        "structs",
+        "raws",
+        "blocks",
+    )
 
     ENTRY = 256  # bytes an entry costs beyond its parts' bytes
     PART = 128  # bytes a message's or a block's structs cost beyond its bytes, about
 
     def __init__(
-        self, limits: tuple, tools: tuple, system: tuple, messages: list, parts: list, size: int
+        self,
+        limits: tuple,
+        tools: tuple,
+        system: tuple,
+        messages: list,
+        parts: list,
+        size: int,
+        columns: tuple[list, list, list[int]] | None = None,
     ) -> None:
         """``messages``: per message (its bytes, its struct, its blocks, its bytes as
-        ``Raw``); ``parts``: each message's bytes; ``size``: what it all costs."""
+        ``Raw``); ``parts``: each message's bytes; ``size``: what it all costs;
+        ``columns``: the messages' structs, ``Raw``s and blocks so far (each message's
+        own and those before it), as lists, when the caller has them (a next request
+        takes what it re-sends as slices of them)."""
         self.limits, self.tools, self.system = limits, tools, system
         self.messages, self.parts, self.size = messages, parts, size
+        if columns is None:
+            blocks, total = [], 0
+            for m in messages:
+                total += m[2]
+                blocks.append(total)
+            columns = [m[1] for m in messages], [m[3] for m in messages], blocks
+        self.structs, self.raws, self.blocks = columns
 
     def pieces(self) -> tuple[bytes, bytes, list[bytes]]:
         """The tools list's, the system's and each message's JSON bytes (the capture's cut)."""
@@ -335,33 +363,48 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
         system = (data, _SYSTEM.decode(data))
     before = prev.messages if prev is not None else ()
     n = len(before)
-    messages: list[tuple[bytes, Message, int, Raw]] = []
-    parts: list[bytes] = []
-    structs: list[Message] = []
-    blocks = 0
-    for i, m in enumerate(top.messages):
+    tops = top.messages
+    # The leading messages whose bytes equal the previous request's (compared in C, a
+    # memcmp each) are taken at once; the walk starts after them.
+    k = common_prefix(tops, prev.raws) if prev is not None and n else 0
+    if k:
+        assert prev is not None
+        messages = prev.messages[:k]
+        parts, structs, raws = prev.parts[:k], prev.structs[:k], prev.raws[:k]
+        blocks = prev.blocks[k - 1]
+        counts = prev.blocks[:k]
+    else:
+        messages, parts, structs, raws, counts = [], [], [], [], []
+        blocks = 0
+    for i in range(k, len(tops)):
+        m = tops[i]
         if i < n:
             was = before[i]
             if len(m) == len(was[0]) and m == was[3]:  # one memcmp
                 messages.append(was)
                 parts.append(was[0])
                 structs.append(was[1])
+                raws.append(was[3])
                 blocks += was[2]
+                counts.append(blocks)
                 continue
         data = bytes(m)
         struct = _MESSAGE.decode(data)
         count = _message_blocks(struct, room)
-        messages.append((data, struct, count, Raw(data)))
+        as_raw = Raw(data)
+        messages.append((data, struct, count, as_raw))
         parts.append(data)
         structs.append(struct)
+        raws.append(as_raw)
         blocks += count
+        counts.append(blocks)
     fields = {f: getattr(top, f) for f in _FIELDS}
     fields["tools"], fields["system"], fields["messages"] = tools[1], system[1], structs
     typed = kind(**fields)
     _walk_top(typed, limits, blocks)
     # the parts are disjoint pieces of the body: their bytes are at most its size
     size = Decoded.ENTRY + len(raw) + Decoded.PART * (len(messages) + blocks)
-    decoded = Decoded(lkey, tools, system, messages, parts, size)
+    decoded = Decoded(lkey, tools, system, messages, parts, size, (structs, raws, counts))
     lend.keep_decoded(key, decoded)
     body = MessagesBody(typed, raw)
     body.pieces = decoded.pieces()

@@ -41,6 +41,7 @@ from prefixgate.protocol.messages_body import (
     is_string,
     typed_request,
 )
+from prefixgate.sequences import same_prefix
 
 _EFFORTS = ("low", "medium", "high")
 
@@ -71,18 +72,43 @@ def plain(out: dict) -> dict:
     return _ANY.decode(_encode(out))
 
 
-class _Turn:
-    """One session's latest converted request: its typed messages and what each became,
-    its typed tools and what they became."""
+class _Encoded:
+    """A turn's upstream body as encoded (``SessionTurns.encode``): the Chat messages it
+    sent (the very objects), the body's bytes, where each message's JSON ends in them,
+    and the tools list with its JSON."""
 
-    __slots__ = ("messages", "converted", "tools", "chat_tools", "opts", "size", "tick")
+    __slots__ = ("head", "sent", "data", "ends", "tools", "tools_json")
+
+    def __init__(
+        self, head: bytes, sent: list, data: bytes, ends: list[int], tools, tools_json
+    ) -> None:
+        self.head, self.sent, self.data, self.ends = head, sent, data, ends
+        self.tools, self.tools_json = tools, tools_json
+
+
+class _Turn:
+    """One session's latest converted request: its typed messages and what each became
+    (``flat``: the Chat messages after the system one; ``ends``: how many of them each
+    typed message's conversion ends at), its typed tools and what they became, and the
+    body encoded from it (``encoded``; until then ``lent``, the previous turn's)."""
+
+    __slots__ = (
+        "messages", "converted", "flat", "ends", "system", "tools", "chat_tools", "opts",
+        "size", "tick", "out", "encoded", "lent",
+    )  # fmt: skip
 
     def __init__(self, req: Request, opts: ConvertOptions) -> None:
         self.messages: list = req.messages
         self.converted: list[list[dict]] = []
+        self.flat: list[dict] = []
+        self.ends: list[int] = []
+        self.system: dict | None = None
         self.tools = req.tools
         self.chat_tools: list[dict] = []
         self.opts, self.size, self.tick = opts, 0, 0
+        self.out: dict | None = None
+        self.encoded: _Encoded | None = None
+        self.lent: _Encoded | None = None
 
 
 class SessionTurns(Lender):
@@ -119,7 +145,11 @@ class SessionTurns(Lender):
                 prev = None
         turn = _Turn(req, opts)
         out = convert(req, opts, prev, turn)
-        turn.size = size = 2 * size + self.ENTRY
+        turn.out = out
+        if prev is not None:
+            turn.lent = prev.encoded
+        # its typed messages (views of the request), its conversion's own texts, its body
+        turn.size = size = 3 * size + self.ENTRY
         if size <= self.budget:
             self._tick += 1
             turn.tick = self._tick
@@ -127,6 +157,19 @@ class SessionTurns(Lender):
             self.bytes += size
             self._evict()
         return out
+
+    def encode(self, key: tuple, out: dict) -> bytes:
+        """The upstream body of ``out``, the request :meth:`convert` gave last for
+        ``key``: the bytes of the Chat messages it re-sends as the very objects the
+        previous turn sent are taken from that turn's body (one copy), only the rest is
+        encoded. The same bytes as ``msgspec.json.encode(out)``."""
+        turn = self._d.get(key)
+        if turn is None or turn.out is not out:
+            return _encode(out)
+        if turn.encoded is None:
+            turn.encoded = encode_lent(out, turn.lent)
+            turn.lent = None
+        return turn.encoded.data
 
     def decoded(self, key: object) -> Decoded | None:
         """The session's latest request as decoded (taken out: ``keep_decoded`` puts the
@@ -175,19 +218,47 @@ def convert(
     messages: list[dict] = []
     sys_text = _system(req.system)
     if not empty(sys_text):
-        messages.append({"role": "system", "content": sys_text})
+        was = previous.system if previous is not None else None
+        if (
+            was is not None
+            and type(was["content"]) is type(sys_text)
+            and was["content"] == sys_text
+        ):
+            system = was  # the very object: its bytes are lent too (SessionTurns.encode)
+        else:
+            system = {"role": "system", "content": sys_text}
+            if turn is not None:
+                system = _owned(system)
+        messages.append(system)
+        if turn is not None:
+            turn.system = system
+    base = len(messages)
+    msgs = req.messages
     before = previous.messages if previous is not None else ()
     n = len(before)
-    for i, m in enumerate(req.messages):
+    # The leading messages the decode lent (the very structs sent last turn) take their
+    # conversions at once; the walk starts after them.
+    k = same_prefix(msgs, before) if n else 0
+    if k:
+        assert previous is not None
+        messages += previous.flat[: previous.ends[k - 1]]
+        if turn is not None:
+            turn.converted = previous.converted[:k]
+            turn.ends = previous.ends[:k]
+    for i in range(k, len(msgs)):
+        m = msgs[i]
         if i < n and (before[i] is m or before[i] == m):
             part = previous.converted[i]
         else:
             part = _convert_message(m, opts)
             if turn is not None:
                 part = [_owned(p) for p in part]
-        messages.extend(part)
+        messages += part
         if turn is not None:
             turn.converted.append(part)
+            turn.ends.append(len(messages) - base)
+    if turn is not None:
+        turn.flat = messages[base:]
 
     out: dict = {"model": opts.upstream_model, "messages": messages}
     if (
@@ -225,6 +296,50 @@ def convert(
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
     return out
+
+
+def encode_lent(out: dict, lent: _Encoded | None) -> _Encoded:
+    """``out`` (a request :func:`convert` gave) encoded, taking from ``lent`` (the
+    previous turn's body) the bytes of the leading Chat messages that are the very objects
+    it sent, and of the tools list when it is the very list: what is taken was encoded
+    from those objects, so the bytes are those of ``msgspec.json.encode(out)``."""
+    keys = iter(out)
+    if next(keys, None) != "model" or next(keys, None) != "messages":
+        data = _encode(out)
+        return _Encoded(b"", [], data, [], None, None)
+    msgs = out["messages"]
+    head = b'{"model":' + _encode(out["model"]) + b',"messages":['
+    k = same_prefix(msgs, lent.sent) if lent is not None and lent.head == head else 0
+    pieces: list = []
+    if k:
+        assert lent is not None
+        ends = lent.ends[:k]
+        pos = ends[-1]
+        pieces.append(memoryview(lent.data)[:pos])
+    else:
+        ends, pos = [], len(head)
+        pieces.append(head)
+    for i in range(k, len(msgs)):
+        if i:
+            pieces.append(b",")
+            pos += 1
+        one = _encode(msgs[i])
+        pieces.append(one)
+        pos += len(one)
+        ends.append(pos)
+    rest = {name: value for name, value in out.items() if name != "model" and name != "messages"}
+    tools, tools_json = rest.get("tools"), None
+    if tools is not None:
+        same = lent is not None and lent.tools is tools and lent.tools_json is not None
+        tools_json = lent.tools_json if same else _encode(tools)
+        rest["tools"] = Raw(tools_json)
+    tail = _encode(rest)
+    if len(tail) == 2:  # {}
+        pieces.append(b"]}")
+    else:
+        pieces.append(b"],")
+        pieces.append(memoryview(tail)[1:])
+    return _Encoded(head, list(msgs), b"".join(pieces), ends, tools, tools_json)
 
 
 def _owned(obj):

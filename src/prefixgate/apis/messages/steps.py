@@ -109,6 +109,10 @@ async def convert_messages(x: Exchange) -> None:
     if ch.kind == "openai":
         x.out = upstream_chat_request(x, ch)
         x.url, x.headers = target.base_url + "/chat/completions", bearer(ch)
+        session = x.record.session_id
+        if session is not None:  # what the session's previous body sent again is copied
+            x.data = x.gateway.turns.encode((ch.name, session), x.out)
+            return
     else:
         x.out = {**x.body.whole(), "model": ch.upstream_model(x.body["model"])}
         x.out.pop("diagnostics", None)  # answered here, never forwarded
