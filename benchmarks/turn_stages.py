@@ -14,7 +14,9 @@ stage's count is subtracted (``--cpu RUNS``: each stage timed instead, by
 does not have are skipped.
 
 Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
-``decode_lent`` (the same lent by the session's previous turn, as in the gateway),
+``decode_lent`` (the same lent by the session's previous turn, as in the gateway, then
+turn - 1 again: two decodes, halved), ``decode_next`` (the turn alone after its previous
+one, as in the gateway: the memory put back as it was before each run),
 ``convert`` (to Chat, alone), ``convert_lent`` (the same lent by the session's previous
 turn: ``SessionTurns``), ``encode`` (the upstream request), ``encode_lent`` (the same lent
 by the previous turn's body, as ``SessionTurns.encode``), ``segments_json`` (the record's
@@ -174,6 +176,15 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
             decode_messages_body(before_raw, limits, dturns, lambda _: sid)
 
         stages["decode_lent"] = decode_lent
+        nturns = SessionTurns(1 << 30)
+        decode_messages_body(before_raw, limits, nturns, lambda _: sid)
+        kept, kept_bytes = nturns._decoded.copy(), nturns.bytes
+
+        def decode_next() -> None:  # lent by turn - 1, its memory as it was every time
+            nturns._decoded, nturns.bytes = kept.copy(), kept_bytes
+            decode_messages_body(raw, limits, nturns, lambda _: sid)
+
+        stages["decode_next"] = decode_next
     others: list[list] = []  # --beside: other sessions' records, turn by turn
     for other in at.sessions(beside + 1, turn + 1)[1:] if stage == "ledger" else []:
         osid = other[0][1]["X-Claude-Code-Session-Id"]

@@ -454,13 +454,13 @@ def request_pair(draw):
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(request_pair(), st.sampled_from([Limits(), TIGHT]))
-def test_a_lent_decode_is_the_decode_alone(pair, limits):
+@given(request_pair(), st.sampled_from([Limits(), TIGHT]), st.sampled_from([None, (",", ":")]))
+def test_a_lent_decode_is_the_decode_alone(pair, limits, separators):
     from prefixgate.apis.messages.request import SessionTurns
     from prefixgate.record.cut import cut_from_bytes, cut_from_pieces
 
     turns = SessionTurns(1 << 24)
-    first, second = (json.dumps(b).encode() for b in pair)
+    first, second = (json.dumps(b, separators=separators).encode() for b in pair)
     kept = _lent_verdict(first, limits, turns)[1]
     verdict, body = _lent_verdict(second, limits, turns)
     assert verdict == _typed_verdict(second, limits)
@@ -500,7 +500,9 @@ def test_the_lent_decode_holds_no_body_alive_and_keeps_within_its_budget():
         decode_messages_body(raws[i], Limits(), turns, lambda _small: "s")
     gc.collect()
     got = [sys.getrefcount(raws[i]) for i in range(3)]  # (not in an assert: pytest's rewriting)
-    assert got == [alone] * 3  # each part kept is a copy of its own
+    # each part kept is a copy of its own; the latest body is kept (the next request is
+    # compared with it), no earlier one
+    assert got[:2] == [alone] * 2 and got[2] == alone + 1
     assert 0 < turns.bytes <= turns.budget
     small = SessionTurns(600)
     for s in range(4):
@@ -513,3 +515,104 @@ def test_the_lent_decode_holds_no_body_alive_and_keeps_within_its_budget():
     plain = SessionTurns(1 << 20)
     body = decode_messages_body(raws[2], Limits(), plain, lambda _small: None)
     assert plain.bytes == 0 and body.pieces is None
+
+
+def _tail_of(raw: bytes) -> bytes:
+    """The request's last two messages as an array (what a second messages key could
+    hold to pass for the array in place)."""
+    return json.dumps(json.loads(raw)["messages"][-2:]).encode()
+
+
+def _place_turns(separators) -> list[bytes]:
+    """A growing conversation whose last message moves its ``cache_control`` marker (as
+    Claude Code's does), the top level's plain fields before the messages."""
+    turns, messages = [], []
+    for i in range(8):
+        messages = [
+            {
+                **m,
+                "content": [
+                    {k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]
+                ],
+            }
+            for m in messages
+        ]
+        messages.append({"role": "user" if i % 2 == 0 else "assistant",
+                         "content": [{"type": "text", "text": f"turn {i} " + "x" * i,
+                                      "cache_control": {"type": "ephemeral"}}]})  # fmt: skip
+        body = {"model": "m", "max_tokens": 9, "messages": messages, "system": "s", "tools": []}
+        turns.append(json.dumps(body, separators=separators).encode())
+    return turns
+
+
+@pytest.mark.parametrize("separators", [None, (",", ":")])
+def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(separators, monkeypatch):
+    """With the session known before the decode, the messages that stand in the previous
+    request's bytes at the same place are not decoded again: the document decoded is the
+    request without them, and the result is the decode alone's."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.protocol import messages_body as mb
+
+    decoded: list[int] = []
+    real = mb._tops
+
+    def counting(limits):
+        top_dec, tools_dec, kind = real(limits)
+
+        class Counting:
+            def decode(self, raw):
+                decoded.append(len(raw))
+                return top_dec.decode(raw)
+
+        return Counting(), tools_dec, kind
+
+    monkeypatch.setattr(mb, "_tops", counting)
+    turns = SessionTurns(1 << 24)
+    for k, raw in enumerate(_place_turns(separators)):
+        decoded.clear()
+        body = decode_messages_body(raw, Limits(), turns, lambda _small: "s")
+        alone = decode_messages_body(raw, Limits())
+        assert body.typed == alone.typed and dict(body) == dict(alone)
+        assert body.pieces is not None
+        # from turn 2 on, the messages before the last two (whose marker moved) are not
+        # read again: the document decoded is the request without them and their commas
+        msgs = json.loads(raw)["messages"]
+        comma = b", " if separators is None else b","
+        kept = msgs[: max(0, len(msgs) - 2)] if k >= 2 else []
+        left_out = sum(len(json.dumps(m, separators=separators)) + len(comma) for m in kept)
+        assert decoded == [len(raw) - left_out]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda b: b.replace(b'"messages"', b'"max_tokens":9,"messages"', 1),  # another head
+        lambda b: b[:-1] + b',"messages":[{"role":"user","content":"other"}]}',  # two keys
+        lambda b: b[:-1] + b',"messag\\u0065s":' + _tail_of(b) + b"}",  # two, the same tail
+        lambda b: b.replace(b"turn 5", b"turn 5\\u0000", 1),  # an edit mid-way
+        lambda b: b.replace(b'"turn 6', b'"turn\x016', 1),  # a control character: invalid
+        lambda b: b[:-3],  # cut short
+        lambda b: b.replace(
+            b'"messages":[', b'"messages":[' + b'{"role":"user","content":"a"},' * 40, 1
+        ),
+    ],
+)
+def test_a_request_unlike_its_previous_one_in_place_decodes_as_alone(edit):
+    """Whatever differs from the previous request in its bytes (its head, a second
+    messages key, an edit, an invalid byte, a body cut short, many messages more than
+    the limit allows), the lent decode accepts and refuses as the decode alone, and
+    gives what it gives."""
+    from prefixgate.apis.messages.request import SessionTurns
+
+    limits = Limits(max_messages=40)
+    for separators in (None, (",", ":")):
+        turns = SessionTurns(1 << 24)
+        raws = _place_turns(separators)
+        for raw in raws[:-1]:
+            decode_messages_body(raw, limits, turns, lambda _small: "s")
+        last = edit(raws[-1])
+        verdict, body = _lent_verdict(last, limits, turns)
+        assert verdict == _typed_verdict(last, limits), last
+        if body is not None:
+            alone = decode_messages_body(last, limits)
+            assert body.typed == alone.typed and dict(body) == dict(alone)

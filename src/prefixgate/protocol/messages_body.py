@@ -21,6 +21,7 @@ depth limit means the same on both paths for what the gateway decodes.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -263,6 +264,9 @@ class Decoded:
         "structs",
         "raws",
         "blocks",
+        "raw",
+        "starts",
+        "rest",
     )
 
     ENTRY = 256  # bytes an entry costs beyond its parts' bytes
@@ -277,12 +281,16 @@ class Decoded:
         parts: list,
         size: int,
         columns: tuple[list, list, list[int]] | None = None,
+        kept: tuple[bytes, list[int], int] | None = None,
     ) -> None:
         """``messages``: per message (its bytes, its struct, its blocks, its bytes as
         ``Raw``); ``parts``: each message's bytes; ``size``: what it all costs;
         ``columns``: the messages' structs, ``Raw``s and blocks so far (each message's
         own and those before it), as lists, when the caller has them (a next request
-        takes what it re-sends as slices of them)."""
+        takes what it re-sends as slices of them); ``kept``: the request's body, where
+        each message begins in it and where what follows its messages begins (with no
+        second messages key in it), when known: the next request's leading messages are
+        found in the same bytes at the same place, without decoding them."""
         self.limits, self.tools, self.system = limits, tools, system
         self.messages, self.parts, self.size = messages, parts, size
         if columns is None:
@@ -292,6 +300,9 @@ class Decoded:
                 blocks.append(total)
             columns = [m[1] for m in messages], [m[3] for m in messages], blocks
         self.structs, self.raws, self.blocks = columns
+        self.raw: bytes | None = kept[0] if kept is not None else None
+        self.starts: list[int] = kept[1] if kept is not None else []
+        self.rest: int = kept[2] if kept is not None else 0
 
     def pieces(self) -> tuple[bytes, bytes, list[bytes]]:
         """The tools list's, the system's and each message's JSON bytes (the capture's cut)."""
@@ -332,25 +343,168 @@ def _tops(limits: Limits) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder, t
     return got
 
 
+def _previous(lend: Lender, key: object, lkey: tuple) -> Decoded | None:
+    """The session's previous request as decoded, if decoded within the same limits."""
+    prev = lend.decoded(key)
+    return prev if prev is not None and prev.limits == lkey else None
+
+
 def _same(raw: Raw, data: bytes) -> bool:
     """``raw``'s bytes are ``data`` (a length check, then one memcmp)."""
     return len(raw) == len(data) and raw == Raw(data)
 
 
+# The top level up to its messages' first item, when only plain values come before them
+# (Claude Code: {"model":"…","messages":[…): where a request's messages begin.
+_WS = rb"[ \t\n\r]*"
+_STRING = rb'"(?:[^"\\\x00-\x1f]|\\.)*"'
+_SCALAR = rb"(?:" + _STRING + rb"|-?[0-9][0-9.eE+-]*|true|false|null)"
+_HEAD = re.compile(
+    _WS + rb"\{" + _WS + rb"(?:" + _STRING + _WS + rb":" + _WS + _SCALAR + _WS + rb"," + _WS
+    + rb')*"messages"' + _WS + rb":" + _WS + rb"\[" + _WS
+)  # fmt: skip
+_NEXT = re.compile(_WS + rb"," + _WS)
+_AFTER = re.compile(_WS + rb"(?:(,)|\})")  # after the messages: more keys, or the end
+
+
+class _Rest(Struct):
+    """The top level's keys after its messages: whether a second messages key is there."""
+
+    messages: Raw = Raw(b"")
+
+
+_REST = msgspec.json.Decoder(_Rest)
+_CLOSE = re.compile(_WS + rb"\]")
+_COMMA, _BRACKET = 44, 93
+
+
+def _places(raw: bytes, pos: int, msgs: list[Raw], places: list[int]) -> int:
+    """Append to ``places`` where each of ``msgs`` begins in ``raw``, the first at
+    ``pos``: each one's very bytes there, a comma between each and the next, the array's
+    end after the last. Where the array ends (just after its ``]``); -1 when ``raw``
+    does not hold them so."""
+    last = len(msgs) - 1
+    for i, m in enumerate(msgs):
+        if not raw.startswith(m, pos):
+            return -1
+        places.append(pos)
+        end = pos + len(m)
+        if i < last:
+            if raw[end : end + 1] == b"," and raw[end + 1 : end + 2] not in _BLANKS:
+                pos = end + 1
+                continue
+            sep = _NEXT.match(raw, end)
+        else:
+            if raw[end : end + 1] == b"]":
+                return end + 1
+            sep = _CLOSE.match(raw, end)
+        if sep is None:
+            return -1
+        pos = sep.end()
+    return pos if last >= 0 else -1
+
+
+_BLANKS = (b" ", b"\t", b"\n", b"\r", b"")
+
+
+def _starts(raw: bytes, msgs: list[Raw]) -> tuple[list[int], int] | None:
+    """Where each of the request's messages begins in its body, and where what follows
+    them begins (``None``: not known, when anything but plain values comes before them,
+    they are not where they should be, or a second messages key follows them)."""
+    head = _HEAD.match(raw)
+    if head is None or not msgs:
+        return None
+    places: list[int] = []
+    end = _places(raw, head.end(), msgs, places)
+    if end < 0 or not _single(raw, end):
+        return None
+    return places, end
+
+
+def _single(raw: bytes, end: int) -> bool:
+    """No second messages key after the array ending at ``end`` (JSON leaves open which
+    of two counts; the decode takes the last), the object's end there or more keys."""
+    after = _AFTER.match(raw, end)
+    if after is None:
+        return False
+    return not after.group(1) or not _REST.decode(b"{" + raw[after.end() :]).messages
+
+
+def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: Limits):
+    """The request decoded but for its leading messages that stand in the previous
+    request's bytes at the same place: the bytes from the start up to message ``k`` the
+    same as the previous request's (a memcmp, the longest such ``k`` found by halves),
+    the document without messages ``0 … k - 1`` decoded, what it decoded found in the
+    request at its place. ``(top, k, starts, rest)``: the top level with messages ``k …``
+    only, where every message begins and where what follows them begins; ``None``:
+    nothing lent so."""
+    starts, old = prev.starts, prev.raw
+    if old is None or len(starts) < 2:
+        return None
+    view = memoryview(old)
+    if not raw.startswith(view[: starts[1]]):
+        return None
+    lo, hi = 1, len(starts) - 1  # raw shares old's bytes up to message lo, not hi (if hi > lo)
+    if raw.startswith(view[: starts[hi]]):
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if raw.startswith(view[: starts[mid]]):
+            lo = mid
+        else:
+            hi = mid
+    k = lo
+    # The request without its first k messages: their bytes and the comma after the last
+    # of them are the previous request's, as checked; what follows is decoded as it is.
+    top = top_dec.decode(raw[: starts[0]] + raw[starts[k] :])
+    if k + len(top.messages) > limits.max_messages:
+        raise _Plain  # the plain check says what is wrong
+    places = starts[:k]
+    end = _places(raw, starts[k], top.messages, places)
+    if end < 0:
+        return None
+    # The messages decoded are those of the array in place, unless a second messages key
+    # follows it: what follows is looked through unless it is the previous request's
+    # (its bytes the same: looked through then)
+    rest = len(old) - prev.rest
+    same_rest = len(raw) - end == rest and raw.endswith(view[prev.rest :])
+    if not same_rest and not _single(raw, end):
+        return None
+    return top, k, places, end
+
+
 def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody | None:
     """The typed decode with what the session's previous request lends (``None``: no
-    session; the caller decodes alone). Raises as the decode does."""
+    session; the caller decodes alone). Raises as the decode does.
+
+    A session told by the request's headers is known before the decode: its previous
+    request's leading messages standing at the same place in the same bytes are then not
+    decoded at all (:func:`_by_place`). Otherwise the whole top level is decoded and each
+    message compared with the one at the same index (a memcmp)."""
     top_dec, tools_dec, kind = _tops(limits)
-    top = top_dec.decode(raw)
-    small = {k: v for k in _PLAIN_FIELDS if (v := getattr(top, k)) is not None}
-    key = key_of(small)
-    if key is None:
-        return None
     room = limits.max_json_depth
     lkey = (room, limits.max_messages, limits.max_tools)
-    prev = lend.decoded(key)
-    if prev is not None and prev.limits != lkey:
-        prev = None
+    early = key_of({})  # the session's key from the headers alone, when they tell it
+    prev = _previous(lend, early, lkey) if early is not None else None
+    placed = _by_place(raw, prev, top_dec, limits) if prev is not None else None
+    starts: tuple[list[int], int] | None = None
+    if placed is not None:
+        top, k, places, rest = placed
+        starts = places, rest
+    else:
+        top, k = top_dec.decode(raw), 0
+    small = {f: v for f in _PLAIN_FIELDS if (v := getattr(top, f)) is not None}
+    key = key_of(small)
+    if key != early:  # told by the body: its previous request is looked up now
+        if prev is not None:
+            lend.keep_decoded(early, prev)  # (the headers' key lent nothing after all)
+        if key is None:
+            return None
+        if placed is not None:  # what another request lent is not this session's
+            top, k, starts = top_dec.decode(raw), 0, None
+        prev = _previous(lend, key, lkey)
+    elif key is None:
+        return None
     if prev is not None and _same(top.tools, prev.tools[0]):
         tools = prev.tools
     else:
@@ -364,9 +518,12 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     before = prev.messages if prev is not None else ()
     n = len(before)
     tops = top.messages
-    # The leading messages whose bytes equal the previous request's (compared in C, a
-    # memcmp each) are taken at once; the walk starts after them.
-    k = common_prefix(tops, prev.raws) if prev is not None and n else 0
+    if k:  # by place: tops are messages k … and the walk starts at the first of them
+        skip = 0
+    else:
+        # The leading messages whose bytes equal the previous request's (compared in C,
+        # a memcmp each) are taken at once; the walk starts after them.
+        k = skip = common_prefix(tops, prev.raws) if prev is not None and n else 0
     if k:
         assert prev is not None
         messages = prev.messages[:k]
@@ -376,8 +533,10 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     else:
         messages, parts, structs, raws, counts = [], [], [], [], []
         blocks = 0
-    for i in range(k, len(tops)):
-        m = tops[i]
+    shift = k - skip  # a message's index in the request, beyond its index in tops
+    for j in range(skip, len(tops)):
+        m = tops[j]
+        i = j + shift
         if i < n:
             was = before[i]
             if len(m) == len(was[0]) and m == was[3]:  # one memcmp
@@ -404,7 +563,12 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     _walk_top(typed, limits, blocks)
     # the parts are disjoint pieces of the body: their bytes are at most its size
     size = Decoded.ENTRY + len(raw) + Decoded.PART * (len(messages) + blocks)
-    decoded = Decoded(lkey, tools, system, messages, parts, size, (structs, raws, counts))
+    if early is not None and key == early and starts is None:
+        starts = _starts(raw, tops)  # (a whole decode: where this request's messages begin)
+    kept = (raw, *starts) if starts is not None else None
+    if kept is not None:
+        size += len(raw)  # the body kept, for the next request to be compared with
+    decoded = Decoded(lkey, tools, system, messages, parts, size, (structs, raws, counts), kept)
     lend.keep_decoded(key, decoded)
     body = MessagesBody(typed, raw)
     body.pieces = decoded.pieces()
