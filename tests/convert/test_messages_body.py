@@ -616,3 +616,28 @@ def test_a_request_unlike_its_previous_one_in_place_decodes_as_alone(edit):
         if body is not None:
             alone = decode_messages_body(last, limits)
             assert body.typed == alone.typed and dict(body) == dict(alone)
+
+
+@pytest.mark.parametrize(
+    ("rest", "single"),
+    [
+        (b"}", True),
+        (b',"system":"s","tools":[]}', True),
+        (b',"tools":[{"name":"t","input_schema":{"properties":{"messages":{}}}}]}', True),
+        (b',"system":"\\u001b[0m colours"}', True),
+        (b',"messages":[]}', False),
+        (b',"\\u006dessages":[]}', False),
+        (b',"\\u006Dessages":[]}', False),
+        (b',"message\\u0073":[]}', False),
+        (b',"mess\\u0061ges":[]}', False),
+        (b',"system":"s" , "me\\u0073\\u0073ages" : [1]}', False),
+    ],
+)
+def test_a_second_messages_key_is_found_in_any_spelling(rest, single):
+    """After the messages in place, a second messages key (JSON leaves open which of two
+    counts) is found however its name is spelled; a messages property deeper down, or
+    an escape that spells no key, is not one."""
+    from prefixgate.protocol.messages_body import _single
+
+    head = b'{"model":"m","messages":[{"role":"user","content":"a"}]'
+    assert _single(head + rest, len(head)) is single

@@ -427,7 +427,14 @@ def _single(raw: bytes, end: int) -> bool:
     after = _AFTER.match(raw, end)
     if after is None:
         return False
-    return not after.group(1) or not _REST.decode(b"{" + raw[after.end() :]).messages
+    if not after.group(1):
+        return True
+    at = after.end()
+    # A key read as "messages" has its text, or one of its letters as a \u escape: with
+    # neither there (two searches in C), there is no such key; else the keys are read.
+    if raw.find(b'messages"', at) < 0 and raw.find(b"\\u00", at) < 0:
+        return True
+    return not _REST.decode(b"{" + raw[at:]).messages
 
 
 def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: Limits):
