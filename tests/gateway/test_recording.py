@@ -91,6 +91,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_STARTED: list[subprocess.Popen] = []  # this test's gateways, stopped by _no_gateway_left
+
+
+@pytest.fixture(autouse=True)
+def _no_gateway_left():
+    """A test that fails before it stops its gateway leaves none running: the gateway's
+    whole process group (its workers too) is killed once the test ends."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        if proc.stdout is not None and not proc.stdout.closed:
+            proc.stdout.close()
+
+
 def _start_gateway(
     tmp_path: Path, upstream_url: str, dsn: str, *extra: str
 ) -> tuple[subprocess.Popen, str]:
@@ -117,7 +135,9 @@ def _start_gateway(
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, its workers in it
     )
+    _STARTED.append(proc)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -126,7 +146,7 @@ def _start_gateway(
                 return proc, url
         except httpx.HTTPError:
             time.sleep(0.1)
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
     out = proc.stdout.read().decode()
     proc.stdout.close()
     raise AssertionError("gateway did not start: " + out)
