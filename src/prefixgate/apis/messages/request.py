@@ -117,15 +117,16 @@ class SessionTurns(Lender):
     conversation every turn. A message equal to the one at the same place last turn (the
     typed structs compared, raw texts by memcmp) takes its conversion as it was; any other
     is converted afresh, so an edited history converts exactly as without this memory.
-    Each session's entry costs twice its request's size: its typed messages are views of
-    the request's bytes, and what a message became holds its texts' own copy (a view
+    Each session's entry costs three times its request's size: its typed messages are
+    views of the request's bytes, what a message became holds its texts' own copy (a view
     would keep alive the body of the turn that first sent it, and so every earlier body
-    of the session).
+    of the session), and the upstream body encoded from it (:meth:`encode`), whose bytes
+    the next turn takes for what it re-sends.
 
     Per session, the latest request as decoded too (:class:`~prefixgate.protocol.
-    messages_body.Decoded`: its parts' own bytes and structs), which lends the next
-    turn's decode what is equal. Both within ``budget`` bytes together, least recently
-    used out first."""
+    messages_body.Decoded`: its parts' own bytes and structs, and its body when the next
+    request can be compared with it in place), which lends the next turn's decode what is
+    equal. Both within ``budget`` bytes together, least recently used out first."""
 
     ENTRY = 256  # bytes an entry costs beyond its request
 
