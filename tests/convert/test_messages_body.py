@@ -625,6 +625,7 @@ def test_a_request_unlike_its_previous_one_in_place_decodes_as_alone(edit):
         (b',"system":"s","tools":[]}', True),
         (b',"tools":[{"name":"t","input_schema":{"properties":{"messages":{}}}}]}', True),
         (b',"system":"\\u001b[0m colours"}', True),
+        (b',"system":"caf\\u00e9","tools":[{"name":"\\u0073earch"}]}', True),
         (b',"messages":[]}', False),
         (b',"\\u006dessages":[]}', False),
         (b',"\\u006Dessages":[]}', False),

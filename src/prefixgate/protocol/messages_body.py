@@ -375,7 +375,9 @@ class _Rest(Struct):
 
 _REST = msgspec.json.Decoder(_Rest)
 _CLOSE = re.compile(_WS + rb"\]")
-_COMMA, _BRACKET = 44, 93
+_BLANKS = (b" ", b"\t", b"\n", b"\r", b"")
+# one of the letters of "messages" written as a \u escape
+_ESCAPED_LETTER = re.compile(rb"\\u00(?:6[dD157]|73)")
 
 
 def _places(raw: bytes, pos: int, msgs: list[Raw], places: list[int]) -> int:
@@ -404,9 +406,6 @@ def _places(raw: bytes, pos: int, msgs: list[Raw], places: list[int]) -> int:
     return pos if last >= 0 else -1
 
 
-_BLANKS = (b" ", b"\t", b"\n", b"\r", b"")
-
-
 def _starts(raw: bytes, msgs: list[Raw]) -> tuple[list[int], int] | None:
     """Where each of the request's messages begins in its body, and where what follows
     them begins (``None``: not known, when anything but plain values comes before them,
@@ -431,8 +430,8 @@ def _single(raw: bytes, end: int) -> bool:
         return True
     at = after.end()
     # A key read as "messages" has its text, or one of its letters as a \u escape: with
-    # neither there (two searches in C), there is no such key; else the keys are read.
-    if raw.find(b'messages"', at) < 0 and raw.find(b"\\u00", at) < 0:
+    # neither there (searches in C), there is no such key; else the keys are read.
+    if raw.find(b'messages"', at) < 0 and _ESCAPED_LETTER.search(raw, at) is None:
         return True
     return not _REST.decode(b"{" + raw[at:]).messages
 
