@@ -619,7 +619,7 @@ def test_a_request_unlike_its_previous_one_in_place_decodes_as_alone(edit):
 
 
 @pytest.mark.parametrize(
-    ("rest", "single"),
+    ("rest", "expected"),
     [
         (b"}", True),
         (b',"system":"s","tools":[]}', True),
@@ -634,11 +634,11 @@ def test_a_request_unlike_its_previous_one_in_place_decodes_as_alone(edit):
         (b',"system":"s" , "me\\u0073\\u0073ages" : [1]}', False),
     ],
 )
-def test_a_second_messages_key_is_found_in_any_spelling(rest, single):
+def test_a_second_messages_key_is_found_in_any_spelling(rest, expected):
     """After the messages in place, a second messages key (JSON leaves open which of two
     counts) is found however its name is spelled; a messages property deeper down, or
     an escape that spells no key, is not one."""
-    from prefixgate.protocol.messages_body import _single
+    from prefixgate.protocol.placement import single
 
     head = b'{"model":"m","messages":[{"role":"user","content":"a"}]'
-    assert _single(head + rest, len(head)) is single
+    assert single(head + rest, len(head)) is expected

@@ -21,7 +21,6 @@ depth limit means the same on both paths for what the gateway decodes.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -31,6 +30,7 @@ from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.anthropic import check_messages_request
 from prefixgate.protocol.common import check_body_bytes, decode_body, json_depth
+from prefixgate.protocol.placement import places_of, single, starts_of
 from prefixgate.protocol.validate import MAX_TOKENS
 from prefixgate.sequences import common_prefix
 
@@ -280,25 +280,19 @@ class Decoded:
         messages: list,
         parts: list,
         size: int,
-        columns: tuple[list, list, list[int]] | None = None,
+        columns: tuple[list, list, list[int]],
         kept: tuple[bytes, list[int], int] | None = None,
     ) -> None:
         """``messages``: per message (its bytes, its struct, its blocks, its bytes as
         ``Raw``); ``parts``: each message's bytes; ``size``: what it all costs;
         ``columns``: the messages' structs, ``Raw``s and blocks so far (each message's
-        own and those before it), as lists, when the caller has them (a next request
-        takes what it re-sends as slices of them); ``kept``: the request's body, where
+        own and those before it), as lists (a next request takes what it re-sends as
+        slices of them); ``kept``: the request's body, where
         each message begins in it and where what follows its messages begins (with no
         second messages key in it), when known: the next request's leading messages are
         found in the same bytes at the same place, without decoding them."""
         self.limits, self.tools, self.system = limits, tools, system
         self.messages, self.parts, self.size = messages, parts, size
-        if columns is None:
-            blocks, total = [], 0
-            for m in messages:
-                total += m[2]
-                blocks.append(total)
-            columns = [m[1] for m in messages], [m[3] for m in messages], blocks
         self.structs, self.raws, self.blocks = columns
         self.raw: bytes | None = kept[0] if kept is not None else None
         self.starts: list[int] = kept[1] if kept is not None else []
@@ -354,88 +348,6 @@ def _same(raw: Raw, data: bytes) -> bool:
     return len(raw) == len(data) and raw == Raw(data)
 
 
-# The top level up to its messages' first item, when only plain values come before them
-# (Claude Code: {"model":"…","messages":[…): where a request's messages begin.
-_WS = rb"[ \t\n\r]*"
-_STRING = rb'"(?:[^"\\\x00-\x1f]|\\.)*"'
-_SCALAR = rb"(?:" + _STRING + rb"|-?[0-9][0-9.eE+-]*|true|false|null)"
-_HEAD = re.compile(
-    _WS + rb"\{" + _WS + rb"(?:" + _STRING + _WS + rb":" + _WS + _SCALAR + _WS + rb"," + _WS
-    + rb')*"messages"' + _WS + rb":" + _WS + rb"\[" + _WS
-)  # fmt: skip
-_NEXT = re.compile(_WS + rb"," + _WS)
-_AFTER = re.compile(_WS + rb"(?:(,)|\})")  # after the messages: more keys, or the end
-
-
-class _Rest(Struct):
-    """The top level's keys after its messages: whether a second messages key is there."""
-
-    messages: Raw = Raw(b"")
-
-
-_REST = msgspec.json.Decoder(_Rest)
-_CLOSE = re.compile(_WS + rb"\]")
-_BLANKS = (b" ", b"\t", b"\n", b"\r", b"")
-# one of the letters of "messages" written as a \u escape
-_ESCAPED_LETTER = re.compile(rb"\\u00(?:6[dD157]|73)")
-
-
-def _places(raw: bytes, pos: int, msgs: list[Raw], places: list[int]) -> int:
-    """Append to ``places`` where each of ``msgs`` begins in ``raw``, the first at
-    ``pos``: each one's very bytes there, a comma between each and the next, the array's
-    end after the last. Where the array ends (just after its ``]``); -1 when ``raw``
-    does not hold them so."""
-    last = len(msgs) - 1
-    for i, m in enumerate(msgs):
-        if not raw.startswith(m, pos):
-            return -1
-        places.append(pos)
-        end = pos + len(m)
-        if i < last:
-            if raw[end : end + 1] == b"," and raw[end + 1 : end + 2] not in _BLANKS:
-                pos = end + 1
-                continue
-            sep = _NEXT.match(raw, end)
-        else:
-            if raw[end : end + 1] == b"]":
-                return end + 1
-            sep = _CLOSE.match(raw, end)
-        if sep is None:
-            return -1
-        pos = sep.end()
-    return pos if last >= 0 else -1
-
-
-def _starts(raw: bytes, msgs: list[Raw]) -> tuple[list[int], int] | None:
-    """Where each of the request's messages begins in its body, and where what follows
-    them begins (``None``: not known, when anything but plain values comes before them,
-    they are not where they should be, or a second messages key follows them)."""
-    head = _HEAD.match(raw)
-    if head is None or not msgs:
-        return None
-    places: list[int] = []
-    end = _places(raw, head.end(), msgs, places)
-    if end < 0 or not _single(raw, end):
-        return None
-    return places, end
-
-
-def _single(raw: bytes, end: int) -> bool:
-    """No second messages key after the array ending at ``end`` (JSON leaves open which
-    of two counts; the decode takes the last), the object's end there or more keys."""
-    after = _AFTER.match(raw, end)
-    if after is None:
-        return False
-    if not after.group(1):
-        return True
-    at = after.end()
-    # A key read as "messages" has its text, or one of its letters as a \u escape: with
-    # neither there (searches in C), there is no such key; else the keys are read.
-    if raw.find(b'messages"', at) < 0 and _ESCAPED_LETTER.search(raw, at) is None:
-        return True
-    return not _REST.decode(b"{" + raw[at:]).messages
-
-
 def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: Limits):
     """The request decoded but for its leading messages that stand in the previous
     request's bytes at the same place: the bytes from the start up to message ``k`` the
@@ -466,7 +378,7 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
     if k + len(top.messages) > limits.max_messages:
         raise _Plain  # the plain check says what is wrong
     places = starts[:k]
-    end = _places(raw, starts[k], top.messages, places)
+    end = places_of(raw, starts[k], top.messages, places)
     if end < 0:
         return None
     # The messages decoded are those of the array in place, unless a second messages key
@@ -474,7 +386,7 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
     # (its bytes the same: looked through then)
     rest = len(old) - prev.rest
     same_rest = len(raw) - end == rest and raw.endswith(view[prev.rest :])
-    if not same_rest and not _single(raw, end):
+    if not same_rest and not single(raw, end):
         return None
     return top, k, places, end
 
@@ -570,7 +482,7 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     # the parts are disjoint pieces of the body: their bytes are at most its size
     size = Decoded.ENTRY + len(raw) + Decoded.PART * (len(messages) + blocks)
     if early is not None and key == early and starts is None:
-        starts = _starts(raw, tops)  # (a whole decode: where this request's messages begin)
+        starts = starts_of(raw, tops)  # (a whole decode: where this request's messages begin)
     kept = (raw, *starts) if starts is not None else None
     if kept is not None:
         size += len(raw)  # the body kept, for the next request to be compared with

@@ -282,11 +282,11 @@ class RecordWriter:
                 continue
             wait = self._retry_at - time.monotonic()
             if wait > 0:  # the store failed a moment ago
-                if self._closing and self._tried_at_close:
-                    return  # what is pending is in the journal already
                 if not self._closing:
                     await self._sleep(wait, self._stop)
                     continue
+                if self._tried_at_close:
+                    return  # what is pending is in the journal already
                 # Closing: one more try, within close()'s timeout. The failure may have
                 # been a lock another worker held on the same store, gone by now.
                 self._tried_at_close = True
