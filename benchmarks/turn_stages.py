@@ -131,7 +131,7 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
         "capture": capture,
         "model_blocks": lambda: model_blocks(rec.segments_out),  # replaced below if lent
     }
-    _store_stages(stages, rec, stage)
+    _store_stages(stages, rec, stage, history[-1] if history else None)
     try:
         from prefixgate.apis.messages.request import SessionTurns
     except ImportError:
@@ -234,9 +234,11 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
 
 
-def _store_stages(stages: dict, rec, stage: str) -> None:
+def _store_stages(stages: dict, rec, stage: str, before=None) -> None:
     """The record's way to the store: ``journal`` (its append to a journal: the line
-    encoded and written), ``row`` (its row, as the writer makes it of the batch the
+    encoded and written), ``journal_next`` (the same after the session's previous record
+    was appended, as in service: its segment lists lent, where the tree lends them),
+    ``row`` (its row, as the writer makes it of the batch the
     journal's mirror hands it), ``write`` (a batch of that one record written to a SQLite
     store: the row, the transaction), ``ledger_write`` (a ledger written to it alone, as
     the ledger worker flushed each turn's), ``ledgers_10`` (ten ledgers in one
@@ -257,6 +259,19 @@ def _store_stages(stages: dict, rec, stage: str) -> None:
     journal.open()
     stages["journal"] = lambda: journal.append(rec)
     journal.append(rec)
+    after = Journal(tmp + "/journal-next", segment_bytes=1 << 30)
+    after.open()
+    if before is not None:
+        after.append(before)
+    lent = getattr(after, "lent", None)
+    kept = (lent._kept.copy(), lent.bytes) if lent is not None else None
+
+    def journal_next() -> None:
+        if lent is not None and kept is not None:  # the memory as turn - 1 left it
+            lent._kept, lent.bytes = kept[0].copy(), kept[1]
+        after.append(rec)
+
+    stages["journal_next"] = journal_next
     try:
         from prefixgate.record.journal import encode_segments_json
     except ImportError:

@@ -641,3 +641,29 @@ def test_a_lent_chat_message_that_leads_now_is_cut_as_a_fresh_one():
     assert got[2].pieces[1][0] is previous.pieces[1][0]  # lent
     assert got[:2] == cut_of_chat(now)[:2]
     assert got[1][-1] == (got[0][-1], msgspec.json.encode(b))  # its bytes, as it leads
+
+
+def test_a_chat_cut_gives_the_previous_turns_very_segments_as_far_as_they_are_equal():
+    """What the next stages lend by identity (the journal's encoded lists, the ledger's
+    names) ends at the first segment that is a new object: none is made anew for a piece
+    that did not change, the leading system message's included."""
+    from prefixgate.apis.messages.request import ConvertOptions, SessionTurns
+    from prefixgate.config import Limits
+    from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
+    from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
+    from prefixgate.protocol.messages_body import decode_messages_body
+    from prefixgate.record.cut import cut_of_chat
+    from prefixgate.sequences import common_prefix, same_prefix
+
+    spec = TrafficSpec(sessions=1, turns=8, titles=False, mix={AGENT_CLAUDE_CODE: 1.0})
+    turns, opts = SessionTurns(1 << 30), ConvertOptions("u")
+    for tools_first in (True, False):
+        previous, before = None, None
+        for req in ClaudeCodeSession(spec, 7).requests():
+            typed = decode_messages_body(json.dumps(req.body).encode(), Limits()).typed
+            out = turns.convert(("ch", "s"), typed, opts, 1)
+            segs, _, previous = cut_of_chat(out, tools_first=tools_first, previous=previous)
+            if before is not None:
+                assert any(s.kind == "system" for s in segs)
+                assert same_prefix(segs, before) == common_prefix(segs, before) > 10
+            before = segs

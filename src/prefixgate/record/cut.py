@@ -230,6 +230,7 @@ class ChatCut(NamedTuple):
     leading: int = 0  # how many messages lead as system ones
     rest: list[Segment] | None = None  # the segments of the messages after them
     tools_first: bool = True
+    lead: list[Segment] | None = None  # the leading messages' segments, of kind system
 
 
 def cut_of_chat(
@@ -291,7 +292,13 @@ def cut_of_chat(
         rest += [p[0] for p in msgs[leading + j :]]
     else:
         rest = [p[0] for p in msgs[leading:]]
+    # the leading messages as system segments: the previous turn's very ones where equal
+    # (a segment made anew each turn would end the next stages' lists lent by identity)
+    was_lead = previous.lead if previous is not None and previous.lead is not None else []
     lead = [p if p[0].kind == "system" else (_as(p[0], "system"), p[1]) for p in msgs[:leading]]
+    for i in range(min(len(lead), len(was_lead))):
+        if lead[i][0] is not was_lead[i] and lead[i][0] == was_lead[i]:
+            lead[i] = (was_lead[i], lead[i][1])
     tools_segs = [p[0] for p in tools_part]
     lead_segs = [p[0] for p in lead]
     tool_pieces = tools_part[1:]
@@ -310,7 +317,9 @@ def cut_of_chat(
         pieces.runs = [(a, a + k) for a, k in ((at, tools_same), (start, same)) if k > 0]
         pieces.base = previous
     size += 64 * len(msgs) + sum(len(d or b"") for _, d in tools_part)
-    cut = ChatCut(messages, msgs, tools, tools_part, size, chars, leading, rest, tools_first)
+    cut = ChatCut(
+        messages, msgs, tools, tools_part, size, chars, leading, rest, tools_first, lead_segs
+    )
     return segs, pieces, cut
 
 
