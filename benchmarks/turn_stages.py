@@ -198,7 +198,7 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
             kept.append(orec)
         others.append(kept)
     if stage == "ledger":
-        ledger = _ledger_stage(ch, history, rec, others)
+        ledger = _ledger_stage(ch, history, rec, others, max(REPS, 5 * cpu) + 2)
         if ledger is not None:
             stages["ledger"] = ledger
     if stage not in stages:
@@ -331,11 +331,11 @@ def _store_stages(stages: dict, rec, stage: str, before=None) -> None:
         stages["write_ledger"] = write_with_ledger
 
 
-def _ledger_stage(ch, history: list, rec, others: list[list]):
+def _ledger_stage(ch, history: list, rec, others: list[list], runs: int = REPS + 2):
     """The ledger's work on the turn's finished request (``LedgerWorker.compute`` and
     what keeps it: the model's path, a channel without engine events), each call on a
-    worker of its own that computed the session's turns before (REPS + 2 of them, built
-    before the count), so that every call finds the state the gateway's worker would.
+    worker of its own that computed the session's turns before (``runs`` of them, built
+    before the count or the timing), so that every call finds the state the gateway's worker would.
     ``others``: sessions served beside it on the same replica, each turn of theirs before
     the session's same turn."""
     try:
@@ -367,7 +367,7 @@ def _ledger_stage(ch, history: list, rec, others: list[list]):
     for r in (*before, rec):
         served(r)
     workers = []
-    for _ in range(REPS + 2):
+    for _ in range(runs):
         w = LedgerWorker(config)
         for r in before:
             run(w, r)
