@@ -129,9 +129,12 @@ class SegmentsLent:
     """Each session's latest segment lists as encoded, within ``budget`` bytes (the least
     recent session's dropped first): a session's next record re-sends its conversation's
     segments, the very objects (the capture lends them), so it encodes its new tail only.
-    The bytes are those :func:`encode_segments_json` gives."""
+    The bytes are those :func:`encode_segments_json` gives. A list counts its JSON and
+    its segments' objects as if it alone held them (they are the records', the change
+    memory's and the ledger's too, while those keep them): 16 MB is about 160 sessions of
+    270 segments."""
 
-    def __init__(self, budget: int = 8 << 20) -> None:
+    def __init__(self, budget: int = 16 << 20) -> None:
         self.budget = budget
         self.bytes = 0
         self._kept: OrderedDict[object, tuple[_Encoded | None, _Encoded | None, int]] = (
@@ -173,9 +176,13 @@ class SegmentsLent:
 
 
 def _size(e: _Encoded) -> int:
-    """What a kept list counts against the budget: its bytes, where each segment ends, and
-    a reference to each segment (the segments themselves are the records')."""
-    return len(e.data) + 16 * len(e.items) + 64
+    """What a kept list counts against the budget: its JSON, where each segment ends and a
+    reference to it (16 bytes), and the segment's objects (the struct, its name, its hash,
+    its sizes: about 300 bytes)."""
+    return len(e.data) + _PER_SEGMENT * len(e.items) + 128
+
+
+_PER_SEGMENT = 16 + 300
 
 
 class Journal:
