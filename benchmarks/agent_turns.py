@@ -35,7 +35,9 @@ divided by the sessions. Time to last byte: the client's, from the first byte wr
 the end of the answer. The floor: ``msgspec.json.decode`` + ``msgspec.json.encode`` of the
 same bodies in this process (the least any Python gateway that reads a body and writes
 one can do), and SHA-256 of each body once, both by ``time.process_time``; best of 5.
-The whole run's user and system seconds apart, from ``/proc/<pid>/stat``.
+The whole run's user and system seconds apart, from ``/proc/<pid>/stat``; and its CPU a
+turn by thread (each minus its idle share): the event loop's (each process's main thread)
+and the others' (the record writer's, the ledgers').
 
 Under ``--count``, the in-process floor is counted too: ``msgspec.json.decode`` + ``encode``
 of each body and freeing the decoded document, in a process of its own under callgrind
@@ -126,7 +128,13 @@ def floor_ms(bodies: list[bytes]) -> tuple[list[float], list[float]]:
 
 def run_ns(pid: int) -> int:
     """CPU nanoseconds (user + system) of every thread of ``pid``'s process tree."""
-    total = 0
+    return sum(run_ns_split(pid))
+
+
+def run_ns_split(pid: int) -> tuple[int, int]:
+    """:func:`run_ns` as (the main threads' — each process's event loop —, the other
+    threads': the record writer's, the ledgers')."""
+    main = other = 0
     for p in ov.tree(pid):
         try:
             tasks = os.listdir(f"/proc/{p}/task")
@@ -135,17 +143,23 @@ def run_ns(pid: int) -> int:
         for t in tasks:
             try:
                 with open(f"/proc/{p}/task/{t}/schedstat") as f:
-                    total += int(f.read().split()[0])
+                    ns = int(f.read().split()[0])
             except (OSError, ValueError, IndexError):
-                pass
-    return total
+                continue
+            if t == str(p):
+                main += ns
+            else:
+                other += ns
+    return main, other
 
 
-async def idle_rate(pid: int, seconds: float = 2.0) -> float:
-    """The process's CPU ns per wall second while nothing is asked of it."""
-    c0, t0 = run_ns(pid), time.perf_counter()
+async def idle_rates(pid: int, seconds: float = 2.0) -> tuple[float, float]:
+    """The process's CPU ns per wall second while nothing is asked of it, by
+    :func:`run_ns_split`'s two parts."""
+    c0, t0 = run_ns_split(pid), time.perf_counter()
     await asyncio.sleep(seconds)
-    return (run_ns(pid) - c0) / (time.perf_counter() - t0)
+    c1, dt = run_ns_split(pid), time.perf_counter() - t0
+    return (c1[0] - c0[0]) / dt, (c1[1] - c0[1]) / dt
 
 
 async def send(conn, raw: bytes) -> tuple[float, float]:
@@ -176,8 +190,10 @@ async def measure(
     await asyncio.sleep(settle)
     if profiled:  # pyprofile.py forgets the start-up and the warm-up
         os.kill(pid, signal.SIGUSR1)
-    rate = await idle_rate(pid)
+    rates = await idle_rates(pid)
+    rate = sum(rates)
     user0, sys0 = ov.cpu_times(pid)
+    split0, w0 = run_ns_split(pid), time.perf_counter()
     cpu, ttlb = [], []
     for k in range(len(convo[0])):
         c0, t0 = run_ns(pid), time.perf_counter()
@@ -190,8 +206,12 @@ async def measure(
         cpu.append(spent / 1e6 / len(convo))
         ttlb.append([1000 * v for v in lat])
     user1, sys1 = ov.cpu_times(pid)
+    split1, wall = run_ns_split(pid), time.perf_counter() - w0
+    turns = len(convo) * len(convo[0])
     conn.drop()
     return {
+        # the whole run's CPU a turn by thread, each minus its idle share
+        "threads_ms": [(split1[i] - split0[i] - rates[i] * wall) / 1e6 / turns for i in range(2)],
         "cpu_ms": cpu,
         "ttlb_ms": ttlb,
         "idle_ms_per_s": rate / 1e6,
@@ -284,6 +304,8 @@ def summarize(name: str, m: dict, floor: list[float]) -> dict:
         "user_s": m["user_s"],
         "system_s": m["system_s"],
         "idle_ms_per_s": m["idle_ms_per_s"],
+        "loop_thread_ms": m["threads_ms"][0] if "threads_ms" in m else None,
+        "other_threads_ms": m["threads_ms"][1] if "threads_ms" in m else None,
         "by_turn": {
             str(k): {
                 "cpu_ms": at(cpu, k),
@@ -539,6 +561,10 @@ def count_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}"
+
+
 def table(r: dict) -> str:
     if r["subjects"] and "instructions" in r["subjects"][0]:
         return count_table(r)
@@ -554,7 +580,7 @@ def table(r: dict) -> str:
         "",
         f"{'subject':<12}{'CPU ms/turn':>12}{'median':>8}{'x floor':>8}"
         f"{'x (relay + decode)':>20}{'TTLB p50':>10}"
-        f"{'60/10 above floor':>19}{'user s':>8}{'sys s':>7}",
+        f"{'60/10 above floor':>19}{'user s':>8}{'sys s':>7}{'loop thread':>13}{'others':>8}",
     ]
     for s in r["subjects"]:
         ratio = s.get("above_floor_60_over_10")
@@ -564,6 +590,7 @@ def table(r: dict) -> str:
             f"{s['cpu_ms_mean'] / f['decode_encode_ms_mean']:>8.1f}{hop:>20}"
             f"{s['ttlb_ms_p50']:>10.2f}"
             f"{'' if ratio is None else f'{ratio:.2f}':>19}{s['user_s']:>8.2f}{s['system_s']:>7.2f}"
+            f"{_ms(s.get('loop_thread_ms')):>13}{_ms(s.get('other_threads_ms')):>8}"
         )
     if both is not None:
         lines.append(
