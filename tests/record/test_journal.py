@@ -4,15 +4,11 @@ over, segments rotated and deleted once stored, reads that stop at whole lines."
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from prefixgate.record.journal import Journal, Position, SegmentsLent, encode_segments_json
-from prefixgate.record.record import Segment
+from prefixgate.record.journal import Journal, Position
 from tests.record.test_writer import expected, make
 
 KILLED = """
@@ -136,74 +132,3 @@ def test_half_a_line_left_by_a_crash_is_skipped(tmp_path: Path) -> None:
     assert read_all(journal) == expected(10)
     assert journal.end == Position(journal.end.seq, 0)  # appends go to a new segment
     journal.close(everything_stored=False)
-
-
-# -- a session's segment lists encoded lent by its previous record ------------------------
-def _seg(i: int, kind: str = "message") -> Segment:
-    return Segment(kind, f"messages[{i}]:user", f"{i:032x}", 100 + i, 25 + i)
-
-
-def _sessions(seed: int) -> list[tuple[str, list[Segment], list[Segment] | None]]:
-    """Records of a few sessions, interleaved: each turn re-sends its session's previous
-    lists (the very objects) and appends, and now and then edits a segment midway, drops
-    the tail (a compaction), starts over, sends one list as both or none at all."""
-    rng = random.Random(seed)
-    lists: dict[str, tuple[list[Segment], list[Segment]]] = {}
-    made = 0
-    out = []
-    for _ in range(300):
-        sid = rng.choice(["a", "b", "c"])
-        seg_in, seg_out = lists.get(sid, ([], []))
-        seg_in, seg_out = list(seg_in), list(seg_out)
-        what = rng.random()
-        if what < 0.1 and seg_in:  # an edit midway: an equal segment, or a new one
-            i = rng.randrange(len(seg_in))
-            seg_in[i] = _seg(i) if rng.random() < 0.5 else _seg(made := made + 1)
-        elif what < 0.15:  # compacted: the tail dropped
-            del seg_in[rng.randrange(len(seg_in) + 1) :]
-            del seg_out[rng.randrange(len(seg_out) + 1) :]
-        elif what < 0.18:
-            seg_in, seg_out = [], []
-        for _ in range(rng.randrange(4)):
-            seg_in.append(_seg(made := made + 1))
-            seg_out.append(_seg(made := made + 1, "system"))
-        lists[sid] = (seg_in, seg_out)
-        shape = rng.random()
-        if shape < 0.1:
-            out.append((sid, seg_in, seg_in))
-        elif shape < 0.15:
-            out.append((sid, seg_in, None))
-        elif shape < 0.18:
-            out.append((sid, [], []))
-        else:
-            out.append((sid, seg_in, seg_out))
-    return out
-
-
-@pytest.mark.parametrize("budget", [0, 3000, 8 << 20])
-@pytest.mark.parametrize("seed", range(6))
-def test_lists_lent_by_the_previous_record_encode_as_the_lists_do(budget: int, seed: int) -> None:
-    lent = SegmentsLent(budget)
-    for sid, seg_in, seg_out in _sessions(seed):
-        got = lent.encode(sid, seg_in, seg_out)
-        assert got == encode_segments_json(seg_in, seg_out)
-        assert lent.bytes <= budget
-    assert SegmentsLent().encode(None, [_seg(1)], None) == encode_segments_json([_seg(1)], None)
-
-
-def test_a_journal_line_holds_the_lists_lent_by_the_previous_record(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
-    journal.open()
-    history: list[Segment] = []
-    for i in range(5):
-        history.append(_seg(i))
-        rec = make(i)
-        rec.session_id = "s"
-        rec.segments_in = list(history)  # the very segments again, one more each turn
-        rec.segments_out = [*history, _seg(100 + i)]
-        assert journal.append(rec) is not None
-        assert journal.last_segments == encode_segments_json(rec.segments_in, rec.segments_out)
-    records, _, _ = journal.read(journal.start(), dict(journal.sizes), 1 << 30)
-    assert [r.segments_in for r in records] == [history[: i + 1] for i in range(5)]
-    assert records[-1].segments_out == [*history, _seg(104)]
-    assert journal.lent.bytes > 0

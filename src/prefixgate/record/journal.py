@@ -33,15 +33,12 @@ import fcntl
 import itertools
 import logging
 import os
-from array import array
-from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
 
 from prefixgate.record.record import Record, Segment
-from prefixgate.sequences import same_prefix
 
 log = logging.getLogger(__name__)
 
@@ -95,96 +92,6 @@ def encode_segments_json(
     return SegmentsJson(a, b, b == a)
 
 
-class _Encoded(NamedTuple):
-    """A segment list as encoded: the list, its JSON and where each segment's JSON ends in
-    it (an ``array``: sliced as one copy, not an object per segment)."""
-
-    items: list[Segment]
-    data: bytes
-    ends: array
-
-
-def _encode_lent(segments: list[Segment], previous: _Encoded | None) -> _Encoded:
-    """``segments`` as JSON (the bytes the list's encode gives: ``[a,b,…]``), the leading
-    segments that are the very objects ``previous`` had at the same places taken as one
-    slice of its bytes; each other segment encoded alone."""
-    k = same_prefix(segments, previous.items) if previous is not None else 0
-    if k and previous is not None:
-        if k == len(segments) == len(previous.items):
-            return _Encoded(segments, previous.data, previous.ends)
-        out = bytearray(memoryview(previous.data)[: previous.ends[k - 1]])
-        ends = previous.ends[:k]
-    else:
-        out, ends = bytearray(b"["), array("q")
-    for seg in segments[k:]:
-        if len(out) > 1:
-            out += b","
-        out += _SEGMENTS_ENCODER.encode(seg)
-        ends.append(len(out))
-    out += b"]"
-    return _Encoded(segments, bytes(out), ends)
-
-
-class SegmentsLent:
-    """Each session's latest segment lists as encoded, within ``budget`` bytes (the least
-    recent session's dropped first): a session's next record re-sends its conversation's
-    segments, the very objects (the capture lends them), so it encodes its new tail only.
-    The bytes are those :func:`encode_segments_json` gives. A list counts its JSON and
-    its segments' objects as if it alone held them (they are the records', the change
-    memory's and the ledger's too, while those keep them): 16 MB is about 160 sessions of
-    270 segments."""
-
-    def __init__(self, budget: int = 16 << 20) -> None:
-        self.budget = budget
-        self.bytes = 0
-        self._kept: OrderedDict[object, tuple[_Encoded | None, _Encoded | None, int]] = (
-            OrderedDict()
-        )
-
-    def encode(
-        self,
-        session: object,
-        segments_in: list[Segment] | None,
-        segments_out: list[Segment] | None,
-    ) -> SegmentsJson:
-        if session is None or self.budget <= 0:
-            return encode_segments_json(segments_in, segments_out)
-        was = self._kept.pop(session, None)
-        before_in = before_out = None
-        if was is not None:
-            before_in, before_out, size = was
-            self.bytes -= size
-        a = None if segments_in is None else _encode_lent(segments_in, before_in)
-        if segments_out is None:
-            b = None
-        elif segments_out is segments_in:
-            b = a
-        else:
-            b = _encode_lent(segments_out, before_out if before_out is not None else before_in)
-        size = (0 if a is None else _size(a)) + (0 if b is None or b is a else _size(b))
-        if size <= self.budget:
-            self._kept[session] = (a, b, size)
-            self.bytes += size
-            while self.bytes > self.budget:
-                self.bytes -= self._kept.popitem(last=False)[1][2]
-        data_a = None if a is None else a.data
-        if b is None:
-            return SegmentsJson(data_a, None, False)
-        if b is a:
-            return SegmentsJson(data_a, data_a, True)
-        return SegmentsJson(data_a, b.data, b.data == data_a)
-
-
-def _size(e: _Encoded) -> int:
-    """What a kept list counts against the budget: its JSON, where each segment ends and a
-    reference to it (16 bytes), and the segment's objects (the struct, its name, its hash,
-    its sizes: about 300 bytes)."""
-    return len(e.data) + _PER_SEGMENT * len(e.items) + 128
-
-
-_PER_SEGMENT = 16 + 300
-
-
 class Journal:
     def __init__(
         self, root: str | os.PathLike[str], *, max_bytes: int = 1 << 30, segment_bytes: int = 0
@@ -205,7 +112,7 @@ class Journal:
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(Record)
         self._buf = bytearray()
-        self.lent = SegmentsLent()  # each session's latest lists, as encoded
+        self._segments_buf = bytearray()
 
     @property
     def is_open(self) -> bool:
@@ -289,7 +196,7 @@ class Journal:
         lists are encoded first and spliced into the line as they are (the same bytes as
         the record encoded whole), then kept in ``last_segments`` for the store's row."""
         buf = self._buf
-        segments = self.lent.encode(record.session_id, record.segments_in, record.segments_out)
+        segments = encode_segments_json(record.segments_in, record.segments_out, self._segments_buf)
         self.last_segments = segments
         line = record
         if segments.segments_in is not None or segments.segments_out is not None:
@@ -303,6 +210,8 @@ class Journal:
         n = len(buf)
         if n > 1 << 20:
             self._buf = bytearray()  # do not keep a huge record's buffer
+        if len(self._segments_buf) > 1 << 20:
+            self._segments_buf = bytearray()
         if self.bytes + n > self.max_bytes:
             return self._refuse(
                 f"it holds {self.bytes / (1 << 20):.1f} MiB, its bound (store.journal_max_mb)"
