@@ -335,7 +335,8 @@ def _ledger_stage(ch, history: list, rec, others: list[list], runs: int = REPS +
     """The ledger's work on the turn's finished request (``LedgerWorker.compute`` and
     what keeps it: the model's path, a channel without engine events), each call on a
     worker of its own that computed the session's turns before (``runs`` of them, built
-    before the count or the timing), so that every call finds the state the gateway's worker would.
+    before the count or the timing), so that every call finds the state the gateway's
+    worker would.
     ``others``: sessions served beside it on the same replica, each turn of theirs before
     the session's same turn."""
     try:

@@ -644,9 +644,9 @@ def test_a_lent_chat_message_that_leads_now_is_cut_as_a_fresh_one():
 
 
 def test_a_chat_cut_gives_the_previous_turns_very_segments_as_far_as_they_are_equal():
-    """What the next stages lend by identity (the journal's encoded lists, the ledger's
-    names) ends at the first segment that is a new object: none is made anew for a piece
-    that did not change, the leading system message's included."""
+    """What the next stages take by identity (the ledger's block names, the change
+    memory's comparisons) ends at the first segment that is a new object: none is made
+    anew for a piece that did not change, the leading system message's included."""
     from prefixgate.apis.messages.request import ConvertOptions, SessionTurns
     from prefixgate.config import Limits
     from prefixgate.lab.traffic.claude_code import ClaudeCodeSession

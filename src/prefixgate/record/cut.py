@@ -293,7 +293,7 @@ def cut_of_chat(
     else:
         rest = [p[0] for p in msgs[leading:]]
     # the leading messages as system segments: the previous turn's very ones where equal
-    # (a segment made anew each turn would end the next stages' lists lent by identity)
+    # (a segment made anew each turn would end what the next stages take by identity)
     was_lead = previous.lead if previous is not None and previous.lead is not None else []
     lead = [p if p[0].kind == "system" else (_as(p[0], "system"), p[1]) for p in msgs[:leading]]
     for i in range(min(len(lead), len(was_lead))):
