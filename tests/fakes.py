@@ -299,25 +299,13 @@ class RecordingUpstream:
             return await self.app(scope, receive, send)
         body, out = bytearray(), bytearray()
         entry: dict = {"path": scope["path"], "headers": scope["headers"]}
+        kept = read = False
 
-        async def recv():
-            msg = await receive()
-            if msg["type"] == "http.request":
-                body.extend(msg.get("body", b""))
-            return msg
-
-        async def snd(msg):
-            if msg["type"] == "http.response.start":
-                entry["status"] = msg["status"]
-            elif msg["type"] == "http.response.body" and entry.get("status", 200) >= 400:
-                out.extend(msg.get("body", b""))
-            await send(msg)
-
-        try:
-            await self.app(scope, recv, snd)
-        finally:
-            # Kept even when the call does not end by itself (a server stopped while the
-            # answer's tail was still being forwarded: its client already had the answer).
+        def keep() -> None:
+            nonlocal kept
+            if kept:
+                return
+            kept = True
             entry["raw"] = bytes(body)
             try:
                 entry["body"] = json.loads(entry["raw"]) if body else None
@@ -325,6 +313,37 @@ class RecordingUpstream:
                 entry["body"] = None
             entry["error"] = out.decode("utf-8", "replace") if out else None
             self.seen.append(entry)
+
+        async def recv():
+            nonlocal read
+            msg = await receive()
+            if msg["type"] == "http.request":
+                body.extend(msg.get("body", b""))
+                read = read or not msg.get("more_body", False)
+            return msg
+
+        # Kept before the answer goes, so that a client that has the whole answer finds
+        # its request here (a stream's app returns after its last bytes, and its client
+        # may have read to its end already): a success once its request was read whole,
+        # an error (its body kept too) with its last bytes.
+        async def snd(msg):
+            if msg["type"] == "http.response.start":
+                entry["status"] = msg["status"]
+                if read and msg["status"] < 400:
+                    keep()
+            elif msg["type"] == "http.response.body":
+                if entry.get("status", 200) >= 400:
+                    out.extend(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    keep()
+            await send(msg)
+
+        try:
+            await self.app(scope, recv, snd)
+        finally:
+            # Kept even when the call does not end by itself (a server stopped while the
+            # answer's tail was still being forwarded: its client already had the answer).
+            keep()
 
     def chats(self) -> list[dict]:
         return [e for e in self.seen if e["path"].endswith("/chat/completions")]
