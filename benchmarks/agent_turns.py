@@ -304,8 +304,8 @@ def summarize(name: str, m: dict, floor: list[float]) -> dict:
         "user_s": m["user_s"],
         "system_s": m["system_s"],
         "idle_ms_per_s": m["idle_ms_per_s"],
-        "loop_thread_ms": m["threads_ms"][0],
-        "other_threads_ms": m["threads_ms"][1],
+        "loop_thread_ms": m["threads_ms"][0] if "threads_ms" in m else None,
+        "other_threads_ms": m["threads_ms"][1] if "threads_ms" in m else None,
         "by_turn": {
             str(k): {
                 "cpu_ms": at(cpu, k),
