@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from unittest import mock
 
 import msgspec
 import pytest
@@ -181,6 +182,23 @@ def test_templates_send_the_same_bytes_as_decoding(kind, stream) -> None:
     assert new == old
 
 
+@contextlib.contextmanager
+def _calls_of(relay, name: str):
+    """What ``relay``'s method ``name`` (its way of decoding) is called with meanwhile,
+    watched on its class (a relay has slots: no method of its own can be set)."""
+    calls: list = []
+    cls = type(relay)
+    inner = getattr(cls, name)
+
+    def watched(self, data):
+        if self is relay:
+            calls.append(data)
+        return inner(self, data)
+
+    with mock.patch.object(cls, name, watched):
+        yield calls
+
+
 @pytest.mark.parametrize("kind", ["chat", "messages"])
 def test_after_its_first_piece_a_vllm_stream_is_not_decoded(kind) -> None:
     """The bulk of a stream: once its first content chunk is seen, the rest go out from
@@ -190,10 +208,8 @@ def test_after_its_first_piece_a_vllm_stream_is_not_decoded(kind) -> None:
     relay = _relays(kind, "m", reads, True)
     relay.feed(role)
     relay.feed(reads[0])
-    slow = "_plain" if kind == "chat" else "_events"
-    calls, inner = [], getattr(relay, slow)
-    setattr(relay, slow, lambda data: calls.append(data) or inner(data))
-    out = [relay.feed(r) for r in reads[1:]]
+    with _calls_of(relay, "_plain" if kind == "chat" else "_events") as calls:
+        out = [relay.feed(r) for r in reads[1:]]
     assert calls == []
     key = b'"content":' if kind == "chat" else b'"text":'
     assert all(key + b'" w%d"' % i in o for i, o in enumerate(out, 1))
@@ -218,11 +234,9 @@ def test_a_relay_takes_a_read_from_its_bytes_when_template_piece_reads_it(kind, 
         else [Template(*relay.templates[0][0:3:2], "text", b"")]
     )
     piece = template.piece(read)
-    slow = "_plain" if kind == "chat" else "_events"
-    calls, inner = [], getattr(relay, slow)
-    setattr(relay, slow, lambda data: calls.append(data) or inner(data))
-    with contextlib.suppress(GatewayError):
-        relay.feed(read)
+    with _calls_of(relay, "_plain" if kind == "chat" else "_events") as calls:
+        with contextlib.suppress(GatewayError):
+            relay.feed(read)
     if kind == "chat":
         quick = piece is not None and piece not in ("usage", "error", "model")
     else:

@@ -124,3 +124,34 @@ def test_a_splice_fed_once_a_read_sends_what_the_relay_gives_a_chunk_at_a_time(
             results.append((body, rec.status, rec.prompt_tokens, rec.completion_tokens))
     assert results[0] == results[1]
     assert list(itertools.chain.from_iterable(groups)) == reads
+
+
+@pytest.mark.parametrize("kind", ["chat", "messages", "responses"])
+def test_what_a_streams_every_read_touches_keeps_its_attributes_in_slots(kind) -> None:
+    """At a thousand streams each read finds its stream's objects gone from the CPU's
+    caches, and an object's attributes in a dict of their own are one more miss
+    (``benchmarks/relay_chunks.py --interleave 1000 --misses``): the relay, its converter,
+    the splice, the server's request and connection and the upstream connection have
+    none, and the first byte's time is set once, by the first read that makes output."""
+    from prefixgate.serve.httpserver import HTTPProtocol
+    from prefixgate.upstream.http1 import Connection
+
+    reads = [b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n']
+    relay = _relays(kind, "m", reads, True)
+    loop = asyncio.new_event_loop()
+    try:
+        client = _ClientConn(loop)
+        req = _Request(client, {"method": "POST", "http_version": "1.1"}, True)
+        touched = [relay, getattr(relay, "conv", relay), Splice(relay, req, client, 60.0), req]
+    finally:
+        loop.close()
+    for obj in touched:
+        assert not hasattr(obj, "__dict__"), type(obj).__name__
+    for cls in (HTTPProtocol, Connection):
+        assert "__dict__" not in dir(cls) and "__slots__" in vars(cls), cls.__name__
+    assert relay.timing and relay.rec.first_byte_at is None
+    relay.feed(reads[0])
+    first = relay.rec.first_byte_at
+    assert first is not None and not relay.timing
+    relay.feed(reads[0])
+    assert relay.rec.first_byte_at == first

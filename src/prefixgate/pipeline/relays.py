@@ -91,13 +91,22 @@ class Relay:
     holding the whole answer implies a journaled record. Driven by the response's task
     (:class:`Stream`) or inside the I/O callbacks (``pipeline/splice.py``)."""
 
+    # Slots, and what every read asks kept in them: at a thousand streams each read finds
+    # its stream's objects gone from the CPU's caches, and each object it touches is a
+    # miss (docs/performance.md, "The relay near its floor").
+    __slots__ = ("quiet", "timing", "done", "x", "rec", "held", "dec", "secret")
+
     def __init__(self, x: Exchange) -> None:
-        self.done = False  # (an instance attribute: read after every read of a stream)
+        self.done = False  # (read after every read of a stream)
         self.x = x
         self.rec = x.record
         self.held: list[bytes] = []  # made but not yet returned (an error cut the read)
         self.dec = SSEDecoder()
         self.secret = secret_of(x.channel)
+        # Nothing held and no event begun in ``dec`` (so a read may be a template's chunk):
+        # set by each read's decoding way as it returns, cleared as it begins.
+        self.quiet = True
+        self.timing = self.rec.first_byte_at is None  # the first byte's time is still to come
 
     @property
     def usage(self) -> Usage:
@@ -125,8 +134,10 @@ class Relay:
         return held[0] if len(held) == 1 else b"".join(held)
 
     def _first_byte(self) -> None:
-        if self.rec.first_byte_at is None:
-            self.rec.first_byte_at = time.time()
+        if self.timing:
+            self.timing = False
+            if self.rec.first_byte_at is None:
+                self.rec.first_byte_at = time.time()
 
 
 class Converted(Relay):
@@ -134,23 +145,43 @@ class Converted(Relay):
     ``error``; its ``usage`` and ``finish_reason``); ``report`` records the usage the
     client was shown."""
 
+    __slots__ = ("head", "tail", "kind", "conv", "report", "ends")
+
     def __init__(self, x: Exchange, conv, report: Callable[[Usage], None]) -> None:
         super().__init__(x)
         self.conv, self.report = conv, report
         self.held = [conv.start()]
+        self.quiet = False
+        # The state machine's templates as (head, len(head), tail, -len(tail), kind), taken
+        # again when it learns one: a read is matched without touching the templates.
+        self.ends: tuple[tuple[bytes, int, bytes, int, str], ...] = ()
+        # The template a read matched last, in this object: tried first (b"": none yet).
+        self.head = self.tail = b""
+        self.kind = ""
 
     @property
     def usage(self) -> Usage:
         return self.conv.usage
 
     def feed(self, chunk: bytes) -> bytes:
-        conv = self.conv
-        if conv.templates and not self.held and not self.dec.buf:
+        if self.quiet:
             # A chunk like one seen, with another (non-empty) piece: its events made from
-            # its bytes (Template.piece inline: most reads of a stream come this way).
-            for t in conv.templates:
-                head, h, tail, e = t.ends
-                if chunk[:h] == head and chunk[e:] == tail:
+            # its bytes (Template.piece inline: most reads of a stream come this way). The
+            # template matched last first, then the others.
+            head, tail = self.head, self.tail
+            if head and chunk.startswith(head) and chunk.endswith(tail):
+                tok = chunk[len(head) : -len(tail)]
+                if len(tok) >= 3 and tok[0] == _QUOTE and tok[-1] == _QUOTE:
+                    try:
+                        piece = _decode(tok)
+                    except msgspec.DecodeError:
+                        piece = None
+                    if piece is not None:
+                        if self.timing:
+                            self._first_byte()
+                        return self.conv.one(self.kind, piece)
+            for head, h, tail, e, kind in self.ends:
+                if chunk[:h] == head and chunk[e:] == tail and head is not self.head:
                     tok = chunk[h:e]
                     if len(tok) < 3 or tok[0] != _QUOTE or tok[-1] != _QUOTE:
                         continue
@@ -158,11 +189,18 @@ class Converted(Relay):
                         piece = _decode(tok)
                     except msgspec.DecodeError:
                         continue
-                    if self.rec.first_byte_at is None:
+                    if self.timing:
                         self._first_byte()
-                    return conv.one(t.kind, piece)
+                    self.head, self.tail, self.kind = head, tail, kind
+                    return self.conv.one(kind, piece)
+        self.quiet = False
         self._events(self.dec.feed(chunk))
-        return self._take()
+        conv = self.conv
+        if len(self.ends) != len(conv.templates):  # (templates are only ever added)
+            self.ends = tuple((*t.ends, t.kind) for t in conv.templates)
+        out = self._take()
+        self.quiet = not self.dec.buf
+        return out
 
     def _events(self, datas) -> None:
         conv, held, secret = self.conv, self.held, self.secret
@@ -200,6 +238,8 @@ class Passthrough(Relay):
     """An upstream that speaks the client's protocol: its bytes as they came, the public
     model name restored and the channel's key redacted; ``usage_of`` reads the usage of
     each event that has any into the record's. Ends with the upstream's body."""
+
+    __slots__ = ("usage_of", "error_event", "_usage", "swap")
 
     def __init__(self, x: Exchange, usage_of: Callable[[dict, Usage], None], error_event) -> None:
         super().__init__(x)

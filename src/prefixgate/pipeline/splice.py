@@ -34,19 +34,19 @@ class Splice:
     """One stream spliced from an upstream connection (``conn``) into a client's response
     (``client``: the server's request, with ``write_chunk`` and ``write_body``) through ``relay``."""
 
-    __slots__ = (
+    __slots__ = (  # what each read touches first (at a thousand streams, each a cache miss)
+        "raw",
+        "fresh",
+        "ended",
         "relay",
         "client",
+        "out",
         "conn",
+        "body",
         "idle",
         "loop",
-        "raw",
-        "body",
-        "out",
-        "ended",
         "done",
         "last",
-        "fresh",
         "timer",
     )
 

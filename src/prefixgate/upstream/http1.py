@@ -121,6 +121,37 @@ class Sink(Protocol):
 class Connection(asyncio.Protocol):
     """One keep-alive connection; carries one request/response at a time."""
 
+    # Slots, those a stream's every read touches first: at a thousand streams each read
+    # finds this object gone from the CPU's caches (docs/performance.md).
+    __slots__ = (
+        "poller",
+        "got_bytes",
+        "sink",
+        "parser",
+        "paused",
+        "complete",
+        "error",
+        "closed",
+        "transport",
+        "pool",
+        "origin",
+        "loop",
+        "waiter",
+        "counted",
+        "idle_since",
+        "reused",
+        "deadline",
+        "timer",
+        "timer_at",
+        "status",
+        "headers",
+        "chunks",
+        "buffered",
+        "headers_done",
+        "keep_alive",
+        "interim",
+    )
+
     def __init__(self, pool: Pool, origin: Origin) -> None:
         self.pool, self.origin = pool, origin
         self.loop = pool.loop

@@ -92,6 +92,20 @@ class ChatRelay(Relay):
     searched: its ends, as the client gets them, are known (``templates``: each with the
     ends as sent)."""
 
+    __slots__ = (
+        "head",
+        "tail",
+        "sent",
+        "templates",
+        "public",
+        "want_usage",
+        "_usage",
+        "theirs",
+        "ours",
+        "kinds",
+        "learning",
+    )
+
     def __init__(self, x: Exchange) -> None:
         super().__init__(x)
         self.public = public = x.body["model"]
@@ -101,6 +115,10 @@ class ChatRelay(Relay):
         self.theirs, self.ours = theirs, ours
         # Each template's ends (Template.ends) and the ends as sent; the kinds learned.
         self.templates: tuple[tuple[bytes, int, bytes, int, tuple[bytes, bytes] | None], ...] = ()
+        # The template a read matched last, in this object: the one a read is tried with
+        # first (b"" while none is learned).
+        self.head = self.tail = b""
+        self.sent: tuple[bytes, bytes] | None = None
         self.kinds: tuple[str, ...] = ()
         self.learning = 3  # plain one-event reads that may yet be cut into a template
 
@@ -109,10 +127,25 @@ class ChatRelay(Relay):
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.held and not self.dec.buf:
-            # Template.piece inline (most reads of a stream come this way).
+        if self.quiet:
+            # Template.piece inline (most reads of a stream come this way): the last
+            # template matched first, then the others.
+            head, tail = self.head, self.tail
+            if head and chunk.startswith(head) and chunk.endswith(tail):
+                tok = chunk[len(head) : -len(tail)]
+                if len(tok) >= 2 and tok[0] == _QUOTE and tok[-1] == _QUOTE:
+                    try:
+                        piece = _decode(tok)
+                    except msgspec.DecodeError:
+                        piece = None
+                    # (a piece that is one of the keys looked for would be found by a search)
+                    if piece is not None and (len(tok) != 7 or piece not in _LOOKED_FOR):
+                        if self.timing:
+                            self._first_byte()
+                        sent = self.sent
+                        return chunk if sent is None else b"".join((sent[0], tok, sent[1]))
             for head, h, tail, t, sent in self.templates:
-                if chunk[:h] == head and chunk[t:] == tail:
+                if chunk[:h] == head and chunk[t:] == tail and head is not self.head:
                     tok = chunk[h:t]
                     if len(tok) < 2 or tok[0] != _QUOTE or tok[-1] != _QUOTE:
                         continue
@@ -122,8 +155,9 @@ class ChatRelay(Relay):
                         continue
                     # (a piece that is one of the keys looked for would be found by a search)
                     if len(tok) != 7 or piece not in _LOOKED_FOR:
-                        if self.rec.first_byte_at is None:
+                        if self.timing:
                             self._first_byte()
+                        self.head, self.tail, self.sent = head, tail, sent
                         return chunk if sent is None else b"".join((sent[0], tok, sent[1]))
             if single(chunk) and chunk != _DONE_EVENT:
                 # One event in this read: out as it came, not even re-framed (the framing
@@ -134,6 +168,7 @@ class ChatRelay(Relay):
                     if self.learning > 0:
                         self._learn(chunk)
                     return plain
+        self.quiet = False
         held = self.held
         for _, data in self.dec.feed(chunk):
             if data == b"[DONE]":
@@ -147,7 +182,9 @@ class ChatRelay(Relay):
                 if out is None:
                     continue
             held += (b"data: ", out, b"\n\n")
-        return self._take()
+        out = self._take()
+        self.quiet = not self.dec.buf
+        return out
 
     def _learn(self, chunk: bytes) -> None:
         """A plain one-event read cut into a template, if it is one piece's chunk: its

@@ -68,6 +68,22 @@ class _PendingTool:
 
 
 class AnthropicStream(ChunkWalk):
+    __slots__ = (
+        "_open",  # (what a delta of the open block reads first)
+        "_delta_head",
+        "saw_content",
+        "_index",
+        "_open_tool",
+        "_tools",
+        "model",
+        "stop_sequences",
+        "exclude_cache",
+        "message_id",
+        "head",
+        "tail",
+        "finished",
+    )
+
     def __init__(
         self,
         *,
@@ -75,15 +91,13 @@ class AnthropicStream(ChunkWalk):
         stop_sequences: list[str] | None = None,
         exclude_cache: bool = True,
     ) -> None:
+        super().__init__()
         self.model = model
         self.stop_sequences = stop_sequences
         self.exclude_cache = exclude_cache
         self.message_id = new_message_id()
         self.head: dict | None = None  # more fields of message_start's message
         self.tail: Callable[[Usage], dict] | None = None  # more fields of message_delta
-        self.usage = Usage()
-        self.finish_reason: str | None = None
-        self.matched_stop: object = None
         self.saw_content = False
         self._index = -1  # index of the last opened block
         self._open: str | None = None  # "text" | "reasoning" (thinking) | "tool" | None

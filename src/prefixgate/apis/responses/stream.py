@@ -76,13 +76,24 @@ class _Text:
 
 
 class ResponsesStream(ChunkWalk):
+    __slots__ = (
+        "_open",
+        "seq",
+        "base",
+        "tools",
+        "summary",
+        "output",
+        "_calls",
+        "_open_calls",
+        "finished",
+        "tail",
+    )
+
     def __init__(self, base: dict, tools: ToolMap, *, compacting: bool = False) -> None:
+        super().__init__()
         self.base = base  # response_base(): ids, model, the request's echoed fields
         self.tools = tools
         self.summary: list[str] | None = [] if compacting else None  # a compaction's text
-        self.usage = Usage()
-        self.finish_reason: str | None = None
-        self.matched_stop: object = None
         self.output: list[dict] = []  # the items so far (each in its final form once done)
         self.seq = 0
         self._open: _Text | None = None
