@@ -145,16 +145,13 @@ class Converted(Relay):
     ``error``; its ``usage`` and ``finish_reason``); ``report`` records the usage the
     client was shown."""
 
-    __slots__ = ("head", "tail", "kind", "conv", "report", "ends")
+    __slots__ = ("head", "tail", "kind", "conv", "report")
 
     def __init__(self, x: Exchange, conv, report: Callable[[Usage], None]) -> None:
         super().__init__(x)
         self.conv, self.report = conv, report
         self.held = [conv.start()]
         self.quiet = False
-        # The state machine's templates as (head, len(head), tail, -len(tail), kind), taken
-        # again when it learns one: a read is matched without touching the templates.
-        self.ends: tuple[tuple[bytes, int, bytes, int, str], ...] = ()
         # The template a read matched last, in this object: tried first (b"": none yet).
         self.head = self.tail = b""
         self.kind = ""
@@ -180,7 +177,8 @@ class Converted(Relay):
                         if self.timing:
                             self._first_byte()
                         return self.conv.one(self.kind, piece)
-            for head, h, tail, e, kind in self.ends:
+            for t in self.conv.templates:
+                head, h, tail, e = t.ends
                 if chunk[:h] == head and chunk[e:] == tail and head is not self.head:
                     tok = chunk[h:e]
                     if len(tok) < 3 or tok[0] != _QUOTE or tok[-1] != _QUOTE:
@@ -191,13 +189,10 @@ class Converted(Relay):
                         continue
                     if self.timing:
                         self._first_byte()
-                    self.head, self.tail, self.kind = head, tail, kind
-                    return self.conv.one(kind, piece)
+                    self.head, self.tail, self.kind = head, tail, t.kind
+                    return self.conv.one(t.kind, piece)
         self.quiet = False
         self._events(self.dec.feed(chunk))
-        conv = self.conv
-        if len(self.ends) != len(conv.templates):  # (templates are only ever added)
-            self.ends = tuple((*t.ends, t.kind) for t in conv.templates)
         out = self._take()
         self.quiet = not self.dec.buf
         return out
