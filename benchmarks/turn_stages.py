@@ -22,7 +22,9 @@ turn: ``SessionTurns``), ``encode`` (the upstream request), ``encode_lent`` (the
 by the previous turn's body, as ``SessionTurns.encode``), ``segments_json`` (the record's
 segment lists encoded, as the journal does), ``capture`` (segments in and
 out and the change memory's comparison, of the request the gateway builds: converted
-through ``SessionTurns``, as the session's turns before it), ``model_blocks`` (the
+through ``SessionTurns``, as the session's turns before it; its pieces found in the
+memos the first run filled), ``capture_made`` (the same with the turn's new pieces made,
+as in service: the memos as they were before the turn), ``model_blocks`` (the
 ledger's cache-model blocks, named as its worker names them: gone on from the session's
 previous turn), ``ledger`` (the ledger worker's computation of the turn's finished
 request after the session's turns before it: the cache model's path, ``model_blocks``
@@ -121,6 +123,7 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
         changes._sessions, changes.bytes = kept, size  # the same state every time
         return rec
 
+    made = _made_stage(capture, max(REPS, 5 * cpu) + 2) if stage == "capture_made" else None
     rec = capture()
     stages = {
         "empty": lambda: None,
@@ -131,6 +134,8 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
         "capture": capture,
         "model_blocks": lambda: model_blocks(rec.segments_out),  # replaced below if lent
     }
+    if made is not None:
+        stages["capture_made"] = made
     _store_stages(stages, rec, stage, history[-1] if history else None)
     try:
         from prefixgate.apis.messages.request import SessionTurns
@@ -329,6 +334,30 @@ def _store_stages(stages: dict, rec, stage: str, before=None) -> None:
             store.write_batch([r], segments=[encoded], ledgers=[x])  # type: ignore[list-item]
 
         stages["write_ledger"] = write_with_ledger
+
+
+def _made_stage(capture, runs: int):
+    """``capture`` as in service: the turn's new pieces made (decoded, stripped, hashed),
+    not found in the memos a run before it filled. Each call is given the memos as they
+    were before the turn (``runs`` copies, made here, before the count or the timing)."""
+    try:
+        from prefixgate.record import cut, segments
+    except ImportError:
+        return None
+
+    def copied(memo):
+        new = copy.copy(memo)
+        new._d = memo._d.copy()
+        return new
+
+    kept = [(copied(cut._PIECES), copied(segments.DIGESTS)) for _ in range(runs)]
+
+    def run():
+        cut._PIECES, digests = kept.pop()
+        cut.DIGESTS = segments.DIGESTS = digests
+        return capture()
+
+    return run
 
 
 def _ledger_stage(ch, history: list, rec, others: list[list], runs: int = REPS + 2):
