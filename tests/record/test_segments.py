@@ -21,6 +21,7 @@ from prefixgate.record.segments import (
     prefix_tokens,
     segments_anthropic,
     segments_openai,
+    stripped,
     texts_of,
 )
 from prefixgate.store.sqlite import SqliteStore
@@ -667,3 +668,67 @@ def test_a_chat_cut_gives_the_previous_turns_very_segments_as_far_as_they_are_eq
                 assert any(s.kind == "system" for s in segs)
                 assert same_prefix(segs, before) == common_prefix(segs, before) > 10
             before = segs
+
+
+def _reference_canonical(data: bytes) -> bytes:
+    """A piece's canonical JSON the long way: decoded by the standard library, stripped,
+    dumped sorted and compact."""
+    text = json.dumps(
+        stripped(json.loads(data)), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    return text.encode("utf-8", "surrogatepass")
+
+
+def test_a_piece_is_made_canonical_however_its_json_is_written():
+    """``canonical_of`` skips the float walk when the decode met no float: the same
+    canonical JSON as the long way for floats msgspec writes otherwise, a
+    ``cache_control`` key spelled with an escape, escaped text and integers past 64 bits."""
+    from prefixgate.record.segments import canonical_of
+
+    cases = [
+        b'{"role":"user","content":[{"type":"text","text":"x","cache\\u005fcontrol":{}}]}',
+        b'{"role":"user","cache\\u005Fcontrol":{"type":"ephemeral"},"content":"x"}',
+        b'{"role":"user","content":"caf\\u00e9 \\"q\\" \\/","cache_control":{}}',
+        b'{"role":"user","content":[{"type":"text","text":"n","x":1e16,"y":1e-7,"z":2.0}]}',
+        b'{"role":"assistant","content":[{"type":"tool_use","input":{"n":1234567890123456789012}}]}',
+        b'{"role":"user","content":"plain"}',
+        b'"a system string"',
+    ]
+    for data in cases:
+        obj, canonical = canonical_of(data)
+        assert obj == json.loads(data)
+        assert canonical == _reference_canonical(data), data
+
+
+def test_a_piece_is_made_canonical_on_generated_json():
+    from prefixgate.record.segments import canonical_of
+
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=6)
+    )
+    blocks = st.dictionaries(
+        st.sampled_from(["type", "text", "cache_control", "input", "content"]),
+        scalars | st.lists(scalars, max_size=3),
+        max_size=4,
+    )
+    messages = st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "tool"])},
+        optional={
+            "content": st.text(max_size=8) | st.lists(blocks, max_size=3),
+            "cache_control": st.just({"type": "ephemeral"}),
+        },
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(messages, st.booleans(), st.booleans())
+    def check(message, ascii_only, escaped_key):
+        data = json.dumps(message, ensure_ascii=ascii_only).encode()
+        if escaped_key:
+            data = data.replace(b'"cache_control"', b'"cache\\u005fcontrol"')
+        assert canonical_of(data)[1] == _reference_canonical(data)
+
+    check()

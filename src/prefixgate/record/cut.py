@@ -24,10 +24,9 @@ from prefixgate.record.segments import (
     DIGESTS,
     BytesMemo,
     anthropic_tool_label,
-    canonical_json,
+    canonical_of,
     openai_tool_label,
     role_of,
-    stripped,
 )
 from prefixgate.sequences import common_prefix
 
@@ -44,7 +43,6 @@ class _Shape(msgspec.Struct):
 
 _SHAPE = msgspec.json.Decoder(_Shape)
 ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
-_decode_any = msgspec.json.Decoder().decode
 
 
 class _Pieces(BytesMemo):
@@ -60,8 +58,8 @@ _PIECES = _Pieces()
 
 def piece_of(tag: str, raw: bytes, label_of) -> tuple[str, int, str | None]:
     def make() -> tuple[str, int, str | None]:
-        obj = _decode_any(raw)
-        digest, chars = DIGESTS.of(canonical_json(stripped(obj)))
+        obj, data = canonical_of(raw)
+        digest, chars = DIGESTS.of(data)
         return digest, chars, label_of(obj)
 
     return _PIECES.get(tag, raw, make)
@@ -91,7 +89,7 @@ def _tools_from_raw(raws: list[msgspec.Raw] | None, api: str) -> list[Segment]:
 
     def whole() -> tuple[str, int, str | None]:
         # The list's canonical JSON is its items' canonical JSON joined (compact separators).
-        parts = [canonical_json(stripped(_decode_any(t))) for t in items]
+        parts = [canonical_of(t)[1] for t in items]
         digest, chars = DIGESTS.of(b"[" + b",".join(parts) + b"]")
         return digest, chars, None
 

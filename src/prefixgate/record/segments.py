@@ -71,6 +71,31 @@ def canonical_json(obj: Any, *, floats_checked: bool = False) -> bytes:
     return data
 
 
+class _Float(Exception):
+    """The JSON being decoded holds a float (:func:`canonical_of`'s first decode)."""
+
+
+def _no_float(_text: str) -> float:
+    raise _Float
+
+
+_decode_any = msgspec.json.Decoder().decode
+_decode_no_float = msgspec.json.Decoder(float_hook=_no_float).decode
+
+
+def canonical_of(data: bytes) -> tuple[Any, bytes]:
+    """A piece's JSON bytes decoded, and the canonical JSON of it without its
+    ``cache_control`` keys: ``canonical_json(stripped(obj))``, without the walk for floats
+    when the decode met none (a float stops it, and it is decoded again the usual way)."""
+    try:
+        obj = _decode_no_float(data)
+        checked = True
+    except _Float:
+        obj = _decode_any(data)
+        checked = False
+    return obj, canonical_json(stripped(obj), floats_checked=checked)
+
+
 def _chars(data: bytes) -> int:
     return len(data) if data.isascii() else len(data.decode("utf-8", "surrogatepass"))
 
