@@ -2,6 +2,7 @@
 
     python benchmarks/agent_turns.py [--sessions 4] [--turns 64] [--settle 0.7]
                                      [--only NAME,…] [--no-litellm] [--json]
+                                     [--ref REF] [--paired]
 
 The bodies come from the project's own traffic generator (``prefixgate.lab.traffic``), in
 Claude Code's shape: ``--sessions`` sessions of ``--turns`` turns each (tools, the billing
@@ -13,7 +14,10 @@ before turn k + 1 of any, through the gateway to a fast fake upstream
 
 Placement: the gateway is one process (one worker) pinned to core 0; the upstream and
 this process (the client) share core 1. Each subject starts afresh and is warmed up by a
-session of its own first.
+session of its own first. The subjects run one after another; under ``--paired`` they are
+all started at once and take the turns side by side (turn k of every session to each in
+turn, the order rotating with k), so that a machine whose speed drifts over the run moves
+them alike: the way to compare two trees (``--ref``) or two settings.
 
 Subjects: ``defaults`` (SQLite store, segment capture, change shapes, ledger, journal),
 then each feature off alone (``no-ledger``, ``no-changes``: ``change_memory_mb: 0``,
@@ -220,6 +224,64 @@ async def measure(
     }
 
 
+async def measure_paired(
+    gws: list[tuple[str, int, str | None]], convo, warm, settle: float
+) -> list[dict]:
+    """:func:`measure` of several gateways (url, pid, key) side by side: all started and
+    warmed up first, then turn k of every session sent to each in turn (the order
+    rotating with k), each turn index's CPU read from that gateway alone. What moves the
+    machine during the run (other load, the clock, the caches) moves every subject alike,
+    so their ratios hold where sequential runs drift apart."""
+    conns = []
+    for url, _, key in gws:
+        host, port = url.rsplit("/", 1)[1].split(":")
+        conn = load._Conn(host, int(port))
+        for body, headers in warm:
+            await send(conn, _request(url, body, headers, key))
+        conns.append(conn)
+    await asyncio.sleep(settle)
+    pids = [pid for _, pid, _ in gws]
+    rates = await asyncio.gather(*(idle_rates(pid) for pid in pids))
+    times0 = [ov.cpu_times(pid) for pid in pids]
+    split0, w0 = [run_ns_split(pid) for pid in pids], time.perf_counter()
+    cpu: list[list[float]] = [[] for _ in gws]
+    ttlb: list[list[list[float]]] = [[] for _ in gws]
+    n = len(gws)
+    for k in range(len(convo[0])):
+        for j in range(n):
+            i = (j + k) % n
+            (url, pid, key), rate = gws[i], sum(rates[i])
+            c0, t0 = run_ns(pid), time.perf_counter()
+            lat = []
+            for turns in convo:
+                body, headers = turns[k]
+                lat.append((await send(conns[i], _request(url, body, headers, key)))[0])
+            await asyncio.sleep(settle)
+            spent = run_ns(pid) - c0 - rate * (time.perf_counter() - t0)
+            cpu[i].append(spent / 1e6 / len(convo))
+            ttlb[i].append([1000 * v for v in lat])
+    wall = time.perf_counter() - w0
+    turns = len(convo) * len(convo[0])
+    out = []
+    for i, pid in enumerate(pids):
+        user1, sys1 = ov.cpu_times(pid)
+        split1 = run_ns_split(pid)
+        conns[i].drop()
+        out.append(
+            {
+                "threads_ms": [
+                    (split1[t] - split0[i][t] - rates[i][t] * wall) / 1e6 / turns for t in range(2)
+                ],
+                "cpu_ms": cpu[i],
+                "ttlb_ms": ttlb[i],
+                "idle_ms_per_s": sum(rates[i]) / 1e6,
+                "user_s": user1 - times0[i][0],
+                "system_s": sys1 - times0[i][1],
+            }
+        )
+    return out
+
+
 def config_for(name: str, port: int, upstream: str, work: Path) -> dict:
     change = SUBJECTS[name]
     cfg = ov.gateway_config(port, upstream, None if change is None else work, name)
@@ -387,6 +449,9 @@ async def run(args) -> dict:
     ref_src = worktree(args.ref) / "src" if args.ref else None
     try:
         with Running(ov.LOAD_CPU) as up, tempfile.TemporaryDirectory(prefix="agent-turns-") as tmp:
+            if getattr(args, "paired", False) and not args.count:
+                await _paired(args, names, up.url, Path(tmp), ref_src, convo, warm, floor, result)
+                return result
             for name in names:
                 print(f"{name} …", file=sys.stderr, flush=True)
                 gw_args = SimpleNamespace(workers=1, litellm_version=args.litellm_version)
@@ -419,6 +484,34 @@ async def run(args) -> dict:
                 check=False,
             )
     return result
+
+
+async def _paired(args, names, upstream: str, tmp: Path, ref_src, convo, warm, floor, result):
+    """``--paired``: every subject started at once and measured side by side."""
+    gws = []
+    try:
+        for name in names:
+            gw_args = SimpleNamespace(workers=1, litellm_version=args.litellm_version)
+            work = tmp / name
+            work.mkdir()
+            gw = Subject(name, work, upstream, gw_args)
+            gw.src = ref_src if "@" in name else None
+            gw.start()
+            gws.append(gw)
+        print(f"{', '.join(names)} side by side …", file=sys.stderr, flush=True)
+        keys = [ov.KEY if gw.name == "litellm" else None for gw in gws]
+        ms = await measure_paired(
+            [(gw.url, gw.proc.pid, key) for gw, key in zip(gws, keys, strict=True)],
+            convo,
+            warm,
+            args.settle,
+        )
+    finally:
+        for gw in gws:
+            gw.stop()
+    for name, m in zip(names, ms, strict=True):
+        result["subjects"].append(summarize(name, m, floor))
+    result["paired"] = True
 
 
 def worktree(ref: str) -> Path:
@@ -574,7 +667,7 @@ def table(r: dict) -> str:
     both_mean = None if both is None else statistics.fmean(both)
     lines = [
         f"{r['sessions']} sessions x {r['turns']} turns; bodies {b['first']:.0f}-{b['max']:.0f} KB, "
-        f"median {b['median']:.0f} KB",
+        f"median {b['median']:.0f} KB" + ("; the subjects side by side" if r.get("paired") else ""),
         f"floor (msgspec decode + encode, in-process): {f['decode_encode_ms_mean']:.3f} ms a turn "
         f"(median {f['decode_encode_ms_median']:.3f}); sha256 once: {f['sha256_ms_mean']:.3f} ms",
         "",
@@ -630,6 +723,12 @@ def main() -> None:
     ap.add_argument("--litellm-version", default=ov.LITELLM_VERSION)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--ref", help="also each subject at this git ref (a temporary worktree)")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="run the subjects side by side, turn by turn (the order rotating), instead of "
+        "one after another: their ratios then hold on a machine whose speed drifts",
+    )
     ap.add_argument(
         "--count",
         action="store_true",

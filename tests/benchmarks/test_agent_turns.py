@@ -51,23 +51,30 @@ def test_the_summary_reads_turns_around_an_index_and_the_floor_under_them():
     assert s["ttlb_ms_p50"] == 3.0
 
 
-def test_the_bare_relay_carries_the_turns_and_its_floor_stands_beside_the_gateway():
+def _short_run(only: list[str], **more) -> dict:
+    """A three-turn run of ``only`` (``run()`` pins this process to the load's core: the
+    affinity is given back after it)."""
     args = SimpleNamespace(
         sessions=1,
         turns=3,
         warm_turns=1,
         settle=0.05,
-        only=[at.RELAY],
+        only=only,
         no_litellm=True,
         litellm_version=at.ov.LITELLM_VERSION,
         ref=None,
         count=False,
+        **more,
     )
     cpus = os.sched_getaffinity(0)
     try:
-        r = asyncio.run(at.run(args))
+        return asyncio.run(at.run(args))
     finally:
-        os.sched_setaffinity(0, cpus)  # run() pins its own process to the load's core
+        os.sched_setaffinity(0, cpus)
+
+
+def test_the_bare_relay_carries_the_turns_and_its_floor_stands_beside_the_gateway():
+    r = _short_run([at.RELAY])
     (relay,) = r["subjects"]
     assert relay["subject"] == "bare-relay"
     assert len(relay["cpu_ms"]) == 3 and all(c > 0 for c in relay["cpu_ms"])
@@ -101,3 +108,14 @@ def test_the_in_process_floor_is_counted_body_by_body():
     assert len(counted) == 3 and all(c > 0 for c in counted)
     assert counted[1] > 10 * counted[0]  # each dump is its own body's, in order
     assert abs(counted[2] - counted[0]) < counted[0]
+
+
+def test_paired_subjects_take_the_same_turns_side_by_side():
+    r = _short_run([at.RELAY, "no-store"], paired=True)
+    assert r["paired"] is True
+    relay, gateway = r["subjects"]
+    assert (relay["subject"], gateway["subject"]) == (at.RELAY, "no-store")
+    for s in (relay, gateway):
+        assert len(s["cpu_ms"]) == 3 and all(c > 0 for c in s["cpu_ms"])
+        assert s["ttlb_ms_p50"] > 0
+    assert "side by side" in at.table(r)
