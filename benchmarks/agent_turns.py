@@ -41,9 +41,9 @@ same bodies in this process (the least any Python gateway that reads a body and 
 one can do), and SHA-256 of each body once, both by ``time.process_time``; best of 5.
 The whole run's user and system seconds apart, from ``/proc/<pid>/stat``; and its CPU a
 turn by thread (each minus its idle share): the event loop's (each process's main thread)
-and the others' (the record writer's, the ledgers'). Under ``--paired`` these whole-run figures span
-the other subjects' turns too, as idle time: their idle share weighs several times more,
-and only the per-turn CPU is read turn by turn.
+and the others' (the record writer's, the ledgers'). Under ``--paired`` these whole-run
+figures span the other subjects' turns too, as idle time: their idle share weighs several
+times more, and only the per-turn CPU is read turn by turn.
 
 Under ``--count``, the in-process floor is counted too: ``msgspec.json.decode`` + ``encode``
 of each body and freeing the decoded document, in a process of its own under callgrind
