@@ -189,51 +189,20 @@ def _request(url: str, body: bytes, headers: dict, key: str | None) -> bytes:
 async def measure(
     url: str, pid: int, convo, warm, settle: float, key: str | None, profiled: bool = False
 ) -> dict:
-    host, port = url.rsplit("/", 1)[1].split(":")
-    conn = load._Conn(host, int(port))
-    for body, headers in warm:
-        await send(conn, _request(url, body, headers, key))
-    await asyncio.sleep(settle)
-    if profiled:  # pyprofile.py forgets the start-up and the warm-up
-        os.kill(pid, signal.SIGUSR1)
-    rates = await idle_rates(pid)
-    rate = sum(rates)
-    user0, sys0 = ov.cpu_times(pid)
-    split0, w0 = run_ns_split(pid), time.perf_counter()
-    cpu, ttlb = [], []
-    for k in range(len(convo[0])):
-        c0, t0 = run_ns(pid), time.perf_counter()
-        lat = []
-        for turns in convo:
-            body, headers = turns[k]
-            lat.append((await send(conn, _request(url, body, headers, key)))[0])
-        await asyncio.sleep(settle)
-        spent = run_ns(pid) - c0 - rate * (time.perf_counter() - t0)
-        cpu.append(spent / 1e6 / len(convo))
-        ttlb.append([1000 * v for v in lat])
-    user1, sys1 = ov.cpu_times(pid)
-    split1, wall = run_ns_split(pid), time.perf_counter() - w0
-    turns = len(convo) * len(convo[0])
-    conn.drop()
-    return {
-        # the whole run's CPU a turn by thread, each minus its idle share
-        "threads_ms": [(split1[i] - split0[i] - rates[i] * wall) / 1e6 / turns for i in range(2)],
-        "cpu_ms": cpu,
-        "ttlb_ms": ttlb,
-        "idle_ms_per_s": rate / 1e6,
-        "user_s": user1 - user0,
-        "system_s": sys1 - sys0,
-    }
+    """One gateway's CPU and times to last byte, turn by turn (:func:`measure_paired` of
+    it alone)."""
+    return (await measure_paired([(url, pid, key)], convo, warm, settle, profiled))[0]
 
 
 async def measure_paired(
-    gws: list[tuple[str, int, str | None]], convo, warm, settle: float
+    gws: list[tuple[str, int, str | None]], convo, warm, settle: float, profiled: bool = False
 ) -> list[dict]:
-    """:func:`measure` of several gateways (url, pid, key) side by side: all started and
-    warmed up first, then turn k of every session sent to each in turn (the order
-    rotating with k), each turn index's CPU read from that gateway alone. What moves the
-    machine during the run (other load, the clock, the caches) moves every subject alike,
-    so their ratios hold where sequential runs drift apart."""
+    """Several gateways (url, pid, key) side by side: all warmed up first, then turn k of
+    every session sent to each in turn (the order rotating with k), each turn index's CPU
+    read from that gateway alone, minus its idle share. What moves the machine during the
+    run (other load, the clock, the caches) moves every subject alike, so their ratios
+    hold where sequential runs drift apart. ``profiled``: the gateways run under
+    pyprofile.py, told to forget the start-up and the warm-up."""
     conns = []
     for url, _, key in gws:
         host, port = url.rsplit("/", 1)[1].split(":")
@@ -243,6 +212,9 @@ async def measure_paired(
         conns.append(conn)
     await asyncio.sleep(settle)
     pids = [pid for _, pid, _ in gws]
+    if profiled:
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
     rates = await asyncio.gather(*(idle_rates(pid) for pid in pids))
     times0 = [ov.cpu_times(pid) for pid in pids]
     split0, w0 = [run_ns_split(pid) for pid in pids], time.perf_counter()
@@ -271,6 +243,7 @@ async def measure_paired(
         conns[i].drop()
         out.append(
             {
+                # the whole run's CPU a turn by thread, each minus its idle share
                 "threads_ms": [
                     (split1[t] - split0[i][t] - rates[i][t] * wall) / 1e6 / turns for t in range(2)
                 ],
@@ -456,14 +429,7 @@ async def run(args) -> dict:
                 return result
             for name in names:
                 print(f"{name} …", file=sys.stderr, flush=True)
-                gw_args = SimpleNamespace(workers=1, litellm_version=args.litellm_version)
-                work = Path(tmp) / name
-                work.mkdir()
-                gw = Subject(name, work, up.url, gw_args)
-                gw.src = ref_src if "@" in name else None
-                if getattr(args, "profile", None) is not None and name not in ("litellm", RELAY):
-                    args.profile.mkdir(parents=True, exist_ok=True)
-                    gw.profile = args.profile / f"{name}.pstats"
+                gw = _subject(args, name, up.url, Path(tmp), ref_src)
                 if args.count:
                     m = await count(gw, convo, warm, getattr(args, "keep", None))
                     result["subjects"].append({"subject": name, **m})
@@ -488,25 +454,35 @@ async def run(args) -> dict:
     return result
 
 
+def _subject(args, name: str, upstream: str, tmp: Path, ref_src: Path | None) -> Subject:
+    """The subject ``name``, its work directory in ``tmp`` (``NAME@ref``: the sources in
+    ``ref_src``; with ``--profile``, its profile's file)."""
+    work = tmp / name
+    work.mkdir()
+    gw_args = SimpleNamespace(workers=1, litellm_version=args.litellm_version)
+    gw = Subject(name, work, upstream, gw_args)
+    gw.src = ref_src if "@" in name else None
+    if getattr(args, "profile", None) is not None and name not in ("litellm", RELAY):
+        args.profile.mkdir(parents=True, exist_ok=True)
+        gw.profile = args.profile / f"{name}.pstats"
+    return gw
+
+
 async def _paired(args, names, upstream: str, tmp: Path, ref_src, convo, warm, floor, result):
     """``--paired``: every subject started at once and measured side by side."""
     gws = []
     try:
         for name in names:
-            gw_args = SimpleNamespace(workers=1, litellm_version=args.litellm_version)
-            work = tmp / name
-            work.mkdir()
-            gw = Subject(name, work, upstream, gw_args)
-            gw.src = ref_src if "@" in name else None
+            gw = _subject(args, name, upstream, tmp, ref_src)
             gw.start()
             gws.append(gw)
         print(f"{', '.join(names)} side by side …", file=sys.stderr, flush=True)
-        keys = [ov.KEY if gw.name == "litellm" else None for gw in gws]
         ms = await measure_paired(
-            [(gw.url, gw.proc.pid, key) for gw, key in zip(gws, keys, strict=True)],
+            [(gw.url, gw.proc.pid, ov.KEY if gw.name == "litellm" else None) for gw in gws],
             convo,
             warm,
             args.settle,
+            any(gw.profile is not None for gw in gws),
         )
     finally:
         for gw in gws:
