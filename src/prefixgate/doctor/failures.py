@@ -27,7 +27,7 @@ from prefixgate.doctor.findings import CRITICAL, WARNING, Finding, Table
 from prefixgate.doctor.output import pct, tokens
 from prefixgate.doctor.slices import Cell
 from prefixgate.record.segments import prefix_tokens
-from prefixgate.store import Store
+from prefixgate.store import Store, lists
 
 MIN_FAILED = 5  # a flood: at least this many failures of one kind ...
 MIN_SHARE = 0.02  # ... and this share of the client's requests
@@ -148,15 +148,16 @@ def _refused_sizes(store: Store, f: Flood, since, until) -> list[int]:
     where, params = _scope(f, since, until)
     rows = query.run(
         store,
-        "SELECT segments_in, segments_out, segments_out_same FROM requests"
+        f"SELECT {lists.SELECT} FROM requests"
         f" WHERE status >= 400 AND status < 500 AND segments_in IS NOT NULL{where}"
         f" ORDER BY received_at DESC LIMIT {SAMPLE}",
         params,
     )
     out = []
-    for s_in, s_out, same in rows:
-        segs = query.segments(s_in if same or s_out is None else s_out) or []
-        out.append(prefix_tokens(segs))
+    for s_in, s_out in lists.whole(store, rows):
+        segs = s_out if s_out is not None else s_in
+        if segs is not None:
+            out.append(prefix_tokens(segs))
     return out
 
 

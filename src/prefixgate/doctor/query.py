@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
 from prefixgate.record.record import Segment
-from prefixgate.store import Store
+from prefixgate.store import Store, lists
 
 # Successful requests with a prompt: the only ones a hit rate is made of.
 OK = "status >= 200 AND status < 300 AND prompt_tokens > 0"
@@ -26,8 +24,6 @@ DAY = (
     "(CAST(received_at / 86400 AS BIGINT)"
     " - CASE WHEN CAST(received_at / 86400 AS BIGINT) > received_at / 86400 THEN 1 ELSE 0 END)"
 )
-
-_SEGMENTS = msgspec.json.Decoder(list[Segment])
 
 
 def run(store: Store, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -56,8 +52,4 @@ def equals(column: str, value: Any) -> tuple[str, list[Any]]:
 
 def segments(value: Any) -> list[Segment] | None:
     """A segment-list column as read: JSON text (SQLite) or decoded JSON (Postgres)."""
-    if value is None:
-        return None
-    if isinstance(value, str | bytes):
-        return _SEGMENTS.decode(value)
-    return [Segment(*item) for item in value]
+    return lists.decode(value)

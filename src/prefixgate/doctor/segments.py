@@ -29,7 +29,7 @@ from prefixgate.doctor import query
 from prefixgate.record.compacted import COMPACTED, compacted
 from prefixgate.record.record import Segment
 from prefixgate.record.segments import first_changed, prefix_tokens
-from prefixgate.store import Store
+from prefixgate.store import Store, lists
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 CLAUDE_CLIENTS = ("claude-cli", "claude-code")
@@ -96,16 +96,18 @@ def load(
         params += p
     sql = (
         "SELECT request_id, session_id, received_at, client, session_kind, prompt_tokens,"
-        " COALESCE(cached_tokens, 0), segments_in, segments_out, segments_out_same, captured,"
-        " change_class"
+        f" COALESCE(cached_tokens, 0), captured, change_class, {lists.SELECT}"
         f" FROM requests WHERE {query.OK} AND segments_in IS NOT NULL{where}"
         f" ORDER BY received_at DESC, id DESC LIMIT {int(limit)}"
     )
     out = []
-    for row in reversed(query.run(store, sql, params)):
-        rid, sid, at, client, kind, prompt, cached, s_in, s_out, same, captured, cls = row
-        seg_in = query.segments(s_in) or []
-        seg_out = seg_in if same or s_out is None else (query.segments(s_out) or [])
+    rows = query.run(store, sql, params)[::-1]
+    for row, (s_in, s_out) in zip(rows, lists.whole(store, [r[9:] for r in rows]), strict=True):
+        rid, sid, at, client, kind, prompt, cached, captured, cls = row[:9]
+        if s_in is None:
+            continue  # stored as a difference to a root the store no longer holds
+        seg_in = s_in
+        seg_out = s_out if s_out is not None else seg_in
         out.append(
             Captured(
                 rid,

@@ -27,6 +27,18 @@ class Segment(msgspec.Struct, array_like=True, frozen=True):
     tokens: int
 
 
+class SegmentsRoot(msgspec.Struct, array_like=True, frozen=True):
+    """Where a record's stored segment lists begin: the first ``keep_in`` segments of the
+    root record's ``segments_in`` (its ``request_id``), then the record's own; likewise
+    ``keep_out`` for ``segments_out``, where ``-1`` says that ``segments_out`` is the whole
+    of ``segments_in``. Set only on a record as the record writer stores it
+    (``record/roots.py``); a record in service holds its whole lists."""
+
+    request_id: str
+    keep_in: int
+    keep_out: int
+
+
 class Change(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Where a request stopped extending an earlier one, found at capture time: the
     upstream prompt as sent broke at ``upstream`` (≈ ``at_tokens`` in), and ``segment`` of
@@ -110,6 +122,8 @@ class Record(msgspec.Struct, kw_only=True):
     # capture: segment hashes of the request as received and as sent upstream
     segments_in: list[Segment] | None = None
     segments_out: list[Segment] | None = None
+    # set only as stored: the lists above are then the tails after a root's (SegmentsRoot)
+    segments_root: SegmentsRoot | None = None
     # the prefix against the session's previous request: None (not compared), "session"
     # or "sessions" (compared; see Change.scope); ``change`` is set when it broke
     compared: str | None = None

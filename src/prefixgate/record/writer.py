@@ -5,7 +5,9 @@ store in batches, off the request path.
 which survives the process being killed) and returns. A background task takes batches
 off the backlog (up to ``batch_size``, or whatever arrived within ``flush_interval``) and
 writes each to the store in a worker thread; a stored batch is committed, and journal
-segments wholly stored are deleted. A record's segment lists are encoded once, by the
+segments wholly stored are deleted. A session's records are stored as a difference to
+its root record (``record/roots.py``: the lists' tails after the root's first segments).
+A record's segment lists are encoded once, by the
 journal: its line holds them as they were encoded, and its row in the store is made of
 them (a batch loaded back from the journal's files encodes them again). When the store
 fails (unreachable, or a statement or lock wait past its timeout: a stalled store is a
@@ -51,6 +53,7 @@ from prefixgate.ledger.causes import Ledger
 from prefixgate.record.backlog import Batch, open_backlog
 from prefixgate.record.journal import SegmentsJson
 from prefixgate.record.record import Record
+from prefixgate.record.roots import SegmentRoots
 from prefixgate.store.base import Store, StoreDataError, StoreError
 
 log = logging.getLogger(__name__)
@@ -127,6 +130,8 @@ class RecordWriter:
         # miss ledgers handed over (take_ledgers), written in the next batch's transaction
         self._ledgers: list[Ledger] = []
         self._ledgers_settled: LedgersSettled | None = None
+        # each session's root record: later records stored as a difference to it
+        self._roots = SegmentRoots()
 
     @classmethod
     def from_config(cls, store) -> RecordWriter:
@@ -146,7 +151,12 @@ class RecordWriter:
         """Journal a record for the store. Never blocks on the store, never raises. Call
         it from the event loop's thread, once the record's answer is complete."""
         try:
-            if self._closed or not self._backlog.append(record):
+            if self._closed:
+                self.dropped += 1
+                return
+            stored = self._roots.stored(record)
+            if not self._backlog.append(stored):
+                self._roots.forget(stored)
                 self.dropped += 1
                 return
             self.submitted += 1
@@ -333,6 +343,8 @@ class RecordWriter:
         self.written += len(batch.records) - len(rejected)
         if rejected:
             self.rejected += len(rejected)
+            for record, _ in rejected:
+                self._roots.forget(record)  # no later record builds on a root not stored
             log.error(
                 "record store refused %d records for their data; not stored: %s",
                 len(rejected),

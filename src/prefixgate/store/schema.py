@@ -10,7 +10,11 @@ One logical schema serves both backends; only the spelling of types differs. Tab
     usable with ``json_each``; Postgres: ``jsonb`` usable with ``jsonb_array_elements``).
     ``segments_out_same`` is true when the request went upstream with exactly the segments
     it arrived with; ``segments_out`` is then NULL to halve the row (read it as
-    ``CASE WHEN segments_out_same THEN segments_in ELSE segments_out END``).
+    ``CASE WHEN segments_out_same THEN segments_in ELSE segments_out END``). A session's
+    later records hold only their lists' tails: ``segments_root`` names the session's root
+    record (stored whole) whose first ``segments_in_keep`` / ``segments_out_keep``
+    segments come before them (``segments_out_keep`` -1: the same as ``segments_in``);
+    read them whole through ``store/lists.py`` (record/roots.py says why and when).
     ``captured`` says the request's segment texts were stored. ``request_id`` is unique, so
     writing a record twice (a record replayed from the journal) stores it once.
 
@@ -64,7 +68,7 @@ import msgspec
 from prefixgate.ledger.causes import CAUSES as LEDGER_CAUSES
 from prefixgate.ledger.causes import Ledger
 from prefixgate.record.journal import SegmentsJson, encode_segments_json
-from prefixgate.record.record import Change, Diagnosis, Record, Segment
+from prefixgate.record.record import Change, Diagnosis, Record, Segment, SegmentsRoot
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
 LAST_SEEN_GRANULARITY = 3600.0
@@ -136,6 +140,15 @@ ADDED_COLUMNS: list[tuple[str, str]] = [
 # why its cache missed keeps for the next (its parameters' digests) and was answered
 # (:class:`~prefixgate.record.record.Diagnosis`, diagnostics/).
 DIAGNOSIS_COLUMNS: list[tuple[str, str]] = [("diagnosis", "json")]
+# Columns added to ``requests`` by migration 13: a record stored as a difference to its
+# session's root record (record/roots.py): the root's ``request_id`` and how many of its
+# segments each list keeps before the row's own (``segments_out_keep`` -1: the same as
+# ``segments_in``); NULL for a record stored whole.
+ROOT_COLUMNS: list[tuple[str, str]] = [
+    ("segments_root", "text"),
+    ("segments_in_keep", "int"),
+    ("segments_out_keep", "int"),
+]
 # Every column written for a request, in insert order (``id`` excluded).
 COLUMNS: list[str] = [
     name
@@ -144,6 +157,7 @@ COLUMNS: list[str] = [
     + COST_COLUMNS
     + ADDED_COLUMNS
     + DIAGNOSIS_COLUMNS
+    + ROOT_COLUMNS
 ]
 SCALAR_NAMES: list[str] = [name for name, _ in SCALAR_COLUMNS]
 COST_NAMES: list[str] = [name for name, _ in COST_COLUMNS]
@@ -300,6 +314,12 @@ def _migration_12(dialect: str) -> list[str]:
     ]
 
 
+def _migration_13(dialect: str) -> list[str]:
+    # Segment lists stored as a difference to the session's root record (ROOT_COLUMNS).
+    t = TYPES[dialect]
+    return [f"ALTER TABLE requests ADD COLUMN {name} {t[kind]}" for name, kind in ROOT_COLUMNS]
+
+
 # Forward migrations; index i holds version i + 1. Migration 1 creates the tables as they
 # first were; later ones add to them.
 MIGRATIONS = [
@@ -315,6 +335,7 @@ MIGRATIONS = [
     _migration_10,
     _migration_11,
     _migration_12,
+    _migration_13,
 ]
 LATEST_VERSION = len(MIGRATIONS)
 LEDGER_VERSION = MIGRATIONS.index(_migration_7) + 1  # the first with the ``ledgers`` table
@@ -367,6 +388,9 @@ def record_row(
     if segments is None:
         segments = encode_segments_json(record.segments_in, record.segments_out)
     seg_in, seg_out, same = segments
+    root = record.segments_root
+    if root is not None:  # the lists are tails: "same" is the whole lists', not theirs
+        same = root.keep_out < 0
     row.append(None if seg_in is None else json(seg_in))
     row.append(None if same or seg_out is None else json(seg_out))
     row.append(same)
@@ -388,6 +412,10 @@ def record_row(
         ]
     d = record.diagnosis
     row.append(None if d is None else json(_SEGMENTS_ENCODER.encode(d)))
+    if root is None:
+        row += [None, None, None]
+    else:
+        row += [root.request_id, root.keep_in, root.keep_out]
     return tuple(row)
 
 
@@ -422,8 +450,9 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
     seg_in = decode_segments(row[n])
     seg_out = list(seg_in) if row[n + 2] and seg_in is not None else decode_segments(row[n + 1])
     kwargs.update(zip(COST_NAMES, row[n + 4 : n + 4 + len(COST_NAMES)], strict=True))
-    names = (name for name, _ in ADDED_COLUMNS + DIAGNOSIS_COLUMNS)
+    names = (name for name, _ in ADDED_COLUMNS + DIAGNOSIS_COLUMNS + ROOT_COLUMNS)
     added = dict(zip(names, row[n + 4 + len(COST_NAMES) :], strict=True))
+    root_id = added["segments_root"]
     record = Record(
         **kwargs,
         segments_in=seg_in,
@@ -432,6 +461,11 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
         compared=added["compared"],
         change=decode_change(added["change"]),
         diagnosis=decode_diagnosis(added["diagnosis"]),
+        segments_root=None
+        if root_id is None
+        else SegmentsRoot(
+            root_id, int(added["segments_in_keep"] or 0), int(added["segments_out_keep"] or 0)
+        ),
     )
     return record, bool(row[n + 3])
 

@@ -14,7 +14,7 @@ from typing import Any
 from prefixgate.ledger.causes import Ledger
 from prefixgate.record.journal import SegmentsJson
 from prefixgate.record.record import Record
-from prefixgate.store import schema
+from prefixgate.store import lists, schema
 from prefixgate.store.base import AuditRow, KeyRow, Store, StoreError
 from prefixgate.store.sessions import SessionQueries
 
@@ -37,6 +37,7 @@ class SqlStore(SessionQueries, Store):
             + schema.COST_COLUMNS
             + schema.ADDED_COLUMNS
             + schema.DIAGNOSIS_COLUMNS
+            + schema.ROOT_COLUMNS
         )
         values = ", ".join(self._param(kinds[c]) for c in schema.COLUMNS)
         self._insert_request = (
@@ -171,7 +172,11 @@ class SqlStore(SessionQueries, Store):
         with self._transaction() as cur:
             cur.execute(self._select_request, (request_id,))
             row = cur.fetchone()
-        return None if row is None else schema.row_record(row)[0]
+        if row is None:
+            return None
+        record = schema.row_record(row)[0]
+        lists.whole_records(self, [record])
+        return record
 
     def count(self) -> int:
         with self._transaction() as cur:
@@ -209,8 +214,9 @@ class SqlStore(SessionQueries, Store):
             with self._transaction() as cur:
                 cur.execute(sql, page_params)
                 rows = cur.fetchall()
-            for row in rows:
-                record, captured = schema.row_record(row[1:])
+            page = [schema.row_record(row[1:]) for row in rows]
+            lists.whole_records(self, [record for record, _ in page])
+            for record, captured in page:
                 if with_texts and captured:
                     record.texts = self.get_texts(schema.segment_hashes(record))
                 yield record
@@ -341,7 +347,14 @@ class SqlStore(SessionQueries, Store):
         cutoff = (time.time() if now is None else now) - older_than_seconds
         p = self.ph
         with self._transaction() as cur:
-            cur.execute(f"DELETE FROM requests WHERE received_at < {p}", (cutoff,))
+            # A record kept may be stored as a difference to an older root (store/lists.py):
+            # the root stays while any record kept builds on it.
+            cur.execute(
+                f"DELETE FROM requests WHERE received_at < {p} AND request_id NOT IN"
+                " (SELECT segments_root FROM requests"
+                f" WHERE received_at >= {p} AND segments_root IS NOT NULL)",
+                (cutoff, cutoff),
+            )
             deleted = cur.rowcount
             if self._has_table(cur, "ledgers"):
                 cur.execute(f"DELETE FROM ledgers WHERE request_at < {p}", (cutoff,))

@@ -12,9 +12,8 @@ from typing import Any
 import msgspec
 
 from prefixgate.doctor import distribution as dist_mod
-from prefixgate.doctor.query import segments as decode_segments
 from prefixgate.record.segments import first_changed
-from prefixgate.store import Store
+from prefixgate.store import Store, lists
 from prefixgate.store.schema import decode_change
 from prefixgate.web.scope import DIMENSIONS, ERROR, FILTERS, NONE, OK, BadParam, Scope
 
@@ -416,13 +415,12 @@ def request_log(
     return {"rows": [_row_dict(LOG_COLUMNS, r[1:]) for r in page], "next": cursor}
 
 
-_SEG_COLS = "segments_in, segments_out, segments_out_same"
+_SEG_COLS = lists.SELECT
 
 
-def _segs(row: tuple) -> tuple[list, list]:
-    seg_in = decode_segments(row[0]) or []
-    seg_out = list(seg_in) if row[2] else (decode_segments(row[1]) or [])
-    return seg_in, seg_out
+def _segs(store: Store, row: tuple) -> tuple[list, list]:
+    [(seg_in, seg_out)] = lists.whole(store, [row[: lists.WIDTH]])
+    return seg_in or [], list(seg_out or [])
 
 
 def _seg_list(segs: list) -> list[dict[str, Any]]:
@@ -459,11 +457,11 @@ def request_detail(store: Store, request_id: str) -> dict[str, Any] | None:
     row = rows[0]
     rid, n = row[0], len(DETAIL_COLUMNS)
     out = _row_dict(DETAIL_COLUMNS, row[1 : n + 1])
-    seg_in, seg_out = _segs(row[n + 1 :])
+    seg_in, seg_out = _segs(store, row[n + 1 :])
     out["segments_in"] = _seg_list(seg_in)
     out["segments_out"] = _seg_list(seg_out)
     out["segments_same"] = seg_in == seg_out
-    change = decode_change(row[n + 4])
+    change = decode_change(row[n + 1 + lists.WIDTH])
     out["change"] = msgspec.to_builtins(change) if change is not None else None
     out["previous"] = out["next"] = None
     out["changed_in"] = out["changed_out"] = None
@@ -489,7 +487,7 @@ def request_detail(store: Store, request_id: str) -> dict[str, Any] | None:
         out["session_position"] = as_int(position)
         if prev:
             p = prev[0]
-            p_in, p_out = _segs(p[3:])
+            p_in, p_out = _segs(store, p[3:])
             out["previous"] = {
                 "request_id": p[0],
                 "received_at": _f(p[1]),
