@@ -16,7 +16,7 @@ never fetches more than one other row.
 
 What is kept per session (bounded, least recently used first out): the root's
 ``request_id`` and its two lists, the very segment objects (the capture hands the next
-turn the same objects for an unchanged prefix, so the walk is mostly ``is``). Memory of
+turn the same objects for an unchanged prefix, so the comparison, in C, is mostly ``is``). Memory of
 this process only: another worker or gateway starts its own roots; a restart starts
 afresh (the first record of each session stored whole again).
 
@@ -34,6 +34,7 @@ from typing import NamedTuple
 import msgspec
 
 from prefixgate.record.record import Record, Segment, SegmentsRoot
+from prefixgate.sequences import common_prefix
 
 MAX_SESSIONS = 10_000
 # A record is stored as a difference while its tails are at most this share of its lists.
@@ -44,18 +45,6 @@ class _Root(NamedTuple):
     request_id: str
     segments_in: list[Segment]
     segments_out: list[Segment] | None  # None: the same as segments_in
-
-
-def _kept(root: list[Segment], segments: list[Segment]) -> int:
-    """How many leading segments ``segments`` shares with ``root``."""
-    n = min(len(root), len(segments))
-    i = 0
-    while i < n:
-        a, b = root[i], segments[i]
-        if a is not b and a != b:
-            break
-        i += 1
-    return i
 
 
 class SegmentRoots:
@@ -79,13 +68,13 @@ class SegmentRoots:
         same = seg_out is seg_in or seg_out == seg_in
         root = self._roots.get(sid)
         if root is not None:
-            keep_in = _kept(root.segments_in, seg_in)
+            keep_in = common_prefix(root.segments_in, seg_in)
             whole = len(seg_in)
             tails = whole - keep_in
             keep_out = -1
             if not same:
                 root_out = root.segments_in if root.segments_out is None else root.segments_out
-                keep_out = _kept(root_out, seg_out)
+                keep_out = common_prefix(root_out, seg_out)
                 whole += len(seg_out)
                 tails += len(seg_out) - keep_out
             if keep_in > 0 and tails <= MAX_TAIL_SHARE * whole:
