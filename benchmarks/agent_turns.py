@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -442,7 +444,7 @@ async def run(args) -> dict:
                     )
                 finally:
                     gw.stop()
-                result["subjects"].append(summarize(name, m, floor))
+                result["subjects"].append({**summarize(name, m, floor), **stored_lists(gw)})
                 done = {k: v for k, v in result["subjects"][-1].items() if k != "cpu_ms"}
                 print(json.dumps(done), file=sys.stderr, flush=True)  # a long run's progress
     finally:
@@ -487,9 +489,23 @@ async def _paired(args, names, upstream: str, tmp: Path, ref_src, convo, warm, f
     finally:
         for gw in gws:
             gw.stop()
-    for name, m in zip(names, ms, strict=True):
-        result["subjects"].append(summarize(name, m, floor))
+    for gw, m in zip(gws, ms, strict=True):
+        result["subjects"].append({**summarize(gw.name, m, floor), **stored_lists(gw)})
     result["paired"] = True
+
+
+def stored_lists(gw: Subject) -> dict:
+    """What the subject's store holds of the segment lists (its SQLite file, read after
+    the gateway stopped): KB of their JSON a record, warm-up included; {} without one."""
+    db = gw.work / f"{gw.name.split('@')[0]}.db"
+    if not db.exists():
+        return {}
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        n, size = conn.execute(
+            "SELECT COUNT(*), SUM(LENGTH(segments_in)) + SUM(COALESCE(LENGTH(segments_out), 0))"
+            " FROM requests"
+        ).fetchone()
+    return {"lists_kb": (size or 0) / max(n, 1) / 1024}
 
 
 def worktree(ref: str) -> Path:
@@ -651,7 +667,8 @@ def table(r: dict) -> str:
         "",
         f"{'subject':<12}{'CPU ms/turn':>12}{'median':>8}{'x floor':>8}"
         f"{'x (relay + decode)':>20}{'TTLB p50':>10}"
-        f"{'60/10 above floor':>19}{'user s':>8}{'sys s':>7}{'loop thread':>13}{'others':>8}",
+        f"{'60/10 above floor':>19}{'user s':>8}{'sys s':>7}{'loop thread':>13}{'others':>8}"
+        f"{'lists KB':>10}",
     ]
     for s in r["subjects"]:
         ratio = s.get("above_floor_60_over_10")
@@ -662,6 +679,7 @@ def table(r: dict) -> str:
             f"{s['ttlb_ms_p50']:>10.2f}"
             f"{'' if ratio is None else f'{ratio:.2f}':>19}{s['user_s']:>8.2f}{s['system_s']:>7.2f}"
             f"{_ms(s.get('loop_thread_ms')):>13}{_ms(s.get('other_threads_ms')):>8}"
+            f"{_ms(s.get('lists_kb')):>10}"
         )
     if both is not None:
         lines.append(

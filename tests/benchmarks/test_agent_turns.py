@@ -119,3 +119,12 @@ def test_paired_subjects_take_the_same_turns_side_by_side():
         assert len(s["cpu_ms"]) == 3 and all(c > 0 for c in s["cpu_ms"])
         assert s["ttlb_ms_p50"] > 0
     assert "side by side" in at.table(r)
+
+
+def test_a_subject_with_a_store_reports_the_segment_lists_it_stored():
+    r = _short_run(["defaults", "no-store"], paired=True)
+    stored, plain = r["subjects"]
+    assert (stored["subject"], plain["subject"]) == ("defaults", "no-store")
+    assert "lists_kb" not in plain  # no store, nothing to read
+    assert stored["lists_kb"] > 0.1  # a Claude Code turn's lists: ~100 segments of JSON
+    assert f"{stored['lists_kb']:.2f}" in at.table(r)
