@@ -135,3 +135,19 @@ def test_generated_sessions_read_back_whole() -> None:
             if stored.segments_root is None:
                 stored_roots[stored.request_id] = stored
             assert back(stored, stored_roots) == (original.segments_in, original.segments_out)
+
+
+def test_the_roots_are_bounded_by_the_segments_they_hold() -> None:
+    roots = SegmentRoots(max_segments=100)
+    prompts = {sid: [seg(i + 1000 * k) for i in range(30)] for k, sid in enumerate("abcd")}
+    for n, (sid, prompt) in enumerate(prompts.items()):
+        roots.stored(rec(n, prompt, session=sid))
+    assert len(roots) == 3 and roots.segments == 90  # "a" out: 120 past the bound
+    grown = [*prompts["a"], seg(99_999)]
+    assert roots.stored(rec(10, grown, session="a")).segments_root is None  # a root again
+    assert roots.stored(rec(11, prompts["d"] + [seg(5)], session="d")).segments_root is not None
+    hoisted = [prompts["c"][-1], *prompts["c"][:-1]]
+    roots.stored(rec(12, [*prompts["c"], seg(7)], hoisted, session="c"))  # c: 31 + 30
+    assert roots.segments <= 100 and roots.segments == sum(
+        len(r.segments_in) + len(r.segments_out or ()) for r in roots._roots.values()
+    )

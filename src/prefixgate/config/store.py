@@ -13,7 +13,9 @@ class StoreConfig(Model):
     retention_days: float | None = None
     capture_segments: bool = True
     # Memory for the sessions' latest requests, which each request is compared with to
-    # find what breaks its prefix (record/changes.py); 0 turns the comparison off.
+    # find what breaks its prefix (record/changes.py); 0 turns the comparison off. It
+    # also lends each turn's capture its previous turn's pieces: with 0 every turn is cut
+    # and hashed whole, about twice the gateway's CPU a turn (docs/performance.md).
     change_memory_mb: float = Field(64.0, ge=0)
     # The miss ledger of each request (ledger/: where its prompt tokens went), computed
     # after the request, off its path, into the ``ledgers`` table.

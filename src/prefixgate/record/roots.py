@@ -14,7 +14,8 @@ system prompt) or when its tails would exceed a quarter of its lists: the rows w
 per turn stay a small share of the lists however long the session runs, and a reader
 never fetches more than one other row.
 
-What is kept per session (bounded, least recently used first out): the root's
+What is kept per session (bounded by sessions and by segments in all, least recently
+used first out): the root's
 ``request_id`` and its two lists, the very segment objects (the capture hands the next
 turn the same objects for an unchanged prefix, so the comparison, in C, is mostly ``is``). Memory of
 this process only: another worker or gateway starts its own roots; a restart starts
@@ -37,6 +38,9 @@ from prefixgate.record.record import Record, Segment, SegmentsRoot
 from prefixgate.sequences import common_prefix
 
 MAX_SESSIONS = 10_000
+# Segments the roots' lists hold in all (a Segment with its strings is ~200 bytes; most
+# are the very objects the change memory holds too): past it, least recent roots out.
+MAX_SEGMENTS = 400_000
 # A record is stored as a difference while its tails are at most this share of its lists.
 MAX_TAIL_SHARE = 0.25
 
@@ -51,8 +55,10 @@ class SegmentRoots:
     """Per session, the root record the next records' stored lists extend. Owned by the
     record writer, used from the event loop's thread only."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(self, max_sessions: int = MAX_SESSIONS, max_segments: int = MAX_SEGMENTS) -> None:
         self.max_sessions = max_sessions
+        self.max_segments = max_segments
+        self.segments = 0  # the roots' lists' segments, in all
         self._roots: OrderedDict[str, _Root] = OrderedDict()
 
     def __len__(self) -> int:
@@ -85,10 +91,14 @@ class SegmentRoots:
                     segments_out=None if same else seg_out[keep_out:],
                     segments_root=SegmentsRoot(root.request_id, keep_in, keep_out),
                 )
-        self._roots[sid] = _Root(record.request_id, seg_in, None if same else seg_out)
-        self._roots.move_to_end(sid)
-        if len(self._roots) > self.max_sessions:
-            self._roots.popitem(last=False)
+        self._drop(sid)
+        root = _Root(record.request_id, seg_in, None if same else seg_out)
+        self._roots[sid] = root
+        self.segments += _size(root)
+        while len(self._roots) > self.max_sessions or (
+            self.segments > self.max_segments and len(self._roots) > 1
+        ):
+            self._drop(next(iter(self._roots)))
         return record
 
     def forget(self, record: Record) -> None:
@@ -99,4 +109,13 @@ class SegmentRoots:
             return
         root = self._roots.get(sid)
         if root is not None and root.request_id == record.request_id:
-            del self._roots[sid]
+            self._drop(sid)
+
+    def _drop(self, sid: str) -> None:
+        root = self._roots.pop(sid, None)
+        if root is not None:
+            self.segments -= _size(root)
+
+
+def _size(root: _Root) -> int:
+    return len(root.segments_in) + (0 if root.segments_out is None else len(root.segments_out))
