@@ -2,8 +2,8 @@
 
 A session's prompt grows at its tail: turn 60 holds the 58 messages of turn 59 and two
 more. Written whole, every record's two segment lists (~150 segments each, 11-13 KB of
-JSON at turn 60) cost the journal's line, the store's row and its pages a quarter of a
-millisecond a turn (docs/performance.md). So the record writer stores a session's record
+JSON at turn 60) cost the journal's line, the store's row and its pages about a tenth of
+a millisecond a turn, growing with the session (docs/performance.md). So the record writer stores a session's record
 as the first ``keep`` segments of its session's *root* record (a record stored whole)
 plus the record's own tail (:class:`~prefixgate.record.record.SegmentsRoot`).
 
@@ -15,11 +15,11 @@ per turn stay a small share of the lists however long the session runs, and a re
 never fetches more than one other row.
 
 What is kept per session (bounded by sessions and by segments in all, least recently
-used first out): the root's
-``request_id`` and its two lists, the very segment objects (the capture hands the next
-turn the same objects for an unchanged prefix, so the comparison, in C, is mostly ``is``). Memory of
-this process only: another worker or gateway starts its own roots; a restart starts
-afresh (the first record of each session stored whole again).
+used first out): the root's ``request_id`` and its two lists, the very segment objects
+(the capture hands the next turn the same objects for an unchanged prefix, so the
+comparison, in C, is mostly ``is``). Memory of this process only: another worker or
+gateway starts its own roots; a restart starts afresh (the first record of each session
+stored whole again).
 
 A root the store never gets (the journal refusing it; the store refusing its data) is
 forgotten here (:meth:`SegmentRoots.forget`), so no later record builds on it. Should a
