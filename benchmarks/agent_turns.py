@@ -39,11 +39,11 @@ divided by the sessions. Time to last byte: the client's, from the first byte wr
 the end of the answer. The floor: ``msgspec.json.decode`` + ``msgspec.json.encode`` of the
 same bodies in this process (the least any Python gateway that reads a body and writes
 one can do), and SHA-256 of each body once, both by ``time.process_time``; best of 5.
-The whole run's user and system seconds apart, from ``/proc/<pid>/stat``; and its CPU a
-turn by thread (each minus its idle share): the event loop's (each process's main thread)
-and the others' (the record writer's, the ledgers'). Under ``--paired`` these whole-run
-figures span the other subjects' turns too, as idle time: their idle share weighs several
-times more, and only the per-turn CPU is read turn by turn.
+The whole run's user and system seconds apart, from ``/proc/<pid>/stat`` (under
+``--paired`` they span the other subjects' turns too); and the CPU a turn by thread, read
+in the same windows as the CPU a turn (each minus its idle share, the two adding up to
+it): the event loop's (each process's main thread) and the others' (the record writer's,
+the ledgers').
 
 Under ``--count``, the in-process floor is counted too: ``msgspec.json.decode`` + ``encode``
 of each body and freeing the decoded document, in a process of its own under callgrind
@@ -134,14 +134,10 @@ def floor_ms(bodies: list[bytes]) -> tuple[list[float], list[float]]:
     return parse, digest
 
 
-def run_ns(pid: int) -> int:
-    """CPU nanoseconds (user + system) of every thread of ``pid``'s process tree."""
-    return sum(run_ns_split(pid))
-
-
 def run_ns_split(pid: int) -> tuple[int, int]:
-    """:func:`run_ns` as (the main threads' — each process's event loop —, the other
-    threads': the record writer's, the ledgers')."""
+    """CPU nanoseconds (user + system) of every thread of ``pid``'s process tree, as (the
+    main threads' — each process's event loop —, the other threads': the record writer's,
+    the ledgers')."""
     main = other = 0
     for p in ov.tree(pid):
         try:
@@ -219,36 +215,36 @@ async def measure_paired(
             os.kill(pid, signal.SIGUSR1)
     rates = await asyncio.gather(*(idle_rates(pid) for pid in pids))
     times0 = [ov.cpu_times(pid) for pid in pids]
-    split0, w0 = [run_ns_split(pid) for pid in pids], time.perf_counter()
     cpu: list[list[float]] = [[] for _ in gws]
+    own = [[0.0, 0.0] for _ in gws]  # by thread, within each gateway's own windows
     ttlb: list[list[list[float]]] = [[] for _ in gws]
     n = len(gws)
     for k in range(len(convo[0])):
         for j in range(n):
             i = (j + k) % n
-            (url, pid, key), rate = gws[i], sum(rates[i])
-            c0, t0 = run_ns(pid), time.perf_counter()
+            url, pid, key = gws[i]
+            c0, t0 = run_ns_split(pid), time.perf_counter()
             lat = []
             for turns in convo:
                 body, headers = turns[k]
                 lat.append((await send(conns[i], _request(url, body, headers, key)))[0])
             await asyncio.sleep(settle)
-            spent = run_ns(pid) - c0 - rate * (time.perf_counter() - t0)
-            cpu[i].append(spent / 1e6 / len(convo))
+            c1, dt = run_ns_split(pid), time.perf_counter() - t0
+            parts = [c1[t] - c0[t] - rates[i][t] * dt for t in range(2)]
+            for t in range(2):
+                own[i][t] += parts[t]
+            cpu[i].append(sum(parts) / 1e6 / len(convo))
             ttlb[i].append([1000 * v for v in lat])
-    wall = time.perf_counter() - w0
     turns = len(convo) * len(convo[0])
     out = []
     for i, pid in enumerate(pids):
         user1, sys1 = ov.cpu_times(pid)
-        split1 = run_ns_split(pid)
         conns[i].drop()
         out.append(
             {
-                # the whole run's CPU a turn by thread, each minus its idle share
-                "threads_ms": [
-                    (split1[t] - split0[i][t] - rates[i][t] * wall) / 1e6 / turns for t in range(2)
-                ],
+                # CPU a turn by thread, in the gateway's own windows, each minus its idle
+                # share: the two add up to its CPU a turn
+                "threads_ms": [own[i][t] / 1e6 / turns for t in range(2)],
                 "cpu_ms": cpu[i],
                 "ttlb_ms": ttlb[i],
                 "idle_ms_per_s": sum(rates[i]) / 1e6,

@@ -118,6 +118,9 @@ def test_paired_subjects_take_the_same_turns_side_by_side():
     for s in (relay, gateway):
         assert len(s["cpu_ms"]) == 3 and all(c > 0 for c in s["cpu_ms"])
         assert s["ttlb_ms_p50"] > 0
+        # by thread, in the same windows: the two parts are the CPU a turn
+        parts = s["loop_thread_ms"] + s["other_threads_ms"]
+        assert abs(parts - s["cpu_ms_mean"]) < 1e-6 * max(1.0, abs(parts))
     assert "side by side" in at.table(r)
 
 
