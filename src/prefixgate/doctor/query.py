@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prefixgate.record.record import Segment
-from prefixgate.store import Store, lists
+from prefixgate.store import Store
 
 # Successful requests with a prompt: the only ones a hit rate is made of.
 OK = "status >= 200 AND status < 300 AND prompt_tokens > 0"
@@ -48,8 +47,3 @@ def equals(column: str, value: Any) -> tuple[str, list[Any]]:
     if value is None:
         return f" AND {column} IS NULL", []
     return f" AND {column} = ?", [value]
-
-
-def segments(value: Any) -> list[Segment] | None:
-    """A segment-list column as read: JSON text (SQLite) or decoded JSON (Postgres)."""
-    return lists.decode(value)

@@ -69,6 +69,7 @@ from prefixgate.ledger.causes import CAUSES as LEDGER_CAUSES
 from prefixgate.ledger.causes import Ledger
 from prefixgate.record.journal import SegmentsJson, encode_segments_json
 from prefixgate.record.record import Change, Diagnosis, Record, Segment, SegmentsRoot
+from prefixgate.store import lists
 
 # How often a text's last_seen is refreshed (seconds); prune keeps this much slack.
 LAST_SEEN_GRANULARITY = 3600.0
@@ -349,7 +350,6 @@ SCHEMA_VERSION_DDL = (
 # -- Record <-> row --------------------------------------------------------------------
 
 _SEGMENTS_ENCODER = msgspec.json.Encoder()
-_SEGMENTS_DECODER = msgspec.json.Decoder(list[Segment])
 _CHANGE_DECODER = msgspec.json.Decoder(Change)
 _DIAGNOSIS_DECODER = msgspec.json.Decoder(Diagnosis)
 _FIELD_INDEX = {name: i for i, name in enumerate(Record.__struct_fields__)}
@@ -362,12 +362,6 @@ def encode_segments(segments: Sequence[Segment] | None) -> str | None:
     if segments is None:
         return None
     return _SEGMENTS_ENCODER.encode(segments).decode()
-
-
-def decode_segments(value: str | bytes | None) -> list[Segment] | None:
-    if value is None:
-        return None
-    return _SEGMENTS_DECODER.decode(value)
 
 
 def _text(data: bytes) -> str:
@@ -447,8 +441,8 @@ def row_record(row: Sequence[Any]) -> tuple[Record, bool]:
     n = len(SCALAR_NAMES)
     kwargs = dict(zip(SCALAR_NAMES, row[:n], strict=True))
     kwargs["stream"] = bool(kwargs["stream"])
-    seg_in = decode_segments(row[n])
-    seg_out = list(seg_in) if row[n + 2] and seg_in is not None else decode_segments(row[n + 1])
+    seg_in = lists.decode(row[n])
+    seg_out = list(seg_in) if row[n + 2] and seg_in is not None else lists.decode(row[n + 1])
     kwargs.update(zip(COST_NAMES, row[n + 4 : n + 4 + len(COST_NAMES)], strict=True))
     names = (name for name, _ in ADDED_COLUMNS + DIAGNOSIS_COLUMNS + ROOT_COLUMNS)
     added = dict(zip(names, row[n + 4 + len(COST_NAMES) :], strict=True))
