@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
+import uuid
 
 import anthropic
 import httpx
@@ -130,6 +132,25 @@ def test_every_answer_names_its_record(gateway, upstream):
         bad.headers["x-request-id"],
     ]
     assert len(set(ids)) == 4
+
+
+def test_a_records_id_is_a_uuid7_of_when_it_was_received(gateway, upstream):
+    """The store's indexes on the id grow at their end: ids sort as the requests came."""
+    upstream.script = lambda b: Reply(text="ok")
+    gw = gateway()
+    answered = []
+    for _ in range(3):
+        r = httpx.post(gw.url + "/v1/messages", json=MSG)
+        assert r.status_code == 200
+        answered.append(r.headers["request-id"])
+        time.sleep(0.002)  # the next request in a later millisecond
+    settled(gw.gateway)
+    recs = gw.records
+    assert [r.request_id for r in recs] == answered == sorted(answered)
+    for rec in recs:
+        u = uuid.UUID(hex=rec.request_id)
+        assert u.version == 7 and u.variant == uuid.RFC_4122
+        assert 0 <= rec.received_at * 1000 - (u.int >> 80) < 5
 
 
 def test_a_refused_connection_is_named_by_its_errno(gateway):

@@ -12,7 +12,6 @@ ended the request: an answer sent in full, an error answered, or the client goin
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from prefixgate.identify import client_of
 from prefixgate.pipeline.finish import FINISH_STEPS, close
 from prefixgate.record import Record
 from prefixgate.record.reason import failed
+from prefixgate.record.record import new_request_id
 
 SETTLE_WAIT = 3.0  # seconds an answer that asked waits for its miss ledger at its end
 
@@ -103,7 +103,7 @@ class Exchange:
         self.endpoint = endpoint
         client, version = client_of(request.headers.get("user-agent"))
         self.record = Record(
-            request_id=os.urandom(16).hex(),  # 128 random bits, as a uuid4's
+            request_id=new_request_id(),  # time-ordered, 74 random bits
             received_at=time.time(),
             endpoint=endpoint.name,
             client=client,
