@@ -106,8 +106,6 @@ def load(
         rid, sid, at, client, kind, prompt, cached, captured, cls = row[:9]
         if s_in is None:
             continue  # stored as a difference to a root the store no longer holds
-        seg_in = s_in
-        seg_out = s_out if s_out is not None else seg_in
         out.append(
             Captured(
                 rid,
@@ -117,8 +115,8 @@ def load(
                 kind,
                 int(prompt),
                 int(cached),
-                seg_in,
-                seg_out,
+                s_in,
+                s_out if s_out is not None else s_in,
                 bool(captured),
                 cls,
             )

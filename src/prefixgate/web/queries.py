@@ -415,9 +415,6 @@ def request_log(
     return {"rows": [_row_dict(LOG_COLUMNS, r[1:]) for r in page], "next": cursor}
 
 
-_SEG_COLS = lists.SELECT
-
-
 def _segs(store: Store, row: tuple) -> tuple[list, list]:
     [(seg_in, seg_out)] = lists.whole(store, [row[: lists.WIDTH]])
     return seg_in or [], list(seg_out or [])
@@ -448,7 +445,7 @@ def request_detail(store: Store, request_id: str) -> dict[str, Any] | None:
     """One request with its segments, its neighbours in the session, and where its prompt
     first differs from the previous request's (as received and as sent upstream)."""
     rows = store.query(
-        f"SELECT id, {', '.join(DETAIL_COLUMNS)}, {_SEG_COLS}, CAST(change AS TEXT)"
+        f"SELECT id, {', '.join(DETAIL_COLUMNS)}, {lists.SELECT}, CAST(change AS TEXT)"
         " FROM requests WHERE request_id = ?",
         [request_id],
     )
@@ -468,7 +465,7 @@ def request_detail(store: Store, request_id: str) -> dict[str, Any] | None:
     session, at = out["session_id"], out["received_at"]
     if session is not None:
         prev = store.query(
-            f"SELECT request_id, received_at, cached_tokens, {_SEG_COLS} FROM requests"
+            f"SELECT request_id, received_at, cached_tokens, {lists.SELECT} FROM requests"
             " WHERE session_id = ? AND (received_at < ? OR (received_at = ? AND id < ?))"
             " ORDER BY received_at DESC, id DESC LIMIT 1",
             [session, at, at, rid],
