@@ -583,6 +583,45 @@ def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(separat
         assert decoded == [len(raw) - left_out]
 
 
+def test_the_messages_lent_in_place_end_at_the_first_that_differs(monkeypatch):
+    """Whichever message of a long conversation differs from the previous request's (one
+    byte of it), the messages before it are lent and it and those after it are decoded:
+    the search for the first difference finds it at every place."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.protocol import messages_body as mb
+
+    decoded: list[bytes] = []
+    real = mb._tops
+
+    def counting(limits):
+        top_dec, tools_dec, kind = real(limits)
+
+        class Counting:
+            def decode(self, raw):
+                decoded.append(raw)
+                return top_dec.decode(raw)
+
+        return Counting(), tools_dec, kind
+
+    monkeypatch.setattr(mb, "_tops", counting)
+    messages = [
+        {"role": ("user", "assistant")[i % 2], "content": f"message {i:02d} " + "x" * (i * 7)}
+        for i in range(37)
+    ]
+    body = {"model": "m", "max_tokens": 9, "system": "s", "messages": messages}
+    first = json.dumps(body, separators=(",", ":")).encode()
+    for i in range(1, 37):
+        turns = SessionTurns(1 << 24)
+        decode_messages_body(first, Limits(), turns, lambda _small: "s")
+        edited = first.replace(f"message {i:02d}".encode(), f"message {i:02d}!".encode())
+        decoded.clear()
+        got = decode_messages_body(edited, Limits(), turns, lambda _small: "s")
+        assert got.typed == decode_messages_body(edited, Limits()).typed
+        assert len(decoded) == 1
+        left = json.loads(decoded[0])["messages"]  # the messages decoded: from the edit on
+        assert [m["content"][:10] for m in left] == [f"message {j:02d}" for j in range(i, 37)]
+
+
 @pytest.mark.parametrize(
     "edit",
     [
