@@ -12,9 +12,17 @@ registry without end.
 from __future__ import annotations
 
 import os
+import time
+from bisect import bisect_left
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from prefixgate.loopwatch import LoopWatch
 from prefixgate.record import Record
@@ -145,150 +153,227 @@ class LabelCap:
         return value
 
 
+class _Sums:
+    """One metric's per-request sums, by label values: a plain dict each request adds
+    to (a lookup and an add, no lock: only the event loop's thread feeds it and scrapes
+    it), turned into its metric family at scrape time. prometheus_client's own children
+    cost a lock and a check per increment, a dozen times a request (docs/performance.md,
+    "The request's metrics summed in plain dicts")."""
+
+    __slots__ = ("name", "doc", "labels", "kind", "values", "created")
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...], kind: str = "counter"):
+        self.name, self.doc, self.labels, self.kind = name, doc, labels, kind
+        self.values: dict[tuple, float] = {}
+        self.created: dict[tuple, float] = {}
+
+    def add(self, key: tuple, n: float) -> None:
+        values = self.values
+        if key in values:
+            values[key] += n
+        else:
+            values[key] = n
+            self.created[key] = time.time()
+
+    def family(self):
+        if self.kind == "gauge":
+            g = GaugeMetricFamily(self.name, self.doc, labels=self.labels)
+            for key, v in list(self.values.items()):
+                g.add_metric(key, v)
+            return g
+        c = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        created = self.created
+        for key, v in list(self.values.items()):
+            c.add_metric(key, v, created=created[key])
+        return c
+
+
+class _Latencies:
+    """A histogram's buckets, sum and count by label values, as :class:`_Sums` keeps a
+    counter's: the bucket found by bisection, no lock."""
+
+    __slots__ = ("name", "doc", "labels", "bounds", "values", "created")
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...], bounds: tuple) -> None:
+        self.name, self.doc, self.labels = name, doc, labels
+        self.bounds = tuple(float(b) for b in bounds)
+        self.values: dict[tuple, list[float]] = {}  # per bucket (+Inf last), then the sum
+        self.created: dict[tuple, float] = {}
+
+    def observe(self, key: tuple, seconds: float) -> None:
+        v = self.values.get(key)
+        if v is None:
+            v = self.values[key] = [0.0] * (len(self.bounds) + 2)
+            self.created[key] = time.time()
+        v[bisect_left(self.bounds, seconds)] += 1
+        v[-1] += seconds
+
+    def family(self):
+        h = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        for key, v in list(self.values.items()):
+            buckets, total = [], 0.0
+            for le, n in zip(les, v, strict=False):
+                total += n
+                buckets.append((le, total))
+            h.add_metric(key, buckets, v[-1])
+            h.samples.append(
+                Sample(
+                    self.name + "_created",
+                    dict(zip(self.labels, key, strict=True)),
+                    self.created[key],
+                )
+            )
+        return h
+
+
+class _RequestCollector:
+    """The per-request metrics (:meth:`GatewayMetrics.observe`), summed in plain dicts and
+    turned into metric families at scrape time."""
+
+    def __init__(self, metrics: list) -> None:
+        self.metrics = metrics
+
+    def collect(self):
+        for m in self.metrics:
+            yield m.family()
+
+
 class GatewayMetrics:
     def __init__(self, writer=None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "prefixgate_requests", "Requests by outcome.", (*LABELS, "status"), registry=r
+        self.requests = _Sums("prefixgate_requests", "Requests by outcome.", (*LABELS, "status"))
+        self.prompt = _Sums(
+            "prefixgate_prompt_tokens", "Upstream prompt tokens (cached included).", LABELS
         )
-        self.prompt = Counter(
-            "prefixgate_prompt_tokens",
-            "Upstream prompt tokens (cached included).",
-            LABELS,
-            registry=r,
+        self.cached = _Sums("prefixgate_cached_tokens", "Upstream cached prompt tokens.", LABELS)
+        self.completion = _Sums(
+            "prefixgate_completion_tokens", "Upstream completion tokens.", LABELS
         )
-        self.cached = Counter(
-            "prefixgate_cached_tokens", "Upstream cached prompt tokens.", LABELS, registry=r
-        )
-        self.completion = Counter(
-            "prefixgate_completion_tokens", "Upstream completion tokens.", LABELS, registry=r
-        )
-        self.hit_rate = Gauge(
+        self.hit_rate = _Sums(
             "prefixgate_prefix_hit_rate",
             "Token-weighted prefix-cache hit rate since start.",
             LABELS,
-            registry=r,
+            "gauge",
         )
-        self.latency = Histogram(
+        self.latency = _Latencies(
             "prefixgate_request_seconds",
             "End-to-end latency.",
             ("channel", "entry"),
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.ttft = Histogram(
+        self.ttft = _Latencies(
             "prefixgate_ttft_seconds",
             "Time to first content byte.",
             ("channel", "entry"),
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = _Sums(
             "prefixgate_upstream_errors",
             "Failed attempts and failed requests by error type.",
             ("channel", "error"),
-            registry=r,
         )
-        self.spend_tokens = Counter(
+        self.spend_tokens = _Sums(
             "prefixgate_spend_tokens",
             "Upstream tokens per key, owner and model, by kind: fresh, cached and written"
             " input, output.",
             (*SPEND_LABELS, "kind"),
-            registry=r,
         )
-        self.spend_cost = Counter(
+        self.spend_cost = _Sums(
             "prefixgate_spend_cost",
             "Cost per key, owner and model, in the price table's currency.",
             SPEND_LABELS,
-            registry=r,
         )
-        self.spend_saved = Counter(
+        self.spend_saved = _Sums(
             "prefixgate_spend_cost_saved",
             "What cache hits saved per key, owner and model, in the price table's currency.",
             SPEND_LABELS,
-            registry=r,
         )
         self.cap = LabelCap(LABEL_CAPS)
-        self.retries = Counter(
-            "prefixgate_failovers",
-            "Attempts that failed over to another target.",
-            ("entry",),
-            registry=r,
+        self.retries = _Sums(
+            "prefixgate_failovers", "Attempts that failed over to another target.", ("entry",)
         )
-        self.route_source = Counter(
+        self.route_source = _Sums(
             "prefixgate_route_source",
             "Routing decisions by where the replicas' cache state came from (events, "
             "estimate, events+estimate).",
             ("channel", "source"),
-            registry=r,
+        )
+        r.register(
+            _RequestCollector(
+                [
+                    self.requests,
+                    self.prompt,
+                    self.cached,
+                    self.completion,
+                    self.hit_rate,
+                    self.latency,
+                    self.ttft,
+                    self.upstream_errors,
+                    self.spend_tokens,
+                    self.spend_cost,
+                    self.spend_saved,
+                    self.retries,
+                    self.route_source,
+                ]
+            )
         )
         self.loop = LoopWatch(r)  # the event loop's pauses; started by the app's lifespan
         r.register(_WorkerCollector())
         self._totals: dict[tuple, list[int]] = {}
-        self._children: dict[tuple, object] = {}
         if writer is not None:
             r.register(_WriterCollector(writer))
 
     def watch_admission(self, admission) -> None:
         self.registry.register(_AdmissionCollector(admission))
 
-    def _child(self, metric, *labels: str):
-        """``metric.labels(*labels)``, looked up once per label set (prometheus_client's
-        own lookup takes a lock and rebuilds the key on every call)."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            if len(self._children) > 10_000:
-                self._children.clear()
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
     def observe(self, rec: Record) -> None:
         cap = self.cap
         model = cap("model", rec.requested_model)
         labels = (rec.channel or "-", rec.endpoint or "-", model, cap("client", rec.client))
-        child = self._child
-        child(self.requests, *labels, str(rec.status)).inc()
+        self.requests.add((*labels, str(rec.status)), 1)
         if rec.retries:
-            child(self.retries, labels[1]).inc(rec.retries)
+            self.retries.add((labels[1],), rec.retries)
         if rec.route_source is not None:
-            child(self.route_source, labels[0], rec.route_source).inc()
+            self.route_source.add((labels[0], rec.route_source), 1)
         if rec.error_type and rec.status >= 500:
-            child(self.upstream_errors, labels[0], rec.error_type).inc()
+            self.upstream_errors.add((labels[0], rec.error_type), 1)
         if rec.prompt_tokens:
             cached = rec.cached_tokens or 0
-            child(self.prompt, *labels).inc(rec.prompt_tokens)
-            child(self.cached, *labels).inc(cached)
+            self.prompt.add(labels, rec.prompt_tokens)
+            self.cached.add(labels, cached)
             tot = self._totals.setdefault(labels, [0, 0])
             tot[0] += rec.prompt_tokens
             tot[1] += cached
-            child(self.hit_rate, *labels).set(tot[1] / tot[0])
+            self.hit_rate.values[labels] = tot[1] / tot[0]
         if rec.completion_tokens:
-            child(self.completion, *labels).inc(rec.completion_tokens)
+            self.completion.add(labels, rec.completion_tokens)
         if rec.prompt_tokens or rec.completion_tokens:
             self._spend(rec, (cap("key", rec.key_name), cap("owner", rec.key_owner), model))
-        if rec.latency_ms is not None:
-            child(self.latency, labels[0], labels[1]).observe(rec.latency_ms / 1000)
-        if rec.ttft_ms is not None:
-            child(self.ttft, labels[0], labels[1]).observe(rec.ttft_ms / 1000)
+        if rec.latency_ms is not None or rec.ttft_ms is not None:
+            where = labels[:2]
+            if rec.latency_ms is not None:
+                self.latency.observe(where, rec.latency_ms / 1000)
+            if rec.ttft_ms is not None:
+                self.ttft.observe(where, rec.ttft_ms / 1000)
 
     def _spend(self, rec: Record, who: tuple[str, str, str]) -> None:
-        child = self._child
         cached = rec.cached_tokens or 0
         written = rec.cache_creation_tokens or 0
         fresh = max(0, (rec.prompt_tokens or 0) - cached - written)
-        for kind, n in (
-            ("fresh", fresh),
-            ("cached", cached),
-            ("cache_write", written),
-            ("output", rec.completion_tokens or 0),
-        ):
-            if n:
-                child(self.spend_tokens, *who, kind).inc(n)
+        tokens = self.spend_tokens
+        if fresh:
+            tokens.add((*who, "fresh"), fresh)
+        if cached:
+            tokens.add((*who, "cached"), cached)
+        if written:
+            tokens.add((*who, "cache_write"), written)
+        if rec.completion_tokens:
+            tokens.add((*who, "output"), rec.completion_tokens)
         if rec.cost_nano is not None:
-            child(self.spend_cost, *who).inc(rec.cost_nano / 1e9)
-            child(self.spend_saved, *who).inc((rec.cost_saved_nano or 0) / 1e9)
+            self.spend_cost.add(who, rec.cost_nano / 1e9)
+            self.spend_saved.add(who, (rec.cost_saved_nano or 0) / 1e9)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
