@@ -523,6 +523,28 @@ def _tail_of(raw: bytes) -> bytes:
     return json.dumps(json.loads(raw)["messages"][-2:]).encode()
 
 
+def _top_documents(monkeypatch) -> list[bytes]:
+    """The documents the typed decode's top level decodes from now on, as it decodes
+    them (the list fills as requests are decoded)."""
+    from prefixgate.protocol import messages_body as mb
+
+    decoded: list[bytes] = []
+    real = mb._tops
+
+    def counting(limits):
+        top_dec, tools_dec, kind = real(limits)
+
+        class Counting:
+            def decode(self, raw):
+                decoded.append(raw)
+                return top_dec.decode(raw)
+
+        return Counting(), tools_dec, kind
+
+    monkeypatch.setattr(mb, "_tops", counting)
+    return decoded
+
+
 def _place_turns(separators) -> list[bytes]:
     """A growing conversation whose last message moves its ``cache_control`` marker (as
     Claude Code's does), the top level's plain fields before the messages."""
@@ -551,22 +573,8 @@ def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(separat
     request's bytes at the same place are not decoded again: the document decoded is the
     request without them, and the result is the decode alone's."""
     from prefixgate.apis.messages.request import SessionTurns
-    from prefixgate.protocol import messages_body as mb
 
-    decoded: list[int] = []
-    real = mb._tops
-
-    def counting(limits):
-        top_dec, tools_dec, kind = real(limits)
-
-        class Counting:
-            def decode(self, raw):
-                decoded.append(len(raw))
-                return top_dec.decode(raw)
-
-        return Counting(), tools_dec, kind
-
-    monkeypatch.setattr(mb, "_tops", counting)
+    decoded = _top_documents(monkeypatch)
     turns = SessionTurns(1 << 24)
     for k, raw in enumerate(_place_turns(separators)):
         decoded.clear()
@@ -580,7 +588,7 @@ def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(separat
         comma = b", " if separators is None else b","
         kept = msgs[: max(0, len(msgs) - 2)] if k >= 2 else []
         left_out = sum(len(json.dumps(m, separators=separators)) + len(comma) for m in kept)
-        assert decoded == [len(raw) - left_out]
+        assert [len(doc) for doc in decoded] == [len(raw) - left_out]
 
 
 def test_the_messages_lent_in_place_end_at_the_first_that_differs(monkeypatch):
@@ -588,22 +596,8 @@ def test_the_messages_lent_in_place_end_at_the_first_that_differs(monkeypatch):
     byte of it), the messages before it are lent and it and those after it are decoded:
     the search for the first difference finds it at every place."""
     from prefixgate.apis.messages.request import SessionTurns
-    from prefixgate.protocol import messages_body as mb
 
-    decoded: list[bytes] = []
-    real = mb._tops
-
-    def counting(limits):
-        top_dec, tools_dec, kind = real(limits)
-
-        class Counting:
-            def decode(self, raw):
-                decoded.append(raw)
-                return top_dec.decode(raw)
-
-        return Counting(), tools_dec, kind
-
-    monkeypatch.setattr(mb, "_tops", counting)
+    decoded = _top_documents(monkeypatch)
     messages = [
         {"role": ("user", "assistant")[i % 2], "content": f"message {i:02d} " + "x" * (i * 7)}
         for i in range(37)
