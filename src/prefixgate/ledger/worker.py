@@ -268,9 +268,12 @@ class LedgerWorker:
                     now = time.monotonic()
                     due = max(now if self._hurry else first + self.flush_interval, self._retry_at)
                     timeout = max(0.0, due - now)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout):
-                        await self._wake.wait()
+                if timeout is None:  # nothing pending: until fed (no timer to set up)
+                    await self._wake.wait()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(timeout):
+                            await self._wake.wait()
             if self._queue:
                 record, request, then, blocks = self._queue.popleft()
                 try:
@@ -282,7 +285,8 @@ class LedgerWorker:
                 if ledger is not None:
                     self._done(ledger, record.channel or "-")
                 _call(then, ledger)
-                await asyncio.sleep(0)  # one request a turn: the loop serves requests first
+                if self._queue:  # one request a turn: the loop serves requests first
+                    await asyncio.sleep(0)
             if not self._pending:
                 continue
             now = time.monotonic()
