@@ -1,6 +1,6 @@
 """Instructions of each stage of a Claude Code turn, in-process, counted by callgrind.
 
-    python benchmarks/turn_stages.py [--turn 60] [--stages capture,convert,…] [--src DIR]
+    python benchmarks/turn_stages.py [--turn 60] [--stages capture,convert,…] [--src DIR] [--cjk]
                                      [--beside N] [--cpu RUNS]
 
 One session of ``agent_turns.py`` (the traffic generator's Claude Code shape) is run
@@ -11,7 +11,8 @@ session's memories hold what a gateway's would), then each stage is run ten time
 uninstrumented, ``--instr-atstart=no``, instrumentation switched on after them); an empty
 stage's count is subtracted (``--cpu RUNS``: each stage timed instead, by
 ``time.process_time`` over RUNS runs, best of 5, not under valgrind). ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
-does not have are skipped.
+does not have are skipped. ``--cjk``: the session's texts not all ASCII (:func:`in_cjk`), as
+a team writing in Chinese sends them.
 
 Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
 ``decode_lent`` (the same lent by the session's previous turn, as in the gateway, then
@@ -48,6 +49,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPS = 10
+CJK_ENV = "TURN_STAGES_CJK"
+
+
+def in_cjk(body: bytes) -> bytes:
+    """``--cjk``: a body whose texts are not all ASCII, as a team writing in Chinese sends
+    (each " the " of its texts written as a Chinese word, the same in every turn, so that
+    a turn is still its previous one and a tail; JSON keys hold no spaces)."""
+    return body.replace(b" the ", " 这个 ".encode())
+
 
 
 def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -> None:
@@ -67,6 +77,8 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
     from prefixgate.record.record import Record
 
     (session,) = at.sessions(1, turn + 1)
+    if os.environ.get(CJK_ENV):  # --cjk
+        session = [(in_cjk(body), headers) for body, headers in session]
     sid = session[0][1]["X-Claude-Code-Session-Id"]
     ch = ChannelConfig(name="fake", base_url="http://127.0.0.1:9/v1")
     limits, cap, opts = Limits(), Capturer(), ConvertOptions("fake")
@@ -470,9 +482,16 @@ def main() -> None:
         "megabytes of other data (a turn's data has left the caches by the next turn in "
         "service); the median run, in microseconds",
     )
+    ap.add_argument(
+        "--cjk",
+        action="store_true",
+        help="the session's texts not all ASCII: each ' the ' written as a Chinese word",
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cpu-inner", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.cjk:
+        os.environ[CJK_ENV] = "1"  # the inner runs' environment (under valgrind too)
     if args.inner or args.cpu_inner:
         inner(args.turn, args.stages, args.beside, args.cpu_inner, args.cold)
         return

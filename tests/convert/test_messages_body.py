@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai, convert
 from prefixgate.config import Limits
-from prefixgate.errors import GatewayError
+from prefixgate.errors import GatewayError, InvalidRequest
 from prefixgate.hygiene.billing import strip_billing_header, strip_billing_header_typed
 from prefixgate.protocol import messages_body
 from prefixgate.protocol.anthropic import check_messages_request
@@ -614,6 +614,46 @@ def test_the_messages_lent_in_place_end_at_the_first_that_differs(monkeypatch):
         assert len(decoded) == 1
         left = json.loads(decoded[0])["messages"]  # the messages decoded: from the edit on
         assert [m["content"][:10] for m in left] == [f"message {j:02d}" for j in range(i, 37)]
+
+
+def _utf8_turns() -> list[bytes]:
+    """Three turns of a conversation in Chinese, each the previous one and two messages."""
+    messages: list[dict] = []
+    turns = []
+    for i in range(3):
+        messages += [
+            {"role": "user", "content": f"第{i}轮：请解释这段代码。" + "缓存" * 50},
+            {"role": "assistant", "content": f"好的，第{i}轮的回答。" + "前缀" * 50},
+        ]
+        body = {"model": "m", "max_tokens": 9, "system": "s", "messages": messages}
+        turns.append(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+    return turns
+
+
+def test_a_lent_decode_checks_the_text_of_what_it_decodes_and_not_what_it_lends(monkeypatch):
+    """The bytes a session's previous request lends were checked as UTF-8 with it: a turn
+    checks the text of its new tail only, and refuses a bad byte there with the error the
+    decode alone gives (naming where it is in the body)."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.protocol import messages_body as mb
+
+    turns = SessionTurns(1 << 24)
+    first, second, third = _utf8_turns()
+    decode_messages_body(first, Limits(), turns, lambda _small: "s")
+    whole: list[int] = []
+    real = mb.check_text
+    monkeypatch.setattr(mb, "check_text", lambda raw: (whole.append(len(raw)), real(raw)))
+    body = decode_messages_body(second, Limits(), turns, lambda _small: "s")
+    assert body.typed == decode_messages_body(second, Limits()).typed
+    assert whole == [len(second)]  # (the decode alone's, just above); the lent one: none
+    bad = third.replace("第2轮".encode(), "第2".encode() + bytes([0xFF]), 1)
+    assert bad != third
+    with pytest.raises(InvalidRequest) as lent:
+        decode_messages_body(bad, Limits(), turns, lambda _small: "s")
+    with pytest.raises(InvalidRequest) as alone:
+        decode_messages_body(bad, Limits())
+    assert str(lent.value) == str(alone.value)
+    assert f"at offset {bad.index(bytes([0xFF]))}" in str(lent.value)
 
 
 @pytest.mark.parametrize(

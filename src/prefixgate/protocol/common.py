@@ -12,13 +12,19 @@ _decoder = msgspec.json.Decoder()
 
 
 def check_body_bytes(raw: bytes, limits: Limits) -> None:
+    check_body_size(raw, limits)
+    check_text(raw)
+
+
+def check_body_size(raw: bytes, limits: Limits) -> None:
+    """:func:`check_body_bytes` but for the text's encoding (for a caller that checks the
+    bytes it reads itself: ``messages_body``'s lent decode)."""
     if len(raw) > limits.max_body_bytes:
         raise RequestTooLarge(
             f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes} bytes"
         )
     if not raw or raw.isspace():
         raise InvalidRequest("request body is empty; a JSON object is required")
-    check_text(raw)
 
 
 def too_deep(limits: Limits) -> InvalidRequest:

@@ -29,9 +29,9 @@ from msgspec import Meta, Raw, Struct, field
 from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.anthropic import check_messages_request
-from prefixgate.protocol.common import check_body_bytes, decode_body, json_depth
+from prefixgate.protocol.common import check_body_size, decode_body, json_depth
 from prefixgate.protocol.placement import places_of, single, starts_of
-from prefixgate.protocol.validate import MAX_TOKENS
+from prefixgate.protocol.validate import MAX_TOKENS, check_text
 from prefixgate.sequences import common_prefix
 
 _QUOTE = 34  # '"': the first byte of a JSON string
@@ -234,13 +234,16 @@ def decode_messages_body(
     A message, the tools or the system blocks whose bytes equal those at the same place
     in the session's previous request take the structs decoded from them then (one
     memcmp); only what is new is decoded, so an agent's turn decodes its tail. The result
-    is the one the decode gives alone (the same structs, the same checks)."""
-    check_body_bytes(raw, limits)
+    is the one the decode gives alone (the same structs, the same checks): the body's
+    text is UTF-8 (its bytes lent were checked with the request that lent them)."""
+    check_body_size(raw, limits)
     try:
         if lend is not None and key_of is not None:
             body = _lent_path(raw, limits, lend, key_of)
             if body is not None:
-                return body
+                return body  # (None: no session, and the whole body's text checked)
+        else:
+            check_text(raw)
         typed = _decoder(limits).decode(raw)
         _walk(typed, limits)
     except (msgspec.DecodeError, RecursionError, _Plain):
@@ -376,8 +379,12 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
             hi = mid
     k = lo
     # The request without its first k messages: their bytes and the comma after the last
-    # of them are the previous request's, as checked; what follows is decoded as it is.
-    top = top_dec.decode(raw[: starts[0]] + raw[starts[k] :])
+    # of them are the previous request's, as checked (its text too); what follows is
+    # decoded as it is, its text checked first.
+    doc = raw[: starts[0]] + raw[starts[k] :]
+    if not doc.isascii():
+        _check_text_of(doc, raw)
+    top = top_dec.decode(doc)
     if k + len(top.messages) > limits.max_messages:
         raise _Plain  # the plain check says what is wrong
     places = starts[:k]
@@ -394,14 +401,26 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
     return top, k, places, end
 
 
+def _check_text_of(part: bytes, raw: bytes) -> None:
+    """``part`` of ``raw`` (its bytes, whole or two slices meeting at a JSON delimiter)
+    is UTF-8; else the error :func:`check_text` gives for ``raw``, which names the byte
+    where it is in the body."""
+    try:
+        part.decode()
+    except UnicodeDecodeError:
+        check_text(raw)
+        raise InvalidRequest("request body is not valid UTF-8") from None
+
+
 def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody | None:
     """The typed decode with what the session's previous request lends (``None``: no
     session; the caller decodes alone). Raises as the decode does.
 
     A session told by the request's headers is known before the decode: its previous
     request's leading messages standing at the same place in the same bytes are then not
-    decoded at all (:func:`_by_place`). Otherwise the whole top level is decoded and each
-    message compared with the one at the same index (a memcmp)."""
+    decoded at all (:func:`_by_place`), nor is their text checked again. Otherwise the
+    whole top level is decoded and each message compared with the one at the same index
+    (a memcmp). ``None`` only once the whole body's text was checked."""
     top_dec, tools_dec, kind = _tops(limits)
     room = limits.max_json_depth
     lkey = (room, limits.max_messages, limits.max_tools)
@@ -413,6 +432,7 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
         top, k, places, rest = placed
         starts = places, rest
     else:
+        check_text(raw)
         top, k = top_dec.decode(raw), 0
     small = {f: v for f in _PLAIN_FIELDS if (v := getattr(top, f)) is not None}
     key = key_of(small)
@@ -422,6 +442,7 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
         if key is None:
             return None
         if placed is not None:  # what another request lent is not this session's
+            check_text(raw)
             top, k, starts = top_dec.decode(raw), 0, None
         prev = _previous(lend, key, lkey)
     elif key is None:
