@@ -2,12 +2,14 @@
 
     python benchmarks/agent_turns.py [--sessions 4] [--turns 64] [--settle 0.7]
                                      [--only NAME,…] [--no-litellm] [--json]
-                                     [--ref REF] [--paired]
+                                     [--ref REF] [--paired] [--cjk]
 
 The bodies come from the project's own traffic generator (``prefixgate.lab.traffic``), in
 Claude Code's shape: ``--sessions`` sessions of ``--turns`` turns each (tools, the billing
 header, a mid-conversation system message, thinking blocks, code pastes and tool results,
 the moving ``cache_control`` marker), growing from ~80 KB past 300 KB, no compaction.
+``--cjk``: their texts not all ASCII, as a team writing in Chinese sends them (each
+" the " a Chinese word: :func:`in_cjk`).
 They go to ``/v1/messages`` as streams, one request at a time, turn k of every session
 before turn k + 1 of any, through the gateway to a fast fake upstream
 (``overhead_upstream.py``: a 4-chunk stream at once).
@@ -98,8 +100,18 @@ COUNT_SETTLE = 3.0  # seconds under valgrind for the work a turn leaves for late
 WINDOW = 2  # turns either side of an index whose figures are averaged ("turn 10": 8..12)
 
 
-def sessions(n: int, turns: int, seed: int = 0) -> list[list[tuple[bytes, dict]]]:
-    """``n`` Claude Code sessions of ``turns`` turns: per session, (body, headers) a turn."""
+def in_cjk(body: bytes) -> bytes:
+    """``--cjk``: a body whose texts are not all ASCII, as a team writing in Chinese sends
+    (each " the " of its texts written as a Chinese word, the same in every turn, so that
+    a turn is still its previous one and a tail; JSON keys hold no spaces)."""
+    return body.replace(b" the ", " 这个 ".encode())
+
+
+def sessions(
+    n: int, turns: int, seed: int = 0, cjk: bool = False
+) -> list[list[tuple[bytes, dict]]]:
+    """``n`` Claude Code sessions of ``turns`` turns: per session, (body, headers) a turn
+    (``cjk``: their texts as :func:`in_cjk` writes them)."""
     spec = TrafficSpec(
         sessions=n,
         turns=turns,
@@ -112,7 +124,8 @@ def sessions(n: int, turns: int, seed: int = 0) -> list[list[tuple[bytes, dict]]
     out = []
     for i in range(n):
         s = ClaudeCodeSession(spec, seed * 1000 + i)
-        out.append([(r.content(), r.headers) for r in s.requests() if r.kind == "turn"])
+        turned = [(r.content(), r.headers) for r in s.requests() if r.kind == "turn"]
+        out.append([(in_cjk(b), h) for b, h in turned] if cjk else turned)
     return out
 
 
@@ -365,8 +378,8 @@ def marks(n: int) -> list[int]:
 
 async def run(args) -> dict:
     os.sched_setaffinity(0, {ov.LOAD_CPU})
-    convo = sessions(args.sessions, args.turns)
-    warm = sessions(1, args.warm_turns, seed=1)[0]
+    convo = sessions(args.sessions, args.turns, cjk=args.cjk)
+    warm = sessions(1, args.warm_turns, seed=1, cjk=args.cjk)[0]
     sizes = [len(b) for s in convo for b, _ in s]
     parse, digest = floor_ms([b for s in convo for b, _ in s])
     per_turn = len(convo[0])
@@ -715,6 +728,11 @@ def main() -> None:
     ap.add_argument("--litellm-version", default=ov.LITELLM_VERSION)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--ref", help="also each subject at this git ref (a temporary worktree)")
+    ap.add_argument(
+        "--cjk",
+        action="store_true",
+        help="texts not all ASCII, as a team writing in Chinese sends them (in_cjk)",
+    )
     ap.add_argument(
         "--paired",
         action="store_true",

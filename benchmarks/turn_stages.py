@@ -11,7 +11,7 @@ session's memories hold what a gateway's would), then each stage is run ten time
 uninstrumented, ``--instr-atstart=no``, instrumentation switched on after them); an empty
 stage's count is subtracted (``--cpu RUNS``: each stage timed instead, by
 ``time.process_time`` over RUNS runs, best of 5, not under valgrind). ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
-does not have are skipped. ``--cjk``: the session's texts not all ASCII (:func:`in_cjk`), as
+does not have are skipped. ``--cjk``: the session's texts not all ASCII (``agent_turns.in_cjk``), as
 a team writing in Chinese sends them.
 
 Stages: ``floor`` (msgspec decode + encode of the body), ``decode`` (the typed decode),
@@ -52,14 +52,6 @@ REPS = 10
 CJK_ENV = "TURN_STAGES_CJK"
 
 
-def in_cjk(body: bytes) -> bytes:
-    """``--cjk``: a body whose texts are not all ASCII, as a team writing in Chinese sends
-    (each " the " of its texts written as a Chinese word, the same in every turn, so that
-    a turn is still its previous one and a tail; JSON keys hold no spaces)."""
-    return body.replace(b" the ", " 这个 ".encode())
-
-
-
 def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -> None:
     """Run under valgrind: the session up to ``turn``, then ``stage`` REPS times (``cpu``:
     not under valgrind, ``cpu`` runs timed by ``time.process_time`` five times, the
@@ -78,7 +70,7 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
 
     (session,) = at.sessions(1, turn + 1)
     if os.environ.get(CJK_ENV):  # --cjk
-        session = [(in_cjk(body), headers) for body, headers in session]
+        session = [(at.in_cjk(body), headers) for body, headers in session]
     sid = session[0][1]["X-Claude-Code-Session-Id"]
     ch = ChannelConfig(name="fake", base_url="http://127.0.0.1:9/v1")
     limits, cap, opts = Limits(), Capturer(), ConvertOptions("fake")

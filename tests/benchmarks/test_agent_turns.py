@@ -34,6 +34,21 @@ def test_the_sessions_are_claude_code_turns_growing_past_300_kb():
     assert {"tool_use", "tool_result", "thinking", "text"} <= kinds
 
 
+def test_cjk_sessions_are_the_same_turns_with_texts_not_all_ascii():
+    """``--cjk``: every body is still a JSON request whose turns grow at their tail (what
+    the lent decode relies on), its texts not all ASCII and its keys untouched."""
+    (plain,) = at.sessions(1, 8)
+    (cjk,) = at.sessions(1, 8, cjk=True)
+    for (a, ha), (b, hb) in zip(plain, cjk, strict=True):
+        assert ha == hb and not b.isascii() and a != b
+        ra, rb = json.loads(a), json.loads(b)
+        assert ra.keys() == rb.keys() and len(ra["messages"]) == len(rb["messages"])
+        assert json.dumps(rb, ensure_ascii=False).replace("这个", "the") == json.dumps(ra)
+    for before, after in zip(cjk, cjk[1:], strict=False):  # each starts with the last
+        old, new = json.loads(before[0])["messages"], json.loads(after[0])["messages"]
+        assert new[: len(old) - 2] == old[: len(old) - 2]
+
+
 def test_the_summary_reads_turns_around_an_index_and_the_floor_under_them():
     cpu = [1.0 + k / 10 for k in range(64)]
     floor = [0.5] * 64
