@@ -525,11 +525,20 @@ def _tail_of(raw: bytes) -> bytes:
 
 def _top_documents(monkeypatch) -> list[bytes]:
     """The documents the typed decode's top level decodes from now on, as it decodes
-    them (the list fills as requests are decoded)."""
+    them (the list fills as requests are decoded): the top level's, or the array of the
+    messages decoded alone when the top level around them is the previous request's."""
     from prefixgate.protocol import messages_body as mb
 
     decoded: list[bytes] = []
     real = mb._tops
+    raws = mb._RAWS
+
+    class Arrays:
+        def decode(self, raw):
+            decoded.append(raw)
+            return raws.decode(raw)
+
+    monkeypatch.setattr(mb, "_RAWS", Arrays())
 
     def counting(limits):
         top_dec, tools_dec, kind = real(limits)
@@ -545,9 +554,10 @@ def _top_documents(monkeypatch) -> list[bytes]:
     return decoded
 
 
-def _place_turns(separators) -> list[bytes]:
+def _place_turns(separators, tail_moves: bool = False) -> list[bytes]:
     """A growing conversation whose last message moves its ``cache_control`` marker (as
-    Claude Code's does), the top level's plain fields before the messages."""
+    Claude Code's does), the top level's plain fields before the messages (``tail_moves``:
+    a field after them changes every turn)."""
     turns, messages = [], []
     for i in range(8):
         messages = [
@@ -563,20 +573,26 @@ def _place_turns(separators) -> list[bytes]:
                          "content": [{"type": "text", "text": f"turn {i} " + "x" * i,
                                       "cache_control": {"type": "ephemeral"}}]})  # fmt: skip
         body = {"model": "m", "max_tokens": 9, "messages": messages, "system": "s", "tools": []}
+        if tail_moves:
+            body["metadata"] = {"user_id": f"u{i}"}
         turns.append(json.dumps(body, separators=separators).encode())
     return turns
 
 
+@pytest.mark.parametrize("tail_moves", [False, True])
 @pytest.mark.parametrize("separators", [None, (",", ":")])
-def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(separators, monkeypatch):
+def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(
+    separators, tail_moves, monkeypatch
+):
     """With the session known before the decode, the messages that stand in the previous
     request's bytes at the same place are not decoded again: the document decoded is the
-    request without them, and the result is the decode alone's."""
+    request without them, or, when the top level around the messages is the previous
+    request's byte for byte, the new messages alone; the result is the decode alone's."""
     from prefixgate.apis.messages.request import SessionTurns
 
     decoded = _top_documents(monkeypatch)
     turns = SessionTurns(1 << 24)
-    for k, raw in enumerate(_place_turns(separators)):
+    for k, raw in enumerate(_place_turns(separators, tail_moves)):
         decoded.clear()
         body = decode_messages_body(raw, Limits(), turns, lambda _small: "s")
         alone = decode_messages_body(raw, Limits())
@@ -587,6 +603,9 @@ def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(separat
         msgs = json.loads(raw)["messages"]
         comma = b", " if separators is None else b","
         kept = msgs[: max(0, len(msgs) - 2)] if k >= 2 else []
+        if k >= 2 and not tail_moves:  # the last two messages, alone
+            assert len(decoded) == 1 and json.loads(decoded[0]) == msgs[-2:]
+            continue
         left_out = sum(len(json.dumps(m, separators=separators)) + len(comma) for m in kept)
         assert [len(doc) for doc in decoded] == [len(raw) - left_out]
 
@@ -612,7 +631,7 @@ def test_the_messages_lent_in_place_end_at_the_first_that_differs(monkeypatch):
         got = decode_messages_body(edited, Limits(), turns, lambda _small: "s")
         assert got.typed == decode_messages_body(edited, Limits()).typed
         assert len(decoded) == 1
-        left = json.loads(decoded[0])["messages"]  # the messages decoded: from the edit on
+        left = json.loads(decoded[0])  # the messages decoded (alone): from the edit on
         assert [m["content"][:10] for m in left] == [f"message {j:02d}" for j in range(i, 37)]
 
 
@@ -665,6 +684,8 @@ def test_a_lent_decode_checks_the_text_of_what_it_decodes_and_not_what_it_lends(
         lambda b: b.replace(b"turn 5", b"turn 5\\u0000", 1),  # an edit mid-way
         lambda b: b.replace(b'"turn 6', b'"turn\x016', 1),  # a control character: invalid
         lambda b: b[:-3],  # cut short
+        lambda b: b.replace(b'"tools"', b'"metadata":{"user_id":"u"},"tools"', 1),  # another tail
+        lambda b: b.replace(b"}]}]", b"}]} ]", 1),  # a blank before the messages' end
         lambda b: b.replace(
             b'"messages":[', b'"messages":[' + b'{"role":"user","content":"a"},' * 40, 1
         ),

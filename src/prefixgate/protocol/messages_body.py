@@ -270,6 +270,7 @@ class Decoded:
         "raw",
         "starts",
         "rest",
+        "top",
     )
 
     ENTRY = 256  # bytes an entry costs beyond its parts' bytes
@@ -285,6 +286,7 @@ class Decoded:
         size: int,
         columns: tuple[list, list, list[int]],
         kept: tuple[bytes, list[int], int] | None = None,
+        top: Any = None,
     ) -> None:
         """``messages``: per message (its bytes, its struct, its blocks, its bytes as
         ``Raw``); ``parts``: each message's bytes; ``size``: what it all costs;
@@ -293,13 +295,16 @@ class Decoded:
         slices of them); ``kept``: the request's body, where
         each message begins in it and where what follows its messages begins (with no
         second messages key in it), when known: the next request's leading messages are
-        found in the same bytes at the same place, without decoding them."""
+        found in the same bytes at the same place, without decoding them; ``top``: then
+        its top level without its messages (its tools and system as their own bytes), which
+        a next request whose top level is the same bytes around its messages takes."""
         self.limits, self.tools, self.system = limits, tools, system
         self.messages, self.parts, self.size = messages, parts, size
         self.structs, self.raws, self.blocks = columns
         self.raw: bytes | None = kept[0] if kept is not None else None
         self.starts: list[int] = kept[1] if kept is not None else []
         self.rest: int = kept[2] if kept is not None else 0
+        self.top = top
 
     def pieces(self) -> tuple[bytes, bytes, list[bytes]]:
         """The tools list's, the system's and each message's JSON bytes (the capture's cut)."""
@@ -321,6 +326,7 @@ _TOPS: dict[tuple, tuple[msgspec.json.Decoder, msgspec.json.Decoder, type]] = {}
 _NULL = b"null"
 _SYSTEM = msgspec.json.Decoder(str | list[SystemBlock] | None)
 _MESSAGE = msgspec.json.Decoder(Message)
+_RAWS = msgspec.json.Decoder(list[Raw])
 _FIELDS = Request.__struct_fields__
 
 
@@ -356,9 +362,11 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
     request's bytes at the same place: the bytes from the start up to message ``k`` the
     same as the previous request's (a memcmp, the longest such ``k`` found by halves),
     the document without messages ``0 … k - 1`` decoded, what it decoded found in the
-    request at its place. ``(top, k, starts, rest)``: the top level with messages ``k …``
-    only, where every message begins and where what follows them begins; ``None``:
-    nothing lent so."""
+    request at its place. ``(top, k, starts, rest, same)``: the top level with messages
+    ``k …`` only, where every message begins, where what follows them begins, and whether
+    the top level but for the messages is the previous request's (the same bytes before
+    and after them: only the messages from ``k`` on are decoded then, the rest taken as
+    it was); ``None``: nothing lent so."""
     starts, old = prev.starts, prev.raw
     if old is None or len(starts) < 2:
         return None
@@ -378,6 +386,23 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
         else:
             hi = mid
     k = lo
+    places = starts[:k]
+    tail = len(old) - prev.rest  # the bytes after the previous request's messages
+    if prev.top is not None and len(raw) - tail > starts[k] and raw.endswith(view[prev.rest :]):
+        # Before its messages and after them, the request is the previous one's, byte for
+        # byte (an agent's turn: the tools, the system prompt and the settings as they
+        # were): the messages from k on are decoded as an array of their own, their text
+        # checked first, and found in place up to where those bytes begin.
+        end = len(raw) - tail
+        doc = b"[" + raw[starts[k] : end]
+        if not doc.isascii():
+            _check_text_of(doc, raw)
+        msgs = _RAWS.decode(doc)
+        if k + len(msgs) > limits.max_messages:
+            raise _Plain  # the plain check says what is wrong
+        if places_of(raw, starts[k], msgs, places) == end:
+            return msgspec.structs.replace(prev.top, messages=msgs), k, places, end, True
+        places = starts[:k]
     # The request without its first k messages: their bytes and the comma after the last
     # of them are the previous request's, as checked (its text too); what follows is
     # decoded as it is, its text checked first.
@@ -387,18 +412,16 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
     top = top_dec.decode(doc)
     if k + len(top.messages) > limits.max_messages:
         raise _Plain  # the plain check says what is wrong
-    places = starts[:k]
     end = places_of(raw, starts[k], top.messages, places)
     if end < 0:
         return None
     # The messages decoded are those of the array in place, unless a second messages key
     # follows it: what follows is looked through unless it is the previous request's
     # (its bytes the same: looked through then)
-    rest = len(old) - prev.rest
-    same_rest = len(raw) - end == rest and raw.endswith(view[prev.rest :])
+    same_rest = len(raw) - end == tail and raw.endswith(view[prev.rest :])
     if not same_rest and not single(raw, end):
         return None
-    return top, k, places, end
+    return top, k, places, end, False
 
 
 def _check_text_of(part: bytes, raw: bytes) -> None:
@@ -428,8 +451,9 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     prev = _previous(lend, early, lkey) if early is not None else None
     placed = _by_place(raw, prev, top_dec, limits) if prev is not None else None
     starts: tuple[list[int], int] | None = None
+    same_top = False
     if placed is not None:
-        top, k, places, rest = placed
+        top, k, places, rest, same_top = placed
         starts = places, rest
     else:
         check_text(raw)
@@ -443,16 +467,16 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
             return None
         if placed is not None:  # what another request lent is not this session's
             check_text(raw)
-            top, k, starts = top_dec.decode(raw), 0, None
+            top, k, starts, same_top = top_dec.decode(raw), 0, None, False
         prev = _previous(lend, key, lkey)
     elif key is None:
         return None
-    if prev is not None and _same(top.tools, prev.tools[0]):
+    if prev is not None and (same_top or _same(top.tools, prev.tools[0])):
         tools = prev.tools
     else:
         data = bytes(top.tools)
         tools = (data, tools_dec.decode(data))
-    if prev is not None and _same(top.system, prev.system[0]):
+    if prev is not None and (same_top or _same(top.system, prev.system[0])):
         system = prev.system
     else:
         data = bytes(top.system)
@@ -508,9 +532,16 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     if early is not None and key == early and starts is None:
         starts = starts_of(raw, tops)  # (a whole decode: where this request's messages begin)
     kept = (raw, *starts) if starts is not None else None
+    top_kept = None
     if kept is not None:
         size += len(raw)  # the body kept, for the next request to be compared with
-    decoded = Decoded(lkey, tools, system, messages, parts, size, (structs, raws, counts), kept)
+        # its top level for the next request to take (no view of this body's bytes)
+        top_kept = msgspec.structs.replace(
+            top, messages=[], tools=Raw(tools[0]), system=Raw(system[0])
+        )
+    decoded = Decoded(
+        lkey, tools, system, messages, parts, size, (structs, raws, counts), kept, top_kept
+    )
     lend.keep_decoded(key, decoded)
     body = MessagesBody(typed, raw)
     body.pieces = decoded.pieces()
