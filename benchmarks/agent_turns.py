@@ -2,14 +2,17 @@
 
     python benchmarks/agent_turns.py [--sessions 4] [--turns 64] [--settle 0.7]
                                      [--only NAME,…] [--no-litellm] [--json]
-                                     [--ref REF] [--paired] [--cjk]
+                                     [--ref REF] [--paired] [--cjk] [--reminders]
 
 The bodies come from the project's own traffic generator (``prefixgate.lab.traffic``), in
 Claude Code's shape: ``--sessions`` sessions of ``--turns`` turns each (tools, the billing
 header, a mid-conversation system message, thinking blocks, code pastes and tool results,
 the moving ``cache_control`` marker), growing from ~80 KB past 300 KB, no compaction.
 ``--cjk``: their texts not all ASCII, as a team writing in Chinese sends them (each
-" the " a Chinese word: :func:`in_cjk`).
+" the " a Chinese word: :func:`in_cjk`). ``--reminders``: Claude Code's ``<total_tokens>``
+reminder on (a system message after each user message: :func:`with_reminders`), the
+channel delivering them in the client's turns (``system_in_place: true``, as on a
+template that gathers system messages at the head).
 They go to ``/v1/messages`` as streams, one request at a time, turn k of every session
 before turn k + 1 of any, through the gateway to a fast fake upstream
 (``overhead_upstream.py``: a 4-chunk stream at once).
@@ -82,6 +85,7 @@ from overhead_upstream import Running  # noqa: E402
 from prefixgate.config.server import ServerConfig  # noqa: E402
 from prefixgate.lab.traffic.claude_code import ClaudeCodeSession  # noqa: E402
 from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec  # noqa: E402
+from prefixgate.lab.traffic.template_sessions import TOTAL_TOKENS  # noqa: E402
 
 # subject -> what its config changes from the defaults (None: no store at all)
 SUBJECTS: dict[str, dict | None] = {
@@ -107,11 +111,27 @@ def in_cjk(body: bytes) -> bytes:
     return body.replace(b" the ", " 这个 ".encode())
 
 
+def with_reminders(body: bytes) -> bytes:
+    """``--reminders``: the body with Claude Code's ``<total_tokens>`` reminder on: a
+    ``role: system`` message after each user message (a prompt or tool results), the
+    tokens left in it, the earlier ones unchanged from turn to turn."""
+    req = msgspec.json.decode(body)
+    messages = []
+    for m in req["messages"]:
+        messages.append(m)
+        if m["role"] == "user":
+            left = 1_000_000 - 997 * len(messages)
+            messages.append({"role": "system", "content": TOTAL_TOKENS.format(n=left)})
+    req["messages"] = messages
+    return msgspec.json.encode(req)
+
+
 def sessions(
-    n: int, turns: int, seed: int = 0, cjk: bool = False
+    n: int, turns: int, seed: int = 0, cjk: bool = False, reminders: bool = False
 ) -> list[list[tuple[bytes, dict]]]:
     """``n`` Claude Code sessions of ``turns`` turns: per session, (body, headers) a turn
-    (``cjk``: their texts as :func:`in_cjk` writes them)."""
+    (``cjk``: their texts as :func:`in_cjk` writes them; ``reminders``: with
+    :func:`with_reminders`)."""
     spec = TrafficSpec(
         sessions=n,
         turns=turns,
@@ -125,6 +145,8 @@ def sessions(
     for i in range(n):
         s = ClaudeCodeSession(spec, seed * 1000 + i)
         turned = [(r.content(), r.headers) for r in s.requests() if r.kind == "turn"]
+        if reminders:
+            turned = [(with_reminders(b), h) for b, h in turned]
         out.append([(in_cjk(b), h) for b, h in turned] if cjk else turned)
     return out
 
@@ -285,6 +307,7 @@ class Subject(ov.Gateway):
 
     src: Path | None = None
     profile: Path | None = None  # --profile: the gateway under benchmarks/pyprofile.py
+    reminders = False  # --reminders: the channel delivers later system messages in place
 
     def command(self):
         if self.name == "litellm":
@@ -297,7 +320,10 @@ class Subject(ov.Gateway):
             return [*cmd, "--busy-poll-us", poll], dict(os.environ), "/health"
         base = self.name.split("@")[0]
         cfg = self.work / "config.json"
-        cfg.write_text(json.dumps(config_for(base, self.port, self.upstream, self.work)))
+        config = config_for(base, self.port, self.upstream, self.work)
+        if self.reminders:
+            config["channels"][0]["system_in_place"] = True
+        cfg.write_text(json.dumps(config))
         env = dict(os.environ)
         if base.endswith(PURE):
             env[PURE_ENV] = "1"
@@ -378,8 +404,9 @@ def marks(n: int) -> list[int]:
 
 async def run(args) -> dict:
     os.sched_setaffinity(0, {ov.LOAD_CPU})
-    convo = sessions(args.sessions, args.turns, cjk=args.cjk)
-    warm = sessions(1, args.warm_turns, seed=1, cjk=args.cjk)[0]
+    convo = sessions(args.sessions, args.turns, cjk=args.cjk, reminders=args.reminders)
+    warm = sessions(1, args.warm_turns, seed=1, cjk=args.cjk, reminders=args.reminders)[0]
+    Subject.reminders = args.reminders
     sizes = [len(b) for s in convo for b, _ in s]
     parse, digest = floor_ms([b for s in convo for b, _ in s])
     per_turn = len(convo[0])
@@ -728,6 +755,12 @@ def main() -> None:
     ap.add_argument("--litellm-version", default=ov.LITELLM_VERSION)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--ref", help="also each subject at this git ref (a temporary worktree)")
+    ap.add_argument(
+        "--reminders",
+        action="store_true",
+        help="Claude Code's <total_tokens> reminder after each user message, and the "
+        "channel delivering later system messages in place (system_in_place: true)",
+    )
     ap.add_argument(
         "--cjk",
         action="store_true",

@@ -49,6 +49,24 @@ def test_cjk_sessions_are_the_same_turns_with_texts_not_all_ascii():
         assert new[: len(old) - 2] == old[: len(old) - 2]
 
 
+def test_reminder_sessions_have_a_system_message_after_each_user_message():
+    """``--reminders``: Claude Code's ``<total_tokens>`` reminder after each user message,
+    the earlier ones the same in every turn (what a turn re-sends is unchanged)."""
+    (plain,) = at.sessions(1, 6)
+    (turns,) = at.sessions(1, 6, reminders=True)
+    said: dict[int, str] = {}
+    for (a, _), (b, _) in zip(plain, turns, strict=True):
+        sent = json.loads(b)["messages"]
+        assert [m for m in sent if m["role"] != "system" or "total_tokens" not in str(m)] == (
+            json.loads(a)["messages"]
+        )
+        for i, m in enumerate(sent):
+            if m["role"] == "user":
+                assert sent[i + 1]["role"] == "system"
+                assert "<total_tokens>" in sent[i + 1]["content"]
+                assert said.setdefault(i + 1, sent[i + 1]["content"]) == sent[i + 1]["content"]
+
+
 def test_the_summary_reads_turns_around_an_index_and_the_floor_under_them():
     cpu = [1.0 + k / 10 for k in range(64)]
     floor = [0.5] * 64

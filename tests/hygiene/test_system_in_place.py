@@ -86,6 +86,37 @@ def test_the_typed_and_plain_forms_agree_and_earlier_turns_never_change(turns):
     assert now[: len(before)] == before  # the conversation only grows
 
 
+def test_a_turn_gets_the_very_messages_made_for_the_turn_before():
+    """An agent's next request re-sends its earlier messages as the same structs (the
+    decode lends them): the messages made of them are the previous turn's very objects,
+    so the conversion, the encode and the capture after this step lend them in turn. A
+    message made of other structs (an edit) is made anew, as it would be alone."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.config import Limits
+    from prefixgate.protocol.messages_body import decode_messages_body
+
+    turns = SessionTurns(1 << 24)
+    bodies = [
+        msgspec.json.encode({"model": "m", "max_tokens": 1, "messages": conversation(t)})
+        for t in (3, 4)
+    ]
+    out = []
+    for raw in bodies:
+        typed = decode_messages_body(raw, Limits(), turns, lambda _small: "s").typed
+        out.append(system_in_place_typed(typed)[0].messages)
+    before, now = out
+    assert len(now) == len(before) + 2
+    assert all(a is b for a, b in zip(before, now, strict=False))  # the very objects
+    alone = system_in_place_typed(typed_request(msgspec.json.decode(bodies[1])))[0].messages
+    assert now == alone  # equal to what the request gets alone
+    edited = msgspec.json.decode(bodies[1])
+    edited["messages"][0]["content"] = "question 0, edited"
+    typed = decode_messages_body(msgspec.json.encode(edited), Limits(), turns, lambda _: "s")
+    again = system_in_place_typed(typed.typed)[0].messages
+    assert again[0] is not now[0] and "question 0, edited" in again[0].content
+    assert again[1:] == now[1:]
+
+
 def _gateway(tmp_path, template: str, **channel):
     sim = RecordingUpstream(create_upstream_app(SimSettings(chat_template=template)))
     up = ServerThread(sim)

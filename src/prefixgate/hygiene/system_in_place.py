@@ -25,10 +25,17 @@ What the model is told is the same text, at the same place in the conversation, 
 as the system's. The leading system messages (the system prompt) are untouched, and an
 empty system message, which tells the model nothing, is left out. The transform of a
 message depends only on the messages before it, so a later request, which appends to the
-conversation, renders every earlier turn exactly as before.
+conversation, renders every earlier turn exactly as before. A request gets the very
+messages made for the previous one where it re-sends the very messages they were made of
+(:class:`_Made`): the steps after this one (the conversion, the upstream body's encode,
+the capture) take what the previous turn sent again by identity, so a turn costs its new
+tail here as everywhere (docs/performance.md).
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
 
 import msgspec
 
@@ -58,6 +65,32 @@ def _leading(roles: list[str]) -> int:
 
 
 # -- the typed request (the gateway's path) ----------------------------------------------
+class _Made:
+    """What ``make`` made lately of two messages (the one before a system message, or
+    None, and the system message), by the very messages: an agent's next request re-sends
+    its earlier messages as the same structs (the decode lends them) and gets the same
+    made messages back. At most ``limit`` kept, least recently used first out; each keeps
+    the messages it was made of, so that their ids are not reused meanwhile."""
+
+    def __init__(
+        self, make: Callable[[Message | None, Message], Message | None], limit: int = 4096
+    ) -> None:
+        self._d: OrderedDict[tuple[int, int], tuple] = OrderedDict()
+        self.make, self.limit = make, limit
+
+    def __call__(self, before: Message | None, m: Message) -> Message | None:
+        key = (id(before), id(m))
+        got = self._d.get(key)
+        if got is not None and got[0] is before and got[1] is m:
+            self._d.move_to_end(key)
+            return got[2]
+        made = self.make(before, m)
+        self._d[key] = (before, m, made)
+        if len(self._d) > self.limit:
+            self._d.popitem(last=False)
+        return made
+
+
 def _typed_text(m: Message) -> str:
     if type(m.content) is str:
         return m.content
@@ -75,20 +108,33 @@ def system_in_place_typed(req: Request) -> tuple[Request, bool]:
         if m.role != "system":
             out.append(m)
             continue
-        text = _typed_text(m)
-        if not text:
-            continue
-        marked = OPEN + text + CLOSE
         prev = out[-1] if len(out) > lead else None
+        made = _MADE(prev, m)
+        if made is None:  # an empty system message: left out
+            continue
         if prev is not None and prev.role == "user":
-            if type(prev.content) is str:
-                content: str | list = prev.content + "\n\n" + marked
-            else:
-                content = [*prev.content, TextBlock(msgspec.Raw(_encode(marked)))]
-            out[-1] = Message("user", content)
+            out[-1] = made
         else:
-            out.append(Message("user", marked))
+            out.append(made)
     return msgspec.structs.replace(req, messages=out), True
+
+
+def _delivered(prev: Message | None, m: Message) -> Message | None:
+    """The system message ``m`` as a part of the client's turn: the user message ``prev``
+    with it after it, or a user message of its own (``prev`` is not a user's); None when
+    it is empty."""
+    text = _typed_text(m)
+    if not text:
+        return None
+    marked = OPEN + text + CLOSE
+    if prev is None or prev.role != "user":
+        return Message("user", marked)
+    if type(prev.content) is str:
+        return Message("user", prev.content + "\n\n" + marked)
+    return Message("user", [*prev.content, TextBlock(msgspec.Raw(_encode(marked)))])
+
+
+_MADE = _Made(_delivered)
 
 
 # -- a plain request (count_tokens) -----------------------------------------------------
