@@ -97,6 +97,8 @@ def _short_run(only: list[str], **more) -> dict:
         litellm_version=at.ov.LITELLM_VERSION,
         ref=None,
         count=False,
+        cjk=False,
+        reminders=False,
         **more,
     )
     cpus = os.sched_getaffinity(0)
