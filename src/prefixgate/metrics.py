@@ -158,7 +158,7 @@ class _Sums:
     to (a lookup and an add, no lock: only the event loop's thread feeds it and scrapes
     it), turned into its metric family at scrape time. prometheus_client's own children
     cost a lock and a check per increment, a dozen times a request (docs/performance.md,
-    "The request's metrics summed in plain dicts")."""
+    "A turn decodes its new messages alone")."""
 
     __slots__ = ("name", "doc", "labels", "kind", "values", "created")
 
@@ -172,8 +172,8 @@ class _Sums:
         if key in values:
             values[key] += n
         else:
-            values[key] = n
-            self.created[key] = time.time()
+            self.created[key] = time.time()  # (first: a scrape finds it with its value)
+            values[key] = float(n)
 
     def family(self):
         if self.kind == "gauge":
@@ -203,8 +203,8 @@ class _Latencies:
     def observe(self, key: tuple, seconds: float) -> None:
         v = self.values.get(key)
         if v is None:
-            v = self.values[key] = [0.0] * (len(self.bounds) + 2)
             self.created[key] = time.time()
+            v = self.values[key] = [0.0] * (len(self.bounds) + 2)
         v[bisect_left(self.bounds, seconds)] += 1
         v[-1] += seconds
 

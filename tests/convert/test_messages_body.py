@@ -675,6 +675,31 @@ def test_a_lent_decode_checks_the_text_of_what_it_decodes_and_not_what_it_lends(
     assert f"at offset {bad.index(bytes([0xFF]))}" in str(lent.value)
 
 
+def test_a_key_put_between_the_messages_and_the_tail_they_had_is_still_lent(monkeypatch):
+    """A request that ends with the previous one's bytes after its messages, but holds a
+    new key between its messages and them, is no array of messages up to there: the lent
+    decode finds its messages the other way, and the result is the decode alone's (not
+    the plain path's, which lends nothing)."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.protocol import messages_body as mb
+
+    turns = SessionTurns(1 << 24)
+    raws = _place_turns((",", ":"))
+    for raw in raws[:-1]:
+        decode_messages_body(raw, Limits(), turns, lambda _small: "s")
+    last = raws[-1].replace(b'],"system"', b'],"metadata":{"user_id":"u"},"system"', 1)
+    assert last != raws[-1]
+
+    def plain(raw, limits):
+        raise AssertionError("the plain path")
+
+    monkeypatch.setattr(mb, "_plain_path", plain)
+    body = decode_messages_body(last, Limits(), turns, lambda _small: "s")
+    monkeypatch.undo()
+    alone = decode_messages_body(last, Limits())
+    assert body.typed == alone.typed and body.typed.metadata == {"user_id": "u"}
+
+
 @pytest.mark.parametrize(
     "edit",
     [

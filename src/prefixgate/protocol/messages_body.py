@@ -397,12 +397,16 @@ def _by_place(raw: bytes, prev: Decoded, top_dec: msgspec.json.Decoder, limits: 
         doc = b"[" + raw[starts[k] : end]
         if not doc.isascii():
             _check_text_of(doc, raw)
-        msgs = _RAWS.decode(doc)
-        if k + len(msgs) > limits.max_messages:
-            raise _Plain  # the plain check says what is wrong
-        if places_of(raw, starts[k], msgs, places) == end:
-            return msgspec.structs.replace(prev.top, messages=msgs), k, places, end, True
-        places = starts[:k]
+        try:
+            msgs = _RAWS.decode(doc)
+        except msgspec.DecodeError:  # not an array there: the messages are looked for below
+            msgs = None
+        if msgs is not None:
+            if k + len(msgs) > limits.max_messages:
+                raise _Plain  # the plain check says what is wrong
+            if places_of(raw, starts[k], msgs, places) == end:
+                return msgspec.structs.replace(prev.top, messages=msgs), k, places, end, True
+            places = starts[:k]
     # The request without its first k messages: their bytes and the comma after the last
     # of them are the previous request's, as checked (its text too); what follows is
     # decoded as it is, its text checked first.
