@@ -34,6 +34,7 @@ tail here as everywhere (docs/performance.md).
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -82,7 +83,8 @@ class _Made:
         key = (id(before), id(m))
         got = self._d.get(key)
         if got is not None and got[0] is before and got[1] is m:
-            self._d.move_to_end(key)
+            with contextlib.suppress(KeyError):  # (gone meanwhile: gateways on threads)
+                self._d.move_to_end(key)
             return got[2]
         made = self.make(before, m)
         self._d[key] = (before, m, made)
