@@ -160,10 +160,10 @@ class _Sums:
     cost a lock and a check per increment, a dozen times a request (docs/performance.md,
     "A turn decodes its new messages alone")."""
 
-    __slots__ = ("name", "doc", "labels", "kind", "values", "created")
+    __slots__ = ("name", "doc", "labels", "values", "created")
 
-    def __init__(self, name: str, doc: str, labels: tuple[str, ...], kind: str = "counter"):
-        self.name, self.doc, self.labels, self.kind = name, doc, labels, kind
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...]):
+        self.name, self.doc, self.labels = name, doc, labels
         self.values: dict[tuple, float] = {}
         self.created: dict[tuple, float] = {}
 
@@ -176,11 +176,6 @@ class _Sums:
             values[key] = float(n)
 
     def family(self):
-        if self.kind == "gauge":
-            g = GaugeMetricFamily(self.name, self.doc, labels=self.labels)
-            for key, v in list(self.values.items()):
-                g.add_metric(key, v)
-            return g
         c = CounterMetricFamily(self.name, self.doc, labels=self.labels)
         created = self.created
         for key, v in list(self.values.items()):
@@ -227,6 +222,26 @@ class _Latencies:
         return h
 
 
+class _HitRate:
+    """The token-weighted prefix-cache hit rate by label values, derived at scrape time
+    from the sums of prompt and cached tokens."""
+
+    def __init__(self, prompt: _Sums, cached: _Sums) -> None:
+        self.prompt, self.cached = prompt, cached
+
+    def family(self):
+        g = GaugeMetricFamily(
+            "prefixgate_prefix_hit_rate",
+            "Token-weighted prefix-cache hit rate since start.",
+            labels=self.prompt.labels,
+        )
+        cached = self.cached.values
+        for key, prompt in list(self.prompt.values.items()):
+            if prompt:
+                g.add_metric(key, cached.get(key, 0.0) / prompt)
+        return g
+
+
 class _RequestCollector:
     """The per-request metrics (:meth:`GatewayMetrics.observe`), summed in plain dicts and
     turned into metric families at scrape time."""
@@ -251,12 +266,7 @@ class GatewayMetrics:
         self.completion = _Sums(
             "prefixgate_completion_tokens", "Upstream completion tokens.", LABELS
         )
-        self.hit_rate = _Sums(
-            "prefixgate_prefix_hit_rate",
-            "Token-weighted prefix-cache hit rate since start.",
-            LABELS,
-            "gauge",
-        )
+        self.hit_rate = _HitRate(self.prompt, self.cached)
         self.latency = _Latencies(
             "prefixgate_request_seconds",
             "End-to-end latency.",
@@ -321,7 +331,6 @@ class GatewayMetrics:
         )
         self.loop = LoopWatch(r)  # the event loop's pauses; started by the app's lifespan
         r.register(_WorkerCollector())
-        self._totals: dict[tuple, list[int]] = {}
         if writer is not None:
             r.register(_WriterCollector(writer))
 
@@ -343,10 +352,6 @@ class GatewayMetrics:
             cached = rec.cached_tokens or 0
             self.prompt.add(labels, rec.prompt_tokens)
             self.cached.add(labels, cached)
-            tot = self._totals.setdefault(labels, [0, 0])
-            tot[0] += rec.prompt_tokens
-            tot[1] += cached
-            self.hit_rate.values[labels] = tot[1] / tot[0]
         if rec.completion_tokens:
             self.completion.add(labels, rec.completion_tokens)
         if rec.prompt_tokens or rec.completion_tokens:
