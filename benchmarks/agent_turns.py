@@ -2,7 +2,7 @@
 
     python benchmarks/agent_turns.py [--sessions 4] [--turns 64] [--settle 0.7]
                                      [--only NAME,…] [--no-litellm] [--json]
-                                     [--ref REF] [--paired] [--cjk] [--reminders]
+                                     [--ref REF] [--paired] [--cjk] [--reminders] [--codex]
 
 The bodies come from the project's own traffic generator (``prefixgate.lab.traffic``), in
 Claude Code's shape: ``--sessions`` sessions of ``--turns`` turns each (tools, the billing
@@ -12,7 +12,9 @@ the moving ``cache_control`` marker), growing from ~80 KB past 300 KB, no compac
 " the " a Chinese word: :func:`in_cjk`). ``--reminders``: Claude Code's ``<total_tokens>``
 reminder on (a system message after each user message: :func:`with_reminders`), the
 channel delivering them in the client's turns (``system_in_place: true``, as on a
-template that gathers system messages at the head).
+template that gathers system messages at the head). ``--codex``: the same conversations
+as Codex CLI sends them (:func:`as_codex`), to ``/v1/responses``: the gateway's Responses
+path, converted to Chat Completions upstream (LiteLLM is not run then).
 They go to ``/v1/messages`` as streams, one request at a time, turn k of every session
 before turn k + 1 of any, through the gateway to a fast fake upstream
 (``overhead_upstream.py``: a 4-chunk stream at once).
@@ -95,10 +97,7 @@ SUBJECTS: dict[str, dict | None] = {
     "no-capture": {"capture_segments": False},
     "no-journal": {"journal_path": None},
     "no-store": None,
-    "defaults-pure": {},  # the defaults with the package's Python modules only (PURE_ENV)
 }
-PURE = "-pure"
-PURE_ENV = "PREFIXGATE_PURE"  # prefixgate/native.py: its compiled modules left unused
 RELAY = "bare-relay"  # the HTTP hop alone: overhead_floor.py
 COUNT_SETTLE = 3.0  # seconds under valgrind for the work a turn leaves for later
 WINDOW = 2  # turns either side of an index whose figures are averaged ("turn 10": 8..12)
@@ -126,12 +125,102 @@ def with_reminders(body: bytes) -> bytes:
     return msgspec.json.encode(req)
 
 
+def _text_of(content) -> str:
+    """The text of a Messages content (a string, or blocks whose texts are joined)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content if isinstance(b, dict))
+
+
+BILLING = "x-anthropic-billing-header"
+
+
+def as_codex(body: bytes, headers: dict) -> tuple[bytes, dict]:
+    """``--codex``: a Claude Code turn as Codex CLI would send the same conversation to
+    ``/v1/responses``: the system blocks as ``instructions``, the tools as function tools,
+    each message as Responses items in its order (a thinking block a ``reasoning`` item, a
+    ``tool_use`` a ``function_call``, a ``tool_result`` a ``function_call_output``, a
+    mid-conversation system message a ``developer`` message; Claude Code's billing header
+    left out), ``store: false``, the
+    session's id as ``prompt_cache_key`` and in Codex's ``session-id`` header. Codex has
+    no ``cache_control`` marker: a turn is its previous one and new items."""
+    req = msgspec.json.decode(body)
+    sid = headers["X-Claude-Code-Session-Id"]
+    system = req.get("system")
+    if isinstance(system, list):  # Claude Code's billing header is not Codex's
+        system = [b for b in system if not b.get("text", "").startswith(BILLING)]
+    items: list[dict] = []
+    for m in req["messages"]:
+        role, content = m["role"], m["content"]
+        if role == "system":
+            part = {"type": "input_text", "text": _text_of(content)}
+            items.append({"type": "message", "role": "developer", "content": [part]})
+            continue
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        texts: list[str] = []
+        kind = "output_text" if role == "assistant" else "input_text"
+        for b in blocks:
+            t = b.get("type")
+            if t == "text":
+                texts.append(b["text"])
+            elif t == "thinking":
+                summary = [{"type": "summary_text", "text": b.get("thinking", "")}]
+                items.append({"type": "reasoning", "summary": summary})
+            elif t == "tool_use":
+                items.append(
+                    {
+                        "type": "function_call",
+                        "name": b["name"],
+                        "arguments": json.dumps(b.get("input", {}), separators=(",", ":")),
+                        "call_id": b["id"],
+                    }
+                )
+            elif t == "tool_result":
+                output = _text_of(b.get("content", ""))
+                items.append(
+                    {"type": "function_call_output", "call_id": b["tool_use_id"], "output": output}
+                )
+        if texts:
+            parts = [{"type": kind, "text": x} for x in texts]
+            items.append({"type": "message", "role": role, "content": parts})
+    tools = [
+        {
+            "type": "function",
+            "name": t["name"],
+            "description": t.get("description", ""),
+            "parameters": t.get("input_schema", {"type": "object"}),
+            "strict": False,
+        }
+        for t in req.get("tools") or ()
+    ]
+    codex = {
+        "model": req["model"],
+        "instructions": system if isinstance(system, str) else _text_of(system or []),
+        "input": items,
+        "tools": tools,
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": sid,
+    }
+    out = {"originator": "codex_exec", "session-id": sid, "version": "0.171.0"}
+    return msgspec.json.encode(codex), out
+
+
 def sessions(
-    n: int, turns: int, seed: int = 0, cjk: bool = False, reminders: bool = False
+    n: int,
+    turns: int,
+    seed: int = 0,
+    cjk: bool = False,
+    reminders: bool = False,
+    codex: bool = False,
 ) -> list[list[tuple[bytes, dict]]]:
     """``n`` Claude Code sessions of ``turns`` turns: per session, (body, headers) a turn
     (``cjk``: their texts as :func:`in_cjk` writes them; ``reminders``: with
-    :func:`with_reminders`)."""
+    :func:`with_reminders`; ``codex``: as Codex CLI sends them, :func:`as_codex`)."""
     spec = TrafficSpec(
         sessions=n,
         turns=turns,
@@ -147,6 +236,8 @@ def sessions(
         turned = [(r.content(), r.headers) for r in s.requests() if r.kind == "turn"]
         if reminders:
             turned = [(with_reminders(b), h) for b, h in turned]
+        if codex:
+            turned = [as_codex(b, h) for b, h in turned]
         out.append([(in_cjk(b), h) for b, h in turned] if cjk else turned)
     return out
 
@@ -216,7 +307,8 @@ async def send(conn, raw: bytes) -> tuple[float, float]:
 def _request(url: str, body: bytes, headers: dict, key: str | None) -> bytes:
     h = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "x-api-key")}
     h["x-api-key"] = key or headers.get("x-api-key", "")
-    return load.build_request(url + "/v1/messages?beta=true", body, h)[2]
+    path = "/v1/responses" if h.get("originator") == "codex_exec" else "/v1/messages?beta=true"
+    return load.build_request(url + path, body, h)[2]
 
 
 async def measure(
@@ -325,8 +417,6 @@ class Subject(ov.Gateway):
             config["channels"][0]["system_in_place"] = True
         cfg.write_text(json.dumps(config))
         env = dict(os.environ)
-        if base.endswith(PURE):
-            env[PURE_ENV] = "1"
         if self.src is not None:
             env["PYTHONPATH"] = str(self.src)
         cmd = [sys.executable, "-m", "prefixgate.cli", "serve", "--config", str(cfg)]
@@ -404,8 +494,9 @@ def marks(n: int) -> list[int]:
 
 async def run(args) -> dict:
     os.sched_setaffinity(0, {ov.LOAD_CPU})
-    convo = sessions(args.sessions, args.turns, cjk=args.cjk, reminders=args.reminders)
-    warm = sessions(1, args.warm_turns, seed=1, cjk=args.cjk, reminders=args.reminders)[0]
+    shape = {"cjk": args.cjk, "reminders": args.reminders, "codex": args.codex}
+    convo = sessions(args.sessions, args.turns, **shape)
+    warm = sessions(1, args.warm_turns, seed=1, **shape)[0]
     Subject.reminders = args.reminders
     sizes = [len(b) for s in convo for b, _ in s]
     parse, digest = floor_ms([b for s in convo for b, _ in s])
@@ -421,6 +512,7 @@ async def run(args) -> dict:
     result = {
         "sessions": len(convo),
         "turns": per_turn,
+        "codex": args.codex,
         "body_kb": {
             "median": statistics.median(sizes) / 1000,
             "max": max(sizes) / 1000,
@@ -449,6 +541,7 @@ async def run(args) -> dict:
     if (
         not args.count
         and not args.no_litellm
+        and not args.codex
         and litellm.exists()
         and (not args.only or "litellm" in args.only)
     ):
@@ -667,7 +760,9 @@ def count_table(r: dict) -> str:
     ks = list(r["body_kb"]["by_turn"])
     both = relay_floor(r, "instructions")
     lines = [
-        f"{r['sessions']} sessions x {r['turns']} turns; M instructions a turn (callgrind), "
+        f"{r['sessions']} sessions x {r['turns']} turns"
+        + (" in Codex CLI's shape (/v1/responses)" if r.get("codex") else "")
+        + "; M instructions a turn (callgrind), "
         "by turn index (mean of turns k-2..k+2)",
         f"{'subject':<22}{'mean':>8}"
         + "".join(f"{k:>8}" for k in ks)
@@ -696,8 +791,10 @@ def table(r: dict) -> str:
     both = relay_floor(r, "cpu_ms")
     both_mean = None if both is None else statistics.fmean(both)
     lines = [
-        f"{r['sessions']} sessions x {r['turns']} turns; bodies {b['first']:.0f}-{b['max']:.0f} KB, "
-        f"median {b['median']:.0f} KB" + ("; the subjects side by side" if r.get("paired") else ""),
+        f"{r['sessions']} sessions x {r['turns']} turns"
+        + (" in Codex CLI's shape (/v1/responses)" if r.get("codex") else "")
+        + f"; bodies {b['first']:.0f}-{b['max']:.0f} KB, median {b['median']:.0f} KB"
+        + ("; the subjects side by side" if r.get("paired") else ""),
         f"floor (msgspec decode + encode, in-process): {f['decode_encode_ms_mean']:.3f} ms a turn "
         f"(median {f['decode_encode_ms_median']:.3f}); sha256 once: {f['sha256_ms_mean']:.3f} ms",
         "",
@@ -765,6 +862,11 @@ def main() -> None:
         "--cjk",
         action="store_true",
         help="texts not all ASCII, as a team writing in Chinese sends them (in_cjk)",
+    )
+    ap.add_argument(
+        "--codex",
+        action="store_true",
+        help="the turns as Codex CLI sends them, to /v1/responses (as_codex); LiteLLM is not run",
     )
     ap.add_argument(
         "--paired",

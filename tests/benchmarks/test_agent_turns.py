@@ -67,6 +67,50 @@ def test_reminder_sessions_have_a_system_message_after_each_user_message():
                 assert said.setdefault(i + 1, sent[i + 1]["content"]) == sent[i + 1]["content"]
 
 
+def test_codex_sessions_are_the_same_conversations_as_responses_requests():
+    """``--codex``: each turn is a Responses request the gateway takes, as Codex CLI sends
+    it (its headers, ``store: false``, the session's id as ``prompt_cache_key``), holding
+    the same conversation as the Claude Code turn it was made of, and each turn's input
+    is the previous turn's and new items."""
+    from prefixgate.config import Limits
+    from prefixgate.protocol.responses import decode_responses_body
+
+    (plain,) = at.sessions(1, 12)
+    (turns,) = at.sessions(1, 12, codex=True)
+    before: list = []
+    instructions: dict[str, str] = {}  # the same every turn
+    for (a, ha), (b, hb) in zip(plain, turns, strict=True):
+        decode_responses_body(b, Limits())  # taken as it is, nothing refused
+        req, claude = json.loads(b), json.loads(a)
+        sid = ha["X-Claude-Code-Session-Id"]
+        assert hb == {"originator": "codex_exec", "session-id": sid, "version": "0.171.0"}
+        assert req["store"] is False and req["stream"] is True
+        assert req["prompt_cache_key"] == sid and "cache_control" not in b.decode()
+        assert [t["name"] for t in req["tools"]] == [t["name"] for t in claude["tools"]]
+        system = [x["text"] for x in claude["system"]]
+        assert system[0].startswith("x-anthropic-billing-header")  # Claude Code's own
+        assert req["instructions"] == "\n".join(system[1:])
+        assert instructions.setdefault("", req["instructions"]) == req["instructions"]
+        items = req["input"]
+        assert items[: len(before)] == before and len(items) > len(before)
+        before = items
+        calls = {i["call_id"]: i["name"] for i in items if i["type"] == "function_call"}
+        outputs = [i["call_id"] for i in items if i["type"] == "function_call_output"]
+        assert set(outputs) <= set(calls)  # each output answers a call
+        uses = [
+            b["name"]
+            for m in claude["messages"]
+            if isinstance(m["content"], list)
+            for b in m["content"]
+            if b["type"] == "tool_use"
+        ]
+        assert list(calls.values()) == uses  # every tool call, in its order
+        developer = [i for i in items if i.get("role") == "developer"]
+        assert len(developer) == sum(m["role"] == "system" for m in claude["messages"])
+    assert {i["type"] for i in before} == {"message", "reasoning", "function_call",
+                                           "function_call_output"}  # fmt: skip
+
+
 def test_the_summary_reads_turns_around_an_index_and_the_floor_under_them():
     cpu = [1.0 + k / 10 for k in range(64)]
     floor = [0.5] * 64
@@ -87,20 +131,21 @@ def test_the_summary_reads_turns_around_an_index_and_the_floor_under_them():
 def _short_run(only: list[str], **more) -> dict:
     """A three-turn run of ``only`` (``run()`` pins this process to the load's core: the
     affinity is given back after it)."""
-    args = SimpleNamespace(
-        sessions=1,
-        turns=3,
-        warm_turns=1,
-        settle=0.05,
-        only=only,
-        no_litellm=True,
-        litellm_version=at.ov.LITELLM_VERSION,
-        ref=None,
-        count=False,
-        cjk=False,
-        reminders=False,
-        **more,
-    )
+    given = {
+        "sessions": 1,
+        "turns": 3,
+        "warm_turns": 1,
+        "settle": 0.05,
+        "only": only,
+        "no_litellm": True,
+        "litellm_version": at.ov.LITELLM_VERSION,
+        "ref": None,
+        "count": False,
+        "cjk": False,
+        "reminders": False,
+        "codex": False,
+    }
+    args = SimpleNamespace(**{**given, **more})
     cpus = os.sched_getaffinity(0)
     try:
         return asyncio.run(at.run(args))
@@ -166,3 +211,13 @@ def test_a_subject_with_a_store_reports_the_segment_lists_it_stored():
     assert "lists_kb" not in plain  # no store, nothing to read
     assert stored["lists_kb"] > 0.1  # a Claude Code turn's lists: ~100 segments of JSON
     assert f"{stored['lists_kb']:.2f}" in at.table(r)
+
+
+def test_codex_turns_go_to_the_responses_endpoint_and_are_recorded():
+    """``--codex``: the turns are answered by ``/v1/responses`` (any other status fails
+    the run) and recorded with their segments, beside the bare relay carrying them."""
+    r = _short_run([at.RELAY, "defaults"], paired=True, codex=True)
+    relay, stored = r["subjects"]
+    assert (relay["subject"], stored["subject"]) == (at.RELAY, "defaults")
+    assert all(c > 0 for c in stored["cpu_ms"]) and stored["lists_kb"] > 0.1
+    assert r["codex"] is True and "Codex" in at.table(r)
