@@ -13,7 +13,7 @@ the moving ``cache_control`` marker), growing from ~80 KB past 300 KB, no compac
 reminder on (a system message after each user message: :func:`with_reminders`), the
 channel delivering them in the client's turns (``system_in_place: true``, as on a
 template that gathers system messages at the head). ``--codex``: the same conversations
-as Codex CLI sends them (:func:`as_codex`), to ``/v1/responses``: the gateway's Responses
+as Codex CLI sends them (:func:`~prefixgate.lab.traffic.codex.as_codex`), to ``/v1/responses``: the gateway's Responses
 path, converted to Chat Completions upstream (LiteLLM is not run then).
 They go to ``/v1/messages`` as streams, one request at a time, turn k of every session
 before turn k + 1 of any, through the gateway to a fast fake upstream
@@ -86,6 +86,7 @@ from overhead_upstream import Running  # noqa: E402
 
 from prefixgate.config.server import ServerConfig  # noqa: E402
 from prefixgate.lab.traffic.claude_code import ClaudeCodeSession  # noqa: E402
+from prefixgate.lab.traffic.codex import as_codex  # noqa: E402
 from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec  # noqa: E402
 from prefixgate.lab.traffic.template_sessions import TOTAL_TOKENS  # noqa: E402
 
@@ -125,91 +126,6 @@ def with_reminders(body: bytes) -> bytes:
     return msgspec.json.encode(req)
 
 
-def _text_of(content) -> str:
-    """The text of a Messages content (a string, or blocks whose texts are joined)."""
-    if isinstance(content, str):
-        return content
-    return "\n".join(b.get("text", "") for b in content if isinstance(b, dict))
-
-
-BILLING = "x-anthropic-billing-header"
-
-
-def as_codex(body: bytes, headers: dict) -> tuple[bytes, dict]:
-    """``--codex``: a Claude Code turn as Codex CLI would send the same conversation to
-    ``/v1/responses``: the system blocks as ``instructions``, the tools as function tools,
-    each message as Responses items in its order (a thinking block a ``reasoning`` item, a
-    ``tool_use`` a ``function_call``, a ``tool_result`` a ``function_call_output``, a
-    mid-conversation system message a ``developer`` message; Claude Code's billing header
-    left out), ``store: false``, the
-    session's id as ``prompt_cache_key`` and in Codex's ``session-id`` header. Codex has
-    no ``cache_control`` marker: a turn is its previous one and new items."""
-    req = msgspec.json.decode(body)
-    sid = headers["X-Claude-Code-Session-Id"]
-    system = req.get("system")
-    if isinstance(system, list):  # Claude Code's billing header is not Codex's
-        system = [b for b in system if not b.get("text", "").startswith(BILLING)]
-    items: list[dict] = []
-    for m in req["messages"]:
-        role, content = m["role"], m["content"]
-        if role == "system":
-            part = {"type": "input_text", "text": _text_of(content)}
-            items.append({"type": "message", "role": "developer", "content": [part]})
-            continue
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        texts: list[str] = []
-        kind = "output_text" if role == "assistant" else "input_text"
-        for b in blocks:
-            t = b.get("type")
-            if t == "text":
-                texts.append(b["text"])
-            elif t == "thinking":
-                summary = [{"type": "summary_text", "text": b.get("thinking", "")}]
-                items.append({"type": "reasoning", "summary": summary})
-            elif t == "tool_use":
-                items.append(
-                    {
-                        "type": "function_call",
-                        "name": b["name"],
-                        "arguments": json.dumps(b.get("input", {}), separators=(",", ":")),
-                        "call_id": b["id"],
-                    }
-                )
-            elif t == "tool_result":
-                output = _text_of(b.get("content", ""))
-                items.append(
-                    {"type": "function_call_output", "call_id": b["tool_use_id"], "output": output}
-                )
-        if texts:
-            parts = [{"type": kind, "text": x} for x in texts]
-            items.append({"type": "message", "role": role, "content": parts})
-    tools = [
-        {
-            "type": "function",
-            "name": t["name"],
-            "description": t.get("description", ""),
-            "parameters": t.get("input_schema", {"type": "object"}),
-            "strict": False,
-        }
-        for t in req.get("tools") or ()
-    ]
-    codex = {
-        "model": req["model"],
-        "instructions": system if isinstance(system, str) else _text_of(system or []),
-        "input": items,
-        "tools": tools,
-        "tool_choice": "auto",
-        "parallel_tool_calls": False,
-        "reasoning": {"effort": "medium", "summary": "auto"},
-        "store": False,
-        "stream": True,
-        "include": ["reasoning.encrypted_content"],
-        "prompt_cache_key": sid,
-    }
-    out = {"originator": "codex_exec", "session-id": sid, "version": "0.171.0"}
-    return msgspec.json.encode(codex), out
-
-
 def sessions(
     n: int,
     turns: int,
@@ -220,7 +136,7 @@ def sessions(
 ) -> list[list[tuple[bytes, dict]]]:
     """``n`` Claude Code sessions of ``turns`` turns: per session, (body, headers) a turn
     (``cjk``: their texts as :func:`in_cjk` writes them; ``reminders``: with
-    :func:`with_reminders`; ``codex``: as Codex CLI sends them, :func:`as_codex`)."""
+    :func:`with_reminders`; ``codex``: as Codex CLI sends them, :func:`~prefixgate.lab.traffic.codex.as_codex`)."""
     spec = TrafficSpec(
         sessions=n,
         turns=turns,

@@ -271,7 +271,7 @@ def cut_of_chat(
     if previous is not None and tools and tools is previous.tools:
         tools_part = previous.tools_part
     else:
-        tools_part = _tools_part("openai", _encode(tools) if tools else b"null", [])
+        tools_part = tools_and_pieces("openai", _encode(tools) if tools else b"null", [])
     assert tools_part is not None  # (a list of tools, or none)
     leading = _leading(msgs)
     for i in range(leading):  # a lent message that leads now: its bytes
@@ -340,7 +340,7 @@ def _seg(kind: str, name: str, piece: tuple[str, int, str | None]) -> Segment:
     return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
 
 
-def _tools_part(api: str, tools_list: bytes, prev_tools: list[Piece]) -> list[Piece] | None:
+def tools_and_pieces(api: str, tools_list: bytes, prev_tools: list[Piece]) -> list[Piece] | None:
     """The ``tools`` segment and each tool's piece (``None``: not a list)."""
     tools = tools_of_list(tools_list, api)
     if tools is None:
@@ -422,7 +422,7 @@ def _cut(
             prev_messages.append(p)
         elif seg.kind == "system":
             prev_blocks.append(p)
-    tools_part = _tools_part(api, tools_list, prev_tools)
+    tools_part = tools_and_pieces(api, tools_list, prev_tools)
     if tools_part is None:
         return None
     msgs = _messages(messages_raw or (), prev_messages, 0, [])
@@ -503,7 +503,9 @@ def _cut_on(
     if tools_list is ptools or tools_list == ptools:
         tools_part = ptools_part
     else:
-        got = _tools_part("anthropic", tools_list, [p for p in ptools_part if p[0].kind == "tool"])
+        got = tools_and_pieces(
+            "anthropic", tools_list, [p for p in ptools_part if p[0].kind == "tool"]
+        )
         if got is None:
             return None
         tools_part = got

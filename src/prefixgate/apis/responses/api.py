@@ -7,14 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from prefixgate.apis.api import Api
-from prefixgate.apis.responses.segments import segments_responses, segments_responses_from_bytes
+from prefixgate.apis.responses.segments import cut_responses, segments_responses
 from prefixgate.config import ChannelConfig
 from prefixgate.record.cut import Piece
 
 
 def _cut(raw: bytes, body: Any, previous: list[Piece] | None):
-    segs = segments_responses_from_bytes(raw)
-    return None if segs is None else (segs, None)
+    return cut_responses(raw, previous)
 
 
 def _sent(channel: ChannelConfig) -> str:

@@ -14,11 +14,11 @@ the same JSON.
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
-from prefixgate.record.cut import ITEMS, piece_of, tools_of_list
+from prefixgate.record.cut import ITEMS, Piece, Pieces, piece_of, tools_and_pieces, tools_of_list
 from prefixgate.record.record import Segment
 from prefixgate.record.segments import (
     DIGESTS,
@@ -30,6 +30,7 @@ from prefixgate.record.segments import (
     text_sink,
     tool_segments,
 )
+from prefixgate.sequences import common_prefix, same_prefix
 
 _SYSTEM = ("system", "developer")
 
@@ -123,3 +124,86 @@ def segments_responses_from_bytes(raw: bytes, *, tools_first: bool = True) -> li
     else:
         return None
     return tools + head + rest if tools_first else head + tools + rest
+
+
+class _Split(NamedTuple):
+    """How :func:`cut_responses` split a request, for the next turn's cut to go on from:
+    the tools list's bytes and pieces, the instructions' bytes and piece, each input
+    item's bytes and piece (in the items' order), and how many items lead as system ones."""
+
+    tools: bytes
+    tools_part: list[Piece]
+    instructions: bytes
+    head: list[Piece]
+    items: list[bytes]
+    pieces: list[Piece]
+    leading: int
+
+
+def cut_responses(
+    raw: bytes, previous: list[Piece] | None = None
+) -> tuple[list[Segment], list[Piece]] | None:
+    """:func:`segments_responses_from_bytes` with each segment's JSON bytes (the pieces of
+    :func:`~prefixgate.record.cut.pieces_of`), going on from the session's previous
+    request as this function cut it (``previous``): the tools list and the instructions
+    taken as they were when their bytes are equal, the input items equal to the previous
+    ones from the start (found in C) taken as its pieces, only the rest looked up or made.
+    Codex CLI re-sends its whole conversation every turn and appends: a turn costs its
+    new items. ``None`` for a body of another shape."""
+    try:
+        shape = _SHAPE.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    data = bytes(shape.input)
+    if data[:1] != b"[":
+        segs = segments_responses_from_bytes(raw)
+        return None if segs is None else (segs, None)  # type: ignore[return-value]
+    split = getattr(previous, "split", None)
+    before = split if isinstance(split, _Split) else None
+    tools = bytes(shape.tools)
+    if before is not None and tools == before.tools:
+        tool_part = before.tools_part
+    else:
+        got = tools_and_pieces("openai", tools, [])
+        if got is None:
+            return None
+        tool_part = got
+    instructions = bytes(shape.instructions)
+    if before is not None and instructions == before.instructions:
+        head = before.head
+    elif instructions[:1] == b'"':
+        digest, chars = DIGESTS.of(canonical_json(msgspec.json.decode(instructions)))
+        head = [(Segment("system", "instructions", digest, chars, (chars + 3) // 4), instructions)]
+    elif instructions == b"null":
+        head = []
+    else:
+        return None
+    try:
+        items = [bytes(item) for item in ITEMS.decode(data)]
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    k = leading = 0
+    pieces: list[Piece] = []
+    if before is not None:
+        k = common_prefix(items, before.items)
+        items[:k] = before.items[:k]  # the previous bytes kept, these dropped
+        pieces = before.pieces[:k]
+        leading = min(k, before.leading)
+    lead = leading == k  # the items so far all lead
+    for i in range(k, len(items)):
+        item = items[i]
+        digest, chars, label = piece_of("item", item, _label)
+        lead = lead and label in _SYSTEM
+        leading += lead
+        kind = "system" if lead else "message"
+        seg = Segment(kind, f"input[{i}]:{label}", digest, chars, (chars + 3) // 4)
+        pieces.append((seg, item))
+    front = head + pieces[:leading]
+    whole = tool_part + front + pieces[leading:]
+    segs = [p[0] for p in whole]
+    out = Pieces(whole[1:] if tool_part else whole)
+    if before is not None and previous is not None:
+        out.same = same_prefix(out, previous)
+        out.base = previous
+    out.split = _Split(tools, tool_part, instructions, head, items, pieces, leading)
+    return segs, out

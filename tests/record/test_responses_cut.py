@@ -1,0 +1,149 @@
+"""A Responses request's segments cut from its bytes, going on from the session's previous
+request (``cut_responses``): the same segments and pieces as a cut of the request alone,
+through the edits a client may make, and a Codex session's capture the same as one that
+walks every request whole."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import msgspec
+
+from prefixgate import hygiene
+from prefixgate.apis.messages.request import ConvertOptions
+from prefixgate.apis.responses.request import convert
+from prefixgate.apis.responses.segments import (
+    cut_responses,
+    segments_responses,
+    segments_responses_from_bytes,
+)
+from prefixgate.config import ChannelConfig, Limits
+from prefixgate.engine.order import RenderOrders
+from prefixgate.lab.traffic.claude_code import ClaudeCodeSession
+from prefixgate.lab.traffic.codex import as_codex
+from prefixgate.lab.traffic.spec import AGENT_CLAUDE_CODE, TrafficSpec
+from prefixgate.protocol.responses import decode_responses_body
+from prefixgate.record.capture import Capturer
+from prefixgate.record.cut import pieces_of
+from prefixgate.record.record import Record
+
+
+def _codex_turns(seed: int = 7, turns: int = 14) -> list[tuple[dict, dict]]:
+    spec = TrafficSpec(
+        sessions=1, turns=turns, titles=False, tools_kb=8, system_kb=2,
+        tool_result_chars=(200, 3000), compact_chars=0, mix={AGENT_CLAUDE_CODE: 1.0},
+        models=("m",),
+    )  # fmt: skip
+    out = []
+    for r in ClaudeCodeSession(spec, seed).requests():
+        if r.kind == "turn":
+            body, headers = as_codex(r.content(), r.headers)
+            out.append((json.loads(body), headers))
+    return out
+
+
+def _edited(turns: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
+    """The turns with edits on the way, each for two turns: tools reordered, the
+    instructions changed, a developer item that leads, an item left out, an item edited
+    in the middle, a developer item later on, the input a string, the instructions gone."""
+    edits = [
+        lambda b: b.update(tools=b["tools"][::-1]),
+        lambda b: b.update(instructions=b["instructions"] + " (edited)"),
+        lambda b: b["input"].insert(0, {"type": "message", "role": "developer",
+                                        "content": [{"type": "input_text", "text": "lead"}]}),
+        lambda b: b["input"].remove(next(i for i in b["input"] if i["type"] == "reasoning")),
+        lambda b: b["input"][len(b["input"]) // 2].update(id="rs_1"),
+        lambda b: b["input"].insert(5, {"type": "message", "role": "developer",
+                                        "content": [{"type": "input_text", "text": "later"}]}),
+        lambda b: b.update(input="just a string"),
+        lambda b: b.pop("instructions"),
+    ]  # fmt: skip
+    out = []
+    for k, (body, headers) in enumerate(turns):
+        body = copy.deepcopy(body)
+        for j, edit in enumerate(edits):
+            if j + 2 <= k < j + 4:  # each for two turns, then as it was
+                edit(body)
+        out.append((body, headers))
+    return out
+
+
+def test_a_responses_cut_going_on_from_its_previous_one_is_the_cut_of_it_alone():
+    previous = None
+    lent = 0
+    for body, _ in _edited(_codex_turns()) + _codex_turns(3, 8):
+        raw = msgspec.json.encode(body)
+        got = cut_responses(raw, previous)
+        alone = cut_responses(raw, None)
+        assert got is not None and alone is not None
+        segs, pieces = got
+        assert segs == alone[0] == segments_responses_from_bytes(raw)
+        assert segs == segments_responses(json.loads(raw))
+        if pieces is not None:
+            assert list(pieces) == list(alone[1]) == pieces_of(raw, segs)
+            if previous is not None and pieces.same:
+                assert all(a is b for a, b in zip(pieces[: pieces.same], previous, strict=False))
+                lent += 1
+        previous = pieces
+    assert lent > 8  # most turns went on from the one before
+
+
+def test_a_responses_cut_takes_what_the_turn_resends_from_the_previous_one():
+    """The pieces of the items a turn re-sends are the previous turn's very pieces (their
+    bytes not kept twice); only the new items are made."""
+    turns = _codex_turns()
+    first = cut_responses(msgspec.json.encode(turns[-2][0]))
+    then = cut_responses(msgspec.json.encode(turns[-1][0]), first[1])
+    assert first is not None and then is not None
+    before, after = first[1], then[1]
+    n = len(before)  # the tools, the instructions and every item of the turn before
+    assert after.same == n and after.base is before
+    assert all(a is b for a, b in zip(after[:n], before, strict=True))
+    assert len(after) > n
+
+
+def test_a_codex_sessions_capture_goes_on_from_its_previous_turn_as_a_whole_walk_gives():
+    """Through the gateway's capture (a Responses request converted to Chat): the records,
+    the change memory's kept requests and its bytes equal those of a capture that walks
+    every request whole, edits on the way."""
+    ch = ChannelConfig(name="c", base_url="http://127.0.0.1:9/v1")
+    orders, opts = RenderOrders(), ConvertOptions(upstream_model="m")
+    lending, walking = Capturer(), Capturer()
+    walking.changes.go_on = False
+    edited, clean = _edited(_codex_turns()), _codex_turns(3, 8)
+    went_on = {id(edited): 0, id(clean): 0}
+    for turns, k, (body, headers) in [(t, k, x) for t in (edited, clean) for k, x in enumerate(t)]:
+        raw = msgspec.json.encode(body)
+        recs = []
+        for cap in (lending, walking):
+            decoded = decode_responses_body(raw, Limits())
+            out = convert(decoded.typed, opts)
+            moved = hygiene.apply_chat(out["messages"], ch, orders)
+            if moved is not None:
+                out = {**out, "messages": moved}
+            rec = Record(
+                request_id=f"r{k}-{id(turns)}",
+                received_at=0.0,
+                endpoint="responses",
+                session_id=headers["session-id"],
+            )
+            cap(rec, decoded, out, ch, None, raw, msgspec.json.encode(out), orders=orders)
+            recs.append(rec)
+        a, b = recs
+        assert (a.segments_in, a.segments_out, a.compared, a.change) == (
+            b.segments_in, b.segments_out, b.compared, b.change,
+        )  # fmt: skip
+        assert a.segments_in and a.segments_out
+        assert lending.changes.bytes == walking.changes.bytes
+        for x, y in zip(
+            lending.changes._sessions.values(), walking.changes._sessions.values(), strict=True
+        ):
+            assert [(c.into, c.out, c.size, c.tokens(), c.marks()) for c in x] == [
+                (c.into, c.out, c.size, c.tokens(), c.marks()) for c in y
+            ]  # fmt: skip
+        x = lending.changes._sessions[next(reversed(lending.changes._sessions))]
+        if len(x) > 1 and x[-1].into[0] is x[-2].into[0]:
+            went_on[id(turns)] += 1
+    assert went_on[id(clean)] == len(clean) - 1  # every turn after the first
+    assert went_on[id(edited)] >= 4  # and the edited session's between its edits
