@@ -225,3 +225,38 @@ def test_a_sessions_upstream_body_takes_what_it_resends_from_its_previous_one():
         # a request the memory did not give is encoded as it is
         other = {"model": "m", "messages": [], "max_tokens": 1}
         assert turns.encode(("c", "nobody"), other) == msgspec.json.encode(other)
+
+
+def test_each_codex_turn_goes_upstream_and_into_the_record_as_if_it_were_alone(upstream):
+    """Codex CLI's turns (``/v1/responses``), edits on the way: each goes upstream as the
+    bytes of its conversion alone, while the session's previous turn lends what it
+    re-sends, and its record holds the segments of the request alone."""
+    from prefixgate.apis.responses.request import convert as convert_responses
+    from prefixgate.apis.responses.segments import segments_responses
+    from prefixgate.protocol.responses import decode_responses_body
+    from tests.record.test_responses_cut import _codex_turns, _edited
+
+    config = parse_config({"channels": [{"name": "main", "base_url": upstream.url}], "store": None})
+    recorder = ListRecorder()
+    app = create_app(config, recorder=recorder, capture=Capturer())
+    gateway = app.state.gateway
+    turns = _edited(_codex_turns())
+    with ServerThread(app) as srv, httpx.Client(timeout=30) as client:
+        for body, headers in turns:
+            r = client.post(
+                srv.url + "/v1/responses", content=msgspec.json.encode(body), headers=headers
+            )
+            assert r.status_code == 200, r.text
+        settled(gateway)
+    sid = turns[0][1]["session-id"]
+    assert ("responses", "main", sid) in gateway.turns._d  # the session's latest turn
+    assert len(upstream.raw) == len(turns) == len(recorder.records)
+    ch, orders = config.channels[0], gateway.render_orders
+    for (body, _), raw, rec in zip(turns, upstream.raw, recorder.records, strict=True):
+        typed = decode_responses_body(msgspec.json.encode(body), Limits()).typed
+        alone = convert_responses(typed, ConvertOptions(upstream_model="m"))
+        moved = hygiene.apply_chat(alone["messages"], ch, orders)
+        if moved is not None:
+            alone = {**alone, "messages": moved}
+        assert raw == msgspec.json.encode(alone)
+        assert rec.session_id == sid and rec.segments_in == segments_responses(body)

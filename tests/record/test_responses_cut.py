@@ -1,18 +1,20 @@
-"""A Responses request's segments cut from its bytes, going on from the session's previous
-request (``cut_responses``): the same segments and pieces as a cut of the request alone,
-through the edits a client may make, and a Codex session's capture the same as one that
-walks every request whole."""
+"""A Codex session's turns cost what is new in them: a Responses request's segments cut
+from its bytes going on from the session's previous request (``cut_responses``), and its
+conversion to Chat lent by the previous turn's (``convert_lent``), each
+exactly what the request alone gives, through the edits a client may make; and the
+session's capture the same as one that walks every request whole."""
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import msgspec
 
 from prefixgate import hygiene
-from prefixgate.apis.messages.request import ConvertOptions
-from prefixgate.apis.responses.request import convert
+from prefixgate.apis.messages.request import ConvertOptions, SessionTurns
+from prefixgate.apis.responses.request import convert, convert_lent
 from prefixgate.apis.responses.segments import (
     cut_responses,
     segments_responses,
@@ -147,3 +149,48 @@ def test_a_codex_sessions_capture_goes_on_from_its_previous_turn_as_a_whole_walk
             went_on[id(turns)] += 1
     assert went_on[id(clean)] == len(clean) - 1  # every turn after the first
     assert went_on[id(edited)] >= 4  # and the edited session's between its edits
+
+
+def test_a_codex_turns_conversion_is_lent_by_its_previous_one_and_is_the_conversion_alone():
+    """What a turn re-sends converts to the very messages (and tools) the previous turn's
+    did, up to the last point where no assistant turn was being gathered; the rest is
+    converted afresh: the Chat request and its body are those of the request alone,
+    through edits (tools reordered, instructions changed, a leading developer item, an
+    item left out or edited, a later developer item, a string input)."""
+    opts = ConvertOptions(upstream_model="m")
+    edited, clean = _edited(_codex_turns()), _codex_turns(3, 10)
+    for turns in (edited, clean):
+        memory, lent = SessionTurns(1 << 30), 0
+        for body, headers in turns:
+            raw = msgspec.json.encode(body)
+            key = ("responses", "c", headers["session-id"])
+            before = memory._d.get(key)
+            typed = decode_responses_body(raw, Limits()).typed
+            out = convert_lent(memory, key, typed, opts, len(raw))
+            alone = convert(decode_responses_body(raw, Limits()).typed, opts)
+            data = memory.encode(key, out)
+            assert data == msgspec.json.encode(out) == msgspec.json.encode(alone)
+            if before is not None and any(m is k for m in out["messages"] for k in before.flat):
+                lent += 1
+            if before is not None and out.get("tools") is before.chat_tools:
+                assert typed.tools == before.tools  # only equal tools lend
+        # every turn after the first, and the edited session's between its edits
+        assert lent == len(turns) - 1 if turns is clean else lent >= 4
+
+
+def test_a_codex_sessions_conversion_memory_keeps_no_earlier_body_alive():
+    """What the memory keeps of a turn holds its texts' own copies: the messages a later
+    turn takes as they were do not keep alive the body that first sent them (every body
+    of the session would stay), only the latest body is held (its typed items are views
+    of it, to compare the next turn with)."""
+    opts = ConvertOptions(upstream_model="m")
+    memory, turns = SessionTurns(1 << 30), _codex_turns(3, 5)
+    raws = [msgspec.json.encode(body) for body, _ in turns]
+    key = ("responses", "c", turns[0][1]["session-id"])
+    counts = [sys.getrefcount(r) for r in raws]
+    for raw in raws:
+        convert_lent(memory, key, decode_responses_body(raw, Limits()).typed, opts, len(raw))
+    del raw
+    after = [sys.getrefcount(r) for r in raws]
+    assert after[:-1] == counts[:-1]
+    assert after[-1] > counts[-1]  # the check sees a view

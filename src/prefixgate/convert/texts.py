@@ -62,3 +62,16 @@ def truthy(raw: Raw) -> bool:
     if n > 16 and first in _CONTAINER_OPENERS:
         return True  # an object or array this long has something in it
     return bool(_ANY.decode(raw))
+
+
+def owned(obj):
+    """``obj`` (a converted message or tool: dicts, lists, texts) with each raw text a copy
+    of its own, no longer a view of the request's bytes."""
+    kind = type(obj)
+    if kind is Raw:
+        return Raw(bytes(obj))
+    if kind is dict:
+        return {k: owned(v) for k, v in obj.items()}
+    if kind is list:
+        return [owned(v) for v in obj]
+    return obj

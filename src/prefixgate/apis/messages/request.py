@@ -24,6 +24,7 @@ import msgspec
 from msgspec import Raw
 
 from prefixgate.convert.texts import ConvertOptions, Text, dumps, empty, join, truthy
+from prefixgate.convert.texts import owned as _owned
 from prefixgate.protocol.messages_body import (
     Decoded,
     DocumentBlock,
@@ -142,14 +143,35 @@ class SessionTurns(Lender):
         prev = self._d.pop(key, None)
         if prev is not None:
             self.bytes -= prev.size
-            if prev.opts != opts:
+            if not isinstance(prev, _Turn) or prev.opts != opts:
                 prev = None
         turn = _Turn(req, opts)
         out = convert(req, opts, prev, turn)
+        self._keep(key, turn, out, prev, size)
+        return out
+
+    def convert_other(
+        self, key: tuple, turn_type: type, convert_fn, req, opts: ConvertOptions, size: int
+    ) -> dict:
+        """Another API's conversion to Chat (``convert_fn(req, opts, previous, turn)``, its
+        turns of ``turn_type``: the Responses API's), lent what the same session's previous
+        request converted, kept beside the Messages API's turns within the same budget
+        (``key``: that API's own, apart from these)."""
+        prev = self._d.pop(key, None)
+        if prev is not None:
+            self.bytes -= prev.size
+            if not isinstance(prev, turn_type) or prev.opts != opts:
+                prev = None
+        turn = turn_type(req, opts)
+        out = convert_fn(req, opts, prev, turn)
+        self._keep(key, turn, out, prev, size)
+        return out
+
+    def _keep(self, key: tuple, turn, out: dict, prev, size: int) -> None:
         turn.out = out
         if prev is not None:
             turn.lent = prev.encoded
-        # its typed messages (views of the request), its conversion's own texts, its body
+        # its typed parts (views of the request), its conversion's own texts, its body
         turn.size = size = 3 * size + self.ENTRY
         if size <= self.budget:
             self._tick += 1
@@ -157,7 +179,6 @@ class SessionTurns(Lender):
             self._d[key] = turn
             self.bytes += size
             self._evict()
-        return out
 
     def encode(self, key: tuple, out: dict) -> bytes:
         """The upstream body of ``out``, the request :meth:`convert` gave last for
@@ -341,19 +362,6 @@ def encode_lent(out: dict, lent: _Encoded | None) -> _Encoded:
         pieces.append(b"],")
         pieces.append(memoryview(tail)[1:])
     return _Encoded(head, list(msgs), b"".join(pieces), ends, tools, tools_json)
-
-
-def _owned(obj):
-    """``obj`` (a converted message or tool: dicts, lists, texts) with each raw text a copy
-    of its own, no longer a view of the request's bytes."""
-    kind = type(obj)
-    if kind is Raw:
-        return Raw(bytes(obj))
-    if kind is dict:
-        return {k: _owned(v) for k, v in obj.items()}
-    if kind is list:
-        return [_owned(v) for v in obj]
-    return obj
 
 
 # -- texts as JSON -------------------------------------------------------------------------

@@ -25,9 +25,12 @@ from __future__ import annotations
 import msgspec
 from msgspec import Raw
 
+from prefixgate.apis.messages.request import SessionTurns
 from prefixgate.apis.responses import compaction
 from prefixgate.convert.texts import ConvertOptions, Text, dumps, empty, join, truthy
+from prefixgate.convert.texts import owned as _owned
 from prefixgate.protocol.responses import TRIGGER, Item, Part, Request, Tool
+from prefixgate.sequences import common_prefix
 
 SEP = "__"  # between a namespace and a function name in a chat function name
 _EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
@@ -57,27 +60,112 @@ def tool_map(req: Request) -> dict[str, tuple[str, str | None, str]]:
     return out
 
 
-def convert(req: Request, opts: ConvertOptions) -> dict:
-    """The Chat request for a typed Responses request; texts stay raw."""
+class ResponsesTurn:
+    """One session's latest converted Responses request (``SessionTurns``): its
+    instructions and typed items, what they became (``system``: the system message, or
+    None; ``flat``: the Chat messages after it), and before each item after the leading
+    system ones, and after the last, how many of ``flat`` were made by then (``made``)
+    and whether nothing was pending then (``clean``: no assistant turn being gathered, no
+    images waiting): where a later turn's conversion may start again. Its typed tools and
+    what they became; the body encoded from it (``encoded``; until then ``lent``, the
+    previous turn's)."""
+
+    __slots__ = (
+        "instructions", "items", "lead", "system", "flat", "made", "clean", "tools",
+        "chat_tools", "opts", "size", "tick", "out", "encoded", "lent",
+    )  # fmt: skip
+
+    def __init__(self, req: Request, opts: ConvertOptions) -> None:
+        self.instructions = req.instructions
+        self.items: list[Item] | None = req.input if type(req.input) is list else None
+        self.lead = 0  # the leading system/developer items
+        self.system: dict | None = None
+        self.flat: list[dict] = []
+        self.made: list[int] = []
+        self.clean: list[bool] = []
+        self.tools = req.tools
+        self.chat_tools: list[dict] = []
+        self.opts, self.size, self.tick = opts, 0, 0
+        self.out: dict | None = None
+        self.encoded = self.lent = None
+
+
+def convert(
+    req: Request,
+    opts: ConvertOptions,
+    previous: ResponsesTurn | None = None,
+    turn: ResponsesTurn | None = None,
+) -> dict:
+    """The Chat request for a typed Responses request; texts stay raw. ``previous``: the
+    session's previous turn (:func:`convert_lent`): when the instructions,
+    the leading system items and the items after them up to a point where nothing was
+    pending are equal (typed structs compared, raw texts by memcmp), the messages they
+    became are taken as they were (the very objects) and only the rest is converted, so
+    an edited history converts exactly as without it. ``turn`` is filled with what this
+    request became, its texts copied out of the request's bytes."""
     messages: list[dict] = []
     head: list[Text] = [req.instructions] if req.instructions else []
     items = req.input
     if type(items) is str:
         _system(messages, head)
         messages.append({"role": "user", "content": items})
+        if turn is not None:
+            messages[:] = [_owned(m) for m in messages]
     else:
         i = 0
         while i < len(items) and items[i].type == "message" and items[i].role in _SYSTEM:
             head.append(_plain_text(items[i].content, "\n"))
             i += 1
-        _system(messages, head)
+        start = i  # the first item converted here
+        made: list[int] = []
+        clean: list[bool] = []
+        before = previous.items if previous is not None else None
+        k = -1  # how many leading items are the previous turn's (-1: none lent)
+        if (
+            previous is not None
+            and before is not None
+            and previous.lead == i
+            and type(previous.instructions) is type(req.instructions)
+            and previous.instructions == req.instructions
+        ):
+            k = common_prefix(items, before)
+        if k >= i:  # the system message as it was, and the messages up to a clean point
+            assert previous is not None
+            start = next(m for m in range(k, i - 1, -1) if previous.clean[m - i])
+            if previous.system is not None:
+                messages.append(previous.system)
+            base = len(messages)
+            messages += previous.flat[: previous.made[start - i]]
+            made, clean = previous.made[: start - i], previous.clean[: start - i]
+        else:
+            _system(messages, head)
+            if turn is not None and messages:
+                messages[0] = _owned(messages[0])
+            base = len(messages)
+        lent = len(messages)
         turns = _Turns(messages, opts)
-        for item in items[i:]:
+        for item in items[start:]:
+            made.append(len(messages) - base)
+            clean.append(turns.clean())
             turns.add(item)
+        made.append(len(messages) - base)
+        clean.append(turns.clean())
         turns.flush()
+        if turn is not None:
+            messages[lent:] = [_owned(m) for m in messages[lent:]]
+            turn.lead, turn.made, turn.clean = i, made, clean
+            turn.system = messages[0] if base else None
+            turn.flat = messages[base:]
 
     out: dict = {"model": opts.upstream_model, "messages": messages}
-    tools = _tools(req.tools)
+    if previous is not None and req.tools and previous.tools == req.tools:
+        tools = previous.chat_tools  # the very list: its bytes and segments lent too
+    else:
+        tools = _tools(req.tools)
+        if turn is not None:
+            tools = [_owned(t) for t in tools]
+    if turn is not None:
+        turn.chat_tools = tools
     if tools:
         out["tools"] = tools
         if type(items) is list and items[-1].type == TRIGGER:
@@ -120,6 +208,12 @@ def _plain_text(content: str | list[Part] | None, sep: str) -> Text:
         return content
     texts = [p.refusal if p.type == "refusal" else p.text for p in content if p.text or p.refusal]
     return join(texts, sep) if texts else ""
+
+
+def convert_lent(turns: SessionTurns, key: tuple, req: Request, opts: ConvertOptions, size: int):
+    """:func:`convert`, lent what the same session's previous request converted
+    (``turns``: the gateway's; ``key``: the session's, apart from a Messages session's)."""
+    return turns.convert_other(key, ResponsesTurn, convert, req, opts, size)
 
 
 class _Turns:
@@ -182,6 +276,10 @@ class _Turns:
     def flush(self) -> None:
         self._assistant()
         self._images()
+
+    def clean(self) -> bool:
+        """Nothing pending: every message of the items added so far is out."""
+        return not (self.reasoning or self.texts is not None or self.calls or self.images)
 
     def _assistant(self) -> None:
         if not (self.reasoning or self.texts is not None or self.calls):

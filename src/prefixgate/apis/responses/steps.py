@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from prefixgate import hygiene
 from prefixgate.apis.messages.request import ConvertOptions
-from prefixgate.apis.responses.request import convert, tool_map
+from prefixgate.apis.responses.request import convert, convert_lent, tool_map
 from prefixgate.apis.responses.response import chat_to_response, response_base
 from prefixgate.apis.responses.stream import ResponsesStream
 from prefixgate.diagnostics.request import (
@@ -83,7 +83,12 @@ def upstream_chat_of_responses(x: Exchange, ch) -> dict:
         options = ConvertOptions(
             ch.upstream_model(x.body["model"]), ch.thinking, ch.history_thinking
         )
-        out = convert(x.body.typed, options)
+        session = x.record.session_id
+        if session is None:
+            out = convert(x.body.typed, options)
+        else:  # the session's previous turn lends the conversions of what it re-sends
+            key = _turns_key(ch, session)
+            out = convert_lent(x.gateway.turns, key, x.body.typed, options, len(x.raw))
         moved = hygiene.apply_chat(out["messages"], ch, x.gateway.render_orders)
         if moved is not None:  # later system/developer items delivered in the turns
             out = {**out, "messages": moved}
@@ -108,7 +113,18 @@ async def convert_responses(x: Exchange) -> None:
         x.out = upstream_chat_of_responses(x, ch)
         x.url = target.base_url + "/chat/completions"
     x.headers = bearer(ch)
-    x.data = _encode(x.out)
+    session = x.record.session_id
+    if session is not None and ch.responses_api != "passthrough":
+        # what the session's previous body sent again is copied from it
+        x.data = x.gateway.turns.encode(_turns_key(ch, session), x.out)
+    else:
+        x.data = _encode(x.out)
+
+
+def _turns_key(ch, session: str) -> tuple:
+    """A Responses session's key in the gateway's ``SessionTurns`` (apart from a Messages
+    session's of the same id)."""
+    return ("responses", ch.name, session)
 
 
 async def relay_responses(x: Exchange) -> Response | Stream:
