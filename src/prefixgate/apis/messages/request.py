@@ -19,6 +19,7 @@ texts are joined, their JSON is joined (``convert/texts.py``'s ``join``). ``conv
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import msgspec
 from msgspec import Raw
@@ -134,29 +135,21 @@ class SessionTurns(Lender):
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.bytes = 0
-        self._d: OrderedDict[tuple, _Turn] = OrderedDict()
+        self._d: OrderedDict[tuple, Any] = OrderedDict()  # a _Turn, or another API's
         self._decoded: OrderedDict[object, tuple[int, Decoded]] = OrderedDict()
         self._tick = 0  # when an entry was kept: the older of the two tables' first goes
 
     def convert(self, key: tuple, req: Request, opts: ConvertOptions, size: int) -> dict:
         """:func:`convert`, lent what the same session's previous request converted."""
-        prev = self._d.pop(key, None)
-        if prev is not None:
-            self.bytes -= prev.size
-            if not isinstance(prev, _Turn) or prev.opts != opts:
-                prev = None
-        turn = _Turn(req, opts)
-        out = convert(req, opts, prev, turn)
-        self._keep(key, turn, out, prev, size)
-        return out
+        return self.convert_other(key, _Turn, convert, req, opts, size)
 
     def convert_other(
         self, key: tuple, turn_type: type, convert_fn, req, opts: ConvertOptions, size: int
     ) -> dict:
-        """Another API's conversion to Chat (``convert_fn(req, opts, previous, turn)``, its
-        turns of ``turn_type``: the Responses API's), lent what the same session's previous
-        request converted, kept beside the Messages API's turns within the same budget
-        (``key``: that API's own, apart from these)."""
+        """An API's conversion to Chat (``convert_fn(req, opts, previous, turn)``, its turns
+        of ``turn_type``: this module's, or the Responses API's), lent what the same
+        session's previous request converted; both APIs' turns kept within the same budget
+        (``key``: each API's own)."""
         prev = self._d.pop(key, None)
         if prev is not None:
             self.bytes -= prev.size
@@ -164,10 +157,6 @@ class SessionTurns(Lender):
                 prev = None
         turn = turn_type(req, opts)
         out = convert_fn(req, opts, prev, turn)
-        self._keep(key, turn, out, prev, size)
-        return out
-
-    def _keep(self, key: tuple, turn, out: dict, prev, size: int) -> None:
         turn.out = out
         if prev is not None:
             turn.lent = prev.encoded
@@ -179,6 +168,7 @@ class SessionTurns(Lender):
             self._d[key] = turn
             self.bytes += size
             self._evict()
+        return out
 
     def encode(self, key: tuple, out: dict) -> bytes:
         """The upstream body of ``out``, the request :meth:`convert` gave last for
