@@ -194,3 +194,19 @@ def test_a_codex_sessions_conversion_memory_keeps_no_earlier_body_alive():
     after = [sys.getrefcount(r) for r in raws]
     assert after[:-1] == counts[:-1]
     assert after[-1] > counts[-1]  # the check sees a view
+
+
+def test_tools_equal_but_for_the_type_of_strict_are_converted_again():
+    """``strict: 1`` equals ``strict: true`` as values, but only ``true`` is sent on: a turn
+    whose tools differ so from the previous turn's does not take their conversion."""
+    opts = ConvertOptions(upstream_model="m")
+    memory = SessionTurns(1 << 30)
+    (body, headers), *_ = _codex_turns(3, 2)
+    key = ("responses", "c", headers["session-id"])
+    for strict in (1, True, 1):
+        body = {**body, "tools": [{**t, "strict": strict} for t in body["tools"]]}
+        raw = msgspec.json.encode(body)
+        out = convert_lent(memory, key, decode_responses_body(raw, Limits()).typed, opts, len(raw))
+        alone = convert(decode_responses_body(raw, Limits()).typed, opts)
+        assert msgspec.json.encode(out) == msgspec.json.encode(alone)
+        assert all(("strict" in t["function"]) == (strict is True) for t in out["tools"])

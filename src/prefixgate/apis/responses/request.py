@@ -158,7 +158,7 @@ def convert(
             turn.flat = messages[base:]
 
     out: dict = {"model": opts.upstream_model, "messages": messages}
-    if previous is not None and req.tools and previous.tools == req.tools:
+    if previous is not None and req.tools and _same_tools(previous.tools, req.tools):
         tools = previous.chat_tools  # the very list: its bytes and segments lent too
     else:
         tools = _tools(req.tools)
@@ -208,6 +208,16 @@ def _plain_text(content: str | list[Part] | None, sep: str) -> Text:
         return content
     texts = [p.refusal if p.type == "refusal" else p.text for p in content if p.text or p.refusal]
     return join(texts, sep) if texts else ""
+
+
+def _same_tools(a: list[Tool] | None, b: list[Tool]) -> bool:
+    """The typed tools are equal, and so are their ``strict`` flags' types (``True == 1``,
+    but only ``true`` is sent on as ``strict``)."""
+    return a == b and _stricts(a) == _stricts(b)
+
+
+def _stricts(tools: list[Tool] | None) -> list[type]:
+    return [type(f.strict) for t in tools or () for f in (t, *(t.tools or ()))]
 
 
 def convert_lent(turns: SessionTurns, key: tuple, req: Request, opts: ConvertOptions, size: int):
