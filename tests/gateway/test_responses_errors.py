@@ -59,6 +59,12 @@ CASES = [
     ),
     ("background", {"input": "x", "background": True}, "background", "stored state"),
     (
+        "image detail not a string",
+        {"input": [_user({"type": "input_image", "image_url": PNG, "detail": 1})]},
+        "input[0].content[0].detail",
+        "a string is required",
+    ),
+    (
         "image by file id",
         {"input": [_user({"type": "input_image", "file_id": "file_1"})]},
         "input[0].content[0].image_url",

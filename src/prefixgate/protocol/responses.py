@@ -342,7 +342,6 @@ def _check_item(item: Item, where: str, state: _Walk) -> None:
 
 def _check_parts(parts: list[Part], where: str, allowed: frozenset, state: _Walk) -> None:
     state.count(len(parts), where)
-    room = state.limits.max_json_depth
     for j, p in enumerate(parts):
         at = f"{where}[{j}]"
         if p.type not in allowed:
@@ -361,7 +360,8 @@ def _check_parts(parts: list[Part], where: str, allowed: frozenset, state: _Walk
                     " image_url (a data: URL or an https URL)",
                     param=f"{at}.image_url",
                 )
-            _deep(p.detail, room, 6, f"{at}.detail")
+            if p.detail is not None:  # "low", "high", "auto": sent on as it came
+                _need(p.detail, str, f"{at}.detail", "a string")
             state.images = True
         elif p.type == "input_file":
             raise InvalidRequest(
