@@ -47,8 +47,9 @@ def _codex_turns(seed: int = 7, turns: int = 14) -> list[tuple[dict, dict]]:
 
 def _edited(turns: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
     """The turns with edits on the way, each for two turns: tools reordered, the
-    instructions changed, a developer item that leads, an item left out, an item edited
-    in the middle, a developer item later on, the input a string, the instructions gone."""
+    instructions changed, a developer item that leads, an item left out, an item's id
+    changed in the middle, a tool's output edited there, a developer item later on, the
+    input a string, the instructions gone."""
     edits = [
         lambda b: b.update(tools=b["tools"][::-1]),
         lambda b: b.update(instructions=b["instructions"] + " (edited)"),
@@ -56,6 +57,8 @@ def _edited(turns: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
                                         "content": [{"type": "input_text", "text": "lead"}]}),
         lambda b: b["input"].remove(next(i for i in b["input"] if i["type"] == "reasoning")),
         lambda b: b["input"][len(b["input"]) // 2].update(id="rs_1"),
+        lambda b: next(i for i in b["input"][len(b["input"]) // 2 :]
+                       if i["type"] == "function_call_output").update(output="edited"),
         lambda b: b["input"].insert(5, {"type": "message", "role": "developer",
                                         "content": [{"type": "input_text", "text": "later"}]}),
         lambda b: b.update(input="just a string"),
@@ -210,3 +213,30 @@ def test_tools_equal_but_for_the_type_of_strict_are_converted_again():
         alone = convert(decode_responses_body(raw, Limits()).typed, opts)
         assert msgspec.json.encode(out) == msgspec.json.encode(alone)
         assert all(("strict" in t["function"]) == (strict is True) for t in out["tools"])
+
+
+def test_a_turn_that_goes_on_with_an_assistant_turn_being_gathered_converts_it_whole():
+    """A turn whose previous one ended in the middle of an assistant turn (reasoning and
+    a call, its output still to come): the messages before that turn are lent, the
+    assistant message is made again with what the new items add to it."""
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}
+    said = {"type": "message", "role": "assistant",
+            "content": [{"type": "output_text", "text": "on it"}]}  # fmt: skip
+    think = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]}
+    call = {"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c1"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "done"}
+    first = [user, said, user, think, call]  # the second assistant turn still gathering
+    then = [*first, output, user]
+    opts, memory, key = ConvertOptions(upstream_model="m"), SessionTurns(1 << 30), ("r", "c", "s")
+    outs = []
+    for items in (first, then):
+        raw = msgspec.json.encode({"model": "m", "instructions": "be brief", "input": items})
+        out = convert_lent(memory, key, decode_responses_body(raw, Limits()).typed, opts, 1)
+        alone = convert(decode_responses_body(raw, Limits()).typed, opts)
+        assert msgspec.json.encode(out) == msgspec.json.encode(alone)
+        outs.append(out["messages"])
+    a, b = outs
+    assert [m["role"] for m in b] == ["system", "user", "assistant", "user", "assistant", "tool",
+                                      "user"]  # fmt: skip
+    assert all(x is y for x, y in zip(a[:4], b[:4], strict=True))  # up to the pending turn
+    assert b[4] is not a[4] and b[4] == a[4]  # made again: its call's output came after it
