@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from prefixgate.record.cut import ITEMS, Piece, Pieces, piece_of, tools_and_pieces, tools_of_list
+from prefixgate.record.cut import ITEMS, Piece, Pieces, piece_of, tools_and_pieces
 from prefixgate.record.record import Segment
 from prefixgate.record.segments import (
     DIGESTS,
@@ -86,44 +86,12 @@ class _Shape(msgspec.Struct):
 _SHAPE = msgspec.json.Decoder(_Shape)
 
 
-def segments_responses_from_bytes(raw: bytes, *, tools_first: bool = True) -> list[Segment] | None:
+def segments_responses_from_bytes(raw: bytes) -> list[Segment] | None:
     """:func:`segments_responses` of the request whose JSON is ``raw``, without texts,
     each piece looked up by its bytes (an agent resends the same ones every turn); ``None``
-    for a body of another shape."""
-    try:
-        shape = _SHAPE.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    tools = tools_of_list(bytes(shape.tools), "openai")
-    if tools is None:
-        return None
-
-    def seg(kind: str, name: str, piece: tuple[str, int, Any]) -> Segment:
-        return Segment(kind, name, piece[0], piece[1], (piece[1] + 3) // 4)
-
-    head: list[Segment] = []
-    rest: list[Segment] = []
-    instructions = bytes(shape.instructions)
-    if instructions[:1] == b'"':
-        digest, chars = DIGESTS.of(canonical_json(msgspec.json.decode(instructions)))
-        head.append(seg("system", "instructions", (digest, chars, None)))
-    elif instructions != b"null":
-        return None
-    data = bytes(shape.input)
-    if data[:1] == b'"':
-        piece = piece_of("input", data, _label)
-        rest.append(seg("message", "input:user", piece))
-    elif data[:1] == b"[":
-        leading = True
-        for i, item in enumerate(ITEMS.decode(data)):
-            piece = piece_of("item", bytes(item), _label)
-            leading = leading and piece[2] in _SYSTEM
-            (head if leading else rest).append(
-                seg("system" if leading else "message", f"input[{i}]:{piece[2]}", piece)
-            )
-    else:
-        return None
-    return tools + head + rest if tools_first else head + tools + rest
+    for a body of another shape. The segments of :func:`cut_responses`."""
+    cut = cut_responses(raw)
+    return None if cut is None else cut[0]
 
 
 class _Split(NamedTuple):
@@ -155,9 +123,8 @@ def cut_responses(
     except (msgspec.DecodeError, RecursionError):
         return None
     data = bytes(shape.input)
-    if data[:1] != b"[":
-        segs = segments_responses_from_bytes(raw)
-        return None if segs is None else (segs, None)  # type: ignore[return-value]
+    if data[:1] != b"[" and data[:1] != b'"':
+        return None
     split = getattr(previous, "split", None)
     before = split if isinstance(split, _Split) else None
     tools = bytes(shape.tools)
@@ -178,13 +145,18 @@ def cut_responses(
         head = []
     else:
         return None
-    try:
-        items = [bytes(item) for item in ITEMS.decode(data)]
-    except (msgspec.DecodeError, RecursionError):
-        return None
     k = leading = 0
     pieces: list[Piece] = []
-    if before is not None:
+    items: list[bytes] = []
+    if data[:1] == b'"':  # the input is one user message
+        digest, chars, _ = piece_of("input", data, _label)
+        pieces = [(Segment("message", "input:user", digest, chars, (chars + 3) // 4), data)]
+    else:
+        try:
+            items = [bytes(item) for item in ITEMS.decode(data)]
+        except (msgspec.DecodeError, RecursionError):
+            return None
+    if before is not None and items:
         k = common_prefix(items, before.items)
         items[:k] = before.items[:k]  # the previous bytes kept, these dropped
         pieces = before.pieces[:k]
