@@ -23,6 +23,25 @@ FIXTURE_ROOT = Path(__file__).resolve().parent / "fixtures"
 FIXTURES = FIXTURE_ROOT / "claude-code"
 
 
+def captured_alike(lending, walking, a, b) -> list[tuple[list, list]]:
+    """Assert that two captures (``record/capture.py``'s ``Capturer``: one going on from
+    each session's previous turn, one walking every request whole) gave their records
+    ``a`` and ``b`` the same segments and change, and keep the same requests in the same
+    bytes; their kept requests, session by session, for more checks."""
+    assert (a.segments_in, a.segments_out, a.compared, a.change) == (
+        b.segments_in, b.segments_out, b.compared, b.change,
+    )  # fmt: skip
+    assert lending.changes.bytes == walking.changes.bytes
+    pairs = list(
+        zip(lending.changes._sessions.values(), walking.changes._sessions.values(), strict=True)
+    )
+    for x, y in pairs:
+        assert [(c.into, c.out, c.size, c.tokens(), c.marks()) for c in x] == [
+            (c.into, c.out, c.size, c.tokens(), c.marks()) for c in y
+        ]
+    return pairs
+
+
 def settled(gateway, limit: float = 10.0) -> None:
     """Until every request the gateway has taken is recorded: an answer's record is
     submitted just after its last byte went out, so a client may be a moment ahead."""

@@ -22,7 +22,7 @@ from prefixgate.record.record import Record
 from prefixgate.record.segments import segments_anthropic, segments_openai
 from prefixgate.serve.app import create_app
 from prefixgate.serve.process import ServerThread
-from tests.conftest import ListRecorder, settled
+from tests.conftest import ListRecorder, captured_alike, settled
 
 
 def _session_turns() -> list[list[dict]]:
@@ -158,18 +158,7 @@ def test_a_sessions_capture_goes_on_from_its_previous_turn_as_a_whole_walk_gives
                     )
                     cap(rec, decoded, out, ch, None, raw, msgspec.json.encode(out), orders=orders)
                     recs.append(rec)
-                a, b = recs
-                assert (a.segments_in, a.segments_out, a.compared, a.change) == (
-                    b.segments_in, b.segments_out, b.compared, b.change,
-                )  # fmt: skip
-                assert lending.changes.bytes == walking.changes.bytes
-                for x, y in zip(
-                    lending.changes._sessions.values(), walking.changes._sessions.values(),
-                    strict=True,
-                ):  # fmt: skip
-                    assert [(c.into, c.out, c.size, c.tokens(), c.marks()) for c in x] == [
-                        (c.into, c.out, c.size, c.tokens(), c.marks()) for c in y
-                    ]
+                for x, y in captured_alike(lending, walking, *recs):
                     assert x[-1].lent == y[-1].lent._replace(rest=x[-1].lent.rest)
                     _check_chat_size(x[-1].lent, x[-2].lent if len(x) > 1 else None)
                     if len(x) > 1 and x[-1].runs and x[-1].into[0] is x[-2].into[0]:
