@@ -7,6 +7,7 @@ is the bytes the relay gives when fed one chunk at a time, and the record is the
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 
 import pytest
@@ -39,13 +40,15 @@ class _ClientConn:
 
 
 class _UpstreamConn:
-    """The upstream connection's side of a splice: its sink fed read by read."""
+    """The upstream connection's side of a splice: its sink fed read by read, each
+    read's HTTP chunks in ``chunks`` (as the parser appends them)."""
 
     complete = closed = paused = False
     error = None
 
     def __init__(self, loop) -> None:
         self.loop = loop
+        self.chunks: collections.deque[bytes] = collections.deque()
 
     def attach(self, sink) -> None:
         sink.flush()
@@ -81,11 +84,10 @@ def _spliced(relay, groups: list[list[bytes]]) -> bytes:
         req.start(200, [(b"content-type", b"text/event-stream")])
         up = _UpstreamConn(loop)
         sp = Splice(relay, req, up, 60.0)
-        sp.body(groups[0][0])  # x.first, as run() takes it
+        up.chunks.append(groups[0][0])  # x.first, as run() takes it
         up.attach(sp)
         for group in groups[1:]:
-            for chunk in group:  # one HTTP chunk each, in one read
-                sp.body(chunk)
+            up.chunks.extend(group)  # one HTTP chunk each, in one read
             sp.flush()
         up.complete = True
         sp.news()
@@ -142,7 +144,8 @@ def test_what_a_streams_every_read_touches_keeps_its_attributes_in_slots(kind) -
     try:
         client = _ClientConn(loop)
         req = _Request(client, {"method": "POST", "http_version": "1.1"}, True)
-        touched = [relay, getattr(relay, "conv", relay), Splice(relay, req, client, 60.0), req]
+        up = _UpstreamConn(loop)
+        touched = [relay, getattr(relay, "conv", relay), Splice(relay, req, up, 60.0), req]
     finally:
         loop.close()
     for obj in touched:

@@ -42,7 +42,6 @@ class Splice:
         "client",
         "out",
         "conn",
-        "body",
         "idle",
         "loop",
         "done",
@@ -53,11 +52,10 @@ class Splice:
     def __init__(self, relay, client, conn, idle: float) -> None:
         self.relay, self.client, self.conn, self.idle = relay, client, conn, idle
         self.loop = conn.loop
-        # The body bytes of this read, relayed at its end (flush): the connection's
-        # ``body`` is this list's append, no Python call per HTTP chunk, and the relay is
-        # fed once a read.
-        self.raw: list[bytes] = []
-        self.body = self.raw.append
+        # The body bytes of this read, relayed at its end (flush): the connection's own
+        # buffer, which its parser appends to (no Python call per HTTP chunk); the relay
+        # is fed once a read.
+        self.raw = conn.chunks
         self.out: list[bytes] = []  # the answer's last bytes, written by flush
         self.ended = False  # the last bytes are in ``out`` (or written)
         self.done = self.loop.create_future()
@@ -68,7 +66,7 @@ class Splice:
     async def run(self, first: bytes) -> None:
         """Relay ``first`` and the rest of the body; return once the answer is complete
         (or failed) and written."""
-        self.body(first)
+        self.raw.appendleft(first)  # (taken from the connection before the splice began)
         self.timer = self.loop.call_at(self.last + self.idle / 4, self._check_idle)
         self.conn.attach(self)
         try:
@@ -76,14 +74,17 @@ class Splice:
         finally:
             self._stop()
 
-    # -- the connection's side (http1.Sink: ``body`` above, ``news``, ``flush``) ---------
+    # -- the connection's side (http1.Sink: ``news``, ``flush``) ------------------------------
     def flush(self) -> None:
         """The end of one read: what it brought goes through the relay and what that
         makes out, in one write; the last bytes end the response."""
         raw, made = self.raw, b""
         if raw:
-            data = raw[0] if len(raw) == 1 else b"".join(raw)
-            raw.clear()
+            if len(raw) == 1:
+                data = raw.popleft()  # (the deque keeps its block: no allocation a read)
+            else:
+                data = b"".join(raw)
+                raw.clear()
             self.fresh = True
             if not self.ended:  # (bytes past the stream's end, after [DONE]: dropped)
                 relay = self.relay

@@ -109,9 +109,9 @@ def _expire(waiter: asyncio.Future) -> None:
 
 
 class Sink(Protocol):
-    """Who takes a response's body inside the connection's callbacks (a splice)."""
-
-    def body(self, data: bytes) -> None: ...
+    """Who takes a response's body inside the connection's callbacks (a splice): at the
+    end of each read (``flush``) it takes the body bytes the read brought from the
+    connection's ``chunks``."""
 
     def news(self) -> None: ...  # the connection completed or failed
 
@@ -150,6 +150,7 @@ class Connection(asyncio.Protocol):
         "headers_done",
         "keep_alive",
         "interim",
+        "on_body",
     )
 
     def __init__(self, pool: Pool, origin: Origin) -> None:
@@ -158,6 +159,11 @@ class Connection(asyncio.Protocol):
         # the poller of the server whose request opens it (busypoll.py); None: off
         self.poller = busypoll.current()
         self.transport: asyncio.Transport | None = None
+        # The body bytes parsed and not yet taken. The parser appends to it itself (its
+        # ``on_body`` is the deque's own ``append``: no Python call per HTTP chunk); what a
+        # read brought is handed on once the read is parsed (``data_received``).
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.on_body = self.chunks.append
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future | None = None
         self.closed = False  # the transport is gone (or going)
@@ -178,7 +184,7 @@ class Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self.status = 0
         self.headers: dict[str, str] = {}
-        self.chunks: collections.deque[bytes] = collections.deque()
+        self.chunks.clear()
         self.buffered = 0
         self.headers_done = False
         self.complete = False
@@ -208,6 +214,12 @@ class Connection(asyncio.Protocol):
             self._fail(HTTPError(f"malformed HTTP response from the upstream: {exc}"))
         if sink is not None:
             sink.flush()  # what this read brought leaves in one write
+        elif self.chunks:
+            # (its framing counted with it: a bound on what is held, not an exact count)
+            self.buffered += len(data)
+            if self.buffered > _PAUSE_AT:
+                self.hold(True)
+            self._wake()
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -237,17 +249,6 @@ class Connection(asyncio.Protocol):
         self.headers_done = True
         self._wake()
 
-    def on_body(self, body: bytes) -> None:
-        if self.sink is not None:
-            self.sink.body(body)
-            return
-        if body:
-            self.chunks.append(body)
-            self.buffered += len(body)
-            if self.buffered > _PAUSE_AT:
-                self.hold(True)
-            self._wake()
-
     def on_message_complete(self) -> None:
         if self.interim:
             self.interim = False
@@ -266,11 +267,11 @@ class Connection(asyncio.Protocol):
             w.set_result(None)
 
     def attach(self, sink: Sink) -> None:
-        """Hand the rest of the body to ``sink`` as it is parsed (what is buffered
-        first); its ``news`` is told of the end or an error. No timer runs for it."""
+        """Hand the rest of the body to ``sink`` read by read (what is buffered first: it
+        is in ``chunks``); its ``news`` is told of the end or an error. No timer runs for it."""
         self._stop_timer()
-        if self.chunks:
-            sink.body(self.take())
+        self.buffered = 0
+        self.hold(False)
         self.sink = sink
         if self.complete or self.error is not None:
             sink.news()
