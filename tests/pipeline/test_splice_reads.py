@@ -1,6 +1,6 @@
 """The splice (``pipeline/splice.py``) against the pumped relay: it feeds its relay once a
 read, with all the HTTP chunks that read brought, and writes through the server's
-``write_chunk``; on generated streams (those of test_relay_templates.py, their events
+connection's ``write_chunk`` once the head is out; on generated streams (those of test_relay_templates.py, their events
 grouped into reads of one to four HTTP chunks), the client's body, de-chunked strictly,
 is the bytes the relay gives when fed one chunk at a time, and the record is the same."""
 
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixgate.pipeline.splice import Splice
-from prefixgate.serve.httpserver import _Request
+from prefixgate.serve.httpserver import HTTPProtocol, _Request
 from tests.pipeline.test_relay_templates import _relays, _run, same_ids, streams
 
 
@@ -29,6 +29,7 @@ class _ClientConn:
 
     closed = write_paused = False
     on_resume = None
+    write_chunk = HTTPProtocol.write_chunk  # (the server's own framing)
 
     def __init__(self, loop) -> None:
         self.loop, self.wire = loop, []
@@ -135,7 +136,6 @@ def test_what_a_streams_every_read_touches_keeps_its_attributes_in_slots(kind) -
     (``benchmarks/relay_chunks.py --interleave 1000 --misses``): the relay, its converter,
     the splice, the server's request and connection and the upstream connection have
     none, and the first byte's time is set once, by the first read that makes output."""
-    from prefixgate.serve.httpserver import HTTPProtocol
     from prefixgate.upstream.http1 import Connection
 
     reads = [b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n']

@@ -32,13 +32,16 @@ GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
 
 class Splice:
     """One stream spliced from an upstream connection (``conn``) into a client's response
-    (``client``: the server's request, with ``write_chunk`` and ``write_body``) through ``relay``."""
+    (``client``: the server's request, with ``write_body``, ``framed`` and ``conn``; once
+    the head is out and the body chunked, each read's bytes go to the connection's
+    ``write_chunk``) through ``relay``."""
 
     __slots__ = (  # what each read touches first (at a thousand streams, each a cache miss)
         "raw",
         "fresh",
         "ended",
         "relay",
+        "wire",
         "client",
         "out",
         "conn",
@@ -57,6 +60,9 @@ class Splice:
         # is fed once a read.
         self.raw = conn.chunks
         self.out: list[bytes] = []  # the answer's last bytes, written by flush
+        # The client's connection once the response's head is out and its body chunked:
+        # each read's bytes are written to it, past the request (None: through the request).
+        self.wire = None
         self.ended = False  # the last bytes are in ``out`` (or written)
         self.done = self.loop.create_future()
         self.last = self.loop.time()  # by the idle timer's checks: when body bytes last came
@@ -106,11 +112,18 @@ class Splice:
             self.client.write_body(data, False)
             self._settled()
         elif made:
-            client = self.client
-            client.write_chunk(made)
-            if client.conn.write_paused:
+            wire = self.wire
+            if wire is not None:
+                paused = wire.write_chunk(made)
+            else:  # the first bytes (with the head), or a body that is not chunked
+                client = self.client
+                client.write_body(made, True)
+                if client.framed:
+                    self.wire = client.conn
+                paused = client.conn.write_paused
+            if paused:
                 self.conn.hold(True)  # the client's buffer is full: stop reading upstream
-                client.conn.on_resume = self._resume
+                self.client.conn.on_resume = self._resume
 
     def news(self) -> None:
         """The upstream response completed or failed."""

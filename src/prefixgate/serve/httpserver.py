@@ -100,7 +100,7 @@ class _Request:
     """One request on a connection: its scope, buffered body and ASGI channels."""
 
     __slots__ = (
-        "framed",  # (these two first: what a stream's every write reads)
+        "framed",
         "conn",
         "scope",
         "body",
@@ -183,20 +183,6 @@ class _Request:
         """The response head (written with the first body bytes)."""
         self.started = True
         self._start(status, headers)
-
-    def write_chunk(self, body: bytes) -> None:
-        """Body bytes (not empty), more to come: what a splice writes for each upstream
-        read. The same bytes as ``write_body(body, True)``, with less on the way once the
-        head is out: the poller was touched by the read this answers (``busypoll``)."""
-        if not self.framed:
-            self.write_body(body, True)
-            return
-        conn = self.conn
-        if not conn.closed:
-            n = len(body)
-            conn.transport.write(
-                b"".join((_SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n, body, b"\r\n"))
-            )
 
     def write_body(self, body: bytes, more: bool) -> None:
         """Body bytes; ``more=False`` ends the response. Dropped once the client is gone."""
@@ -374,6 +360,20 @@ class HTTPProtocol(asyncio.Protocol):
             if (poller := self.poller) is not None:
                 poller.touch()
             self.transport.write(data)
+
+    def write_chunk(self, body: bytes) -> bool:
+        """One chunk (not empty) of the chunked body of the response being written, its
+        head out (the request's ``framed``): what a splice writes for each upstream read,
+        straight to this connection (``pipeline/splice.py``). The same bytes as the
+        request's ``write_body(body, True)``, with less on the way: the poller was touched
+        by the read this answers (``busypoll``). Returns whether writing is paused (the
+        client's buffer past its high-water mark)."""
+        if not self.closed:
+            n = len(body)
+            self.transport.write(
+                b"".join((_SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n, body, b"\r\n"))
+            )
+        return self.write_paused
 
     def writelines(self, parts) -> None:
         if not self.closed:
