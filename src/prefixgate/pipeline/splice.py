@@ -80,37 +80,40 @@ class Splice:
         finally:
             self._stop()
 
-    # -- the connection's side (http1.Sink: ``news``, ``flush``) ------------------------------
+    # -- the connection's side (http1.Sink: ``news``, ``flush``, ``feed``) ------------------
     def flush(self) -> None:
-        """The end of one read: what it brought goes through the relay and what that
-        makes out, in one write; the last bytes end the response."""
-        raw, made = self.raw, b""
+        """The end of one read: what it brought (in the connection's ``chunks``) goes
+        through the relay; the last bytes end the response."""
+        raw = self.raw
         if raw:
             if len(raw) == 1:
                 data = raw.popleft()  # (the deque keeps its block: no allocation a read)
             else:
                 data = b"".join(raw)
                 raw.clear()
-            self.fresh = True
-            if not self.ended:  # (bytes past the stream's end, after [DONE]: dropped)
-                relay = self.relay
-                try:
-                    made = relay.feed(data)
-                    if relay.done:
-                        made += relay.end()
-                        self.ended = True
-                except GatewayError as e:
-                    made = relay.fail(e)
-                    self.ended = True
-                except Exception:
-                    made = self._internal()
+            self.feed(data)
+        elif self.ended:
+            self._write_end(b"")
+
+    def feed(self, data: bytes) -> None:
+        """One read's body bytes through the relay, and what that makes out, in one write."""
+        self.fresh = True
+        if self.ended:  # (bytes past the stream's end, after [DONE]: dropped)
+            self._write_end(b"")
+            return
+        relay = self.relay
+        try:
+            made = relay.feed(data)
+            if relay.done:
+                made += relay.end()
+                self.ended = True
+        except GatewayError as e:
+            made = relay.fail(e)
+            self.ended = True
+        except Exception:
+            made = self._internal()
         if self.ended:
-            out = self.out
-            out.append(made)
-            data = b"".join(out)
-            out.clear()
-            self.client.write_body(data, False)
-            self._settled()
+            self._write_end(made)
         elif made:
             wire = self.wire
             if wire is not None:
@@ -124,6 +127,14 @@ class Splice:
             if paused:
                 self.conn.hold(True)  # the client's buffer is full: stop reading upstream
                 self.client.conn.on_resume = self._resume
+
+    def _write_end(self, made: bytes) -> None:
+        out = self.out
+        out.append(made)
+        data = b"".join(out)
+        out.clear()
+        self.client.write_body(data, False)
+        self._settled()
 
     def news(self) -> None:
         """The upstream response completed or failed."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import socket
 import ssl
 from collections.abc import Callable
@@ -111,11 +112,14 @@ def _expire(waiter: asyncio.Future) -> None:
 class Sink(Protocol):
     """Who takes a response's body inside the connection's callbacks (a splice): at the
     end of each read (``flush``) it takes the body bytes the read brought from the
-    connection's ``chunks``."""
+    connection's ``chunks``; a read that is one whole chunk is handed to it as it is
+    (``feed``: see :meth:`Connection.data_received`)."""
 
     def news(self) -> None: ...  # the connection completed or failed
 
     def flush(self) -> None: ...  # the end of one read
+
+    def feed(self, data: bytes) -> None: ...  # one read's body bytes, its chunk framed here
 
 
 class Connection(asyncio.Protocol):
@@ -127,6 +131,7 @@ class Connection(asyncio.Protocol):
         "poller",
         "got_bytes",
         "sink",
+        "between",
         "parser",
         "paused",
         "complete",
@@ -150,7 +155,11 @@ class Connection(asyncio.Protocol):
         "headers_done",
         "keep_alive",
         "interim",
+        "chunked",
         "on_body",
+        "marks",
+        "on_chunk_header",
+        "on_chunk_complete",
     )
 
     def __init__(self, pool: Pool, origin: Origin) -> None:
@@ -164,6 +173,11 @@ class Connection(asyncio.Protocol):
         # read brought is handed on once the read is parsed (``data_received``).
         self.chunks: collections.deque[bytes] = collections.deque()
         self.on_body = self.chunks.append
+        # Whether a chunk has begun since the last one ended (a mark each): the parser's
+        # chunk callbacks, C calls too (see data_received).
+        self.marks: collections.deque[None] = collections.deque()
+        self.on_chunk_header = functools.partial(self.marks.append, None)
+        self.on_chunk_complete = self.marks.clear
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future | None = None
         self.closed = False  # the transport is gone (or going)
@@ -185,7 +199,10 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self.headers: dict[str, str] = {}
         self.chunks.clear()
+        self.marks.clear()
         self.buffered = 0
+        self.chunked = False  # the body is chunked (and nothing else)
+        self.between = False  # the parser sits between two chunks of a chunked body
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
@@ -206,12 +223,39 @@ class Connection(asyncio.Protocol):
             poller.touch()
         self.got_bytes = True
         sink = self.sink
+        if self.between and sink is not None:
+            # A spliced stream's read is most often one whole chunk (an engine writes each
+            # event as one), and its parser sits between two: such a read is framed here
+            # and its data handed on, without the parser. Taken only when it is exactly
+            # what the parser would take the same way: a size in hex digits alone (no
+            # sign, prefix, space, extension or leading zero, so never the last chunk),
+            # that many bytes, CRLF; the parser is left between two chunks, as it would be.
+            i = data.find(b"\r\n", 0, 10)
+            if i > 0:
+                size = data[:i]
+                if size.isalnum() and data[0] != 48:  # (48: "0")
+                    try:
+                        n = int(size, 16)
+                    except ValueError:
+                        n = -1
+                    if len(data) == i + n + 4 and data.endswith(b"\r\n"):
+                        sink.feed(data[i + 2 : -2])
+                        return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(HTTPError("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(HTTPError(f"malformed HTTP response from the upstream: {exc}"))
+        # Between two chunks: no chunk begun since the last ended (or none yet, the head
+        # just read), and the read ended at the end of one (not inside a size line).
+        self.between = (
+            self.chunked
+            and not self.marks
+            and data.endswith(b"\r\n")
+            and not self.complete
+            and self.error is None
+        )
         if sink is not None:
             sink.flush()  # what this read brought leaves in one write
         elif self.chunks:
@@ -247,6 +291,7 @@ class Connection(asyncio.Protocol):
             return
         self.status = status
         self.headers_done = True
+        self.chunked = self.headers.get("transfer-encoding", "").strip().lower() == "chunked"
         self._wake()
 
     def on_message_complete(self) -> None:
