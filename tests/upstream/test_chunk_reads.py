@@ -155,7 +155,7 @@ _CORRUPT = {
 @st.composite
 def chunked_bodies(draw) -> tuple[list[bytes], list[bytes]]:
     """(the chunks as framed, their data): pieces of SSE text with quotes, line breaks
-    and CRLFs inside, sized 1 to 5,000 bytes."""
+    and CRLFs inside, sized 1 to 3,780 bytes."""
     datas = draw(
         st.lists(
             st.one_of(
@@ -163,7 +163,7 @@ def chunked_bodies(draw) -> tuple[list[bytes], list[bytes]]:
                 st.builds(
                     lambda t, n: (b'data: {"c":"%s"}\n\n' % t) * n,
                     st.sampled_from([b"a", b"\\r\\n", b"\r\n", b"\xe4\xb8\xad", b'\\"']),
-                    st.integers(1, 250),
+                    st.integers(1, 180),  # (up to 3,780 bytes: chunks under 4 KiB)
                 ),
             ),
             min_size=1,
@@ -286,3 +286,14 @@ def test_a_read_that_looks_like_a_chunk_where_the_parser_is_not_between_two_is_p
     sink, conn, fed = _spliced(reads)
     assert b"".join(sink.reads) == b"".join(ref.body)
     assert fed == len(reads)
+
+
+def test_chunks_at_the_edges_of_their_size_lines_lengths() -> None:
+    """Sizes where the size line gains a digit, and past the sizes framed here (4 KiB and
+    more: the parser's): each chunk's data as it came, the parser reading only those."""
+    datas = [b"x" * n for n in (1, 15, 16, 17, 255, 256, 257, 4095, 4096, 5000)]
+    reads = [HEAD, *(_framed(d) for d in datas), b"0\r\n\r\n"]
+    sink, conn, fed = _spliced(reads)
+    assert sink.reads == datas
+    assert conn.complete and conn.error is None
+    assert fed == 2 + 2  # the head, the end, and the two chunks of 4 KiB and more

@@ -47,6 +47,7 @@ from urllib.parse import unquote
 import httptools
 
 from prefixgate import busypoll
+from prefixgate.chunked import SIZE_LINES
 from prefixgate.serve import handover
 from prefixgate.serve.edge import ANSWERING, BODY, HEAD, IDLE, Edge, EdgeLimits, host_error, plain
 
@@ -65,9 +66,6 @@ DRAIN_IDLE_GRACE = 1.0
 # and are then answered (at worst overloaded, by admission), instead of being reset.
 BACKLOG = 65535
 _PIPELINE_PAUSE = 16  # queued requests on one connection before reading pauses
-# The size line of a chunked body's chunk, for the sizes a stream's chunks have: one
-# lookup instead of formatting it (and the chunk) a chunk.
-_SIZE_LINES = tuple(b"%x\r\n" % n for n in range(4096))
 
 _STATUS_LINES = {
     s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode("latin-1") for s in HTTPStatus
@@ -195,7 +193,7 @@ class _Request:
         elif self.chunked:
             n = len(body)
             if n:
-                size = _SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n
+                size = SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n
                 data = b"".join((size, body, b"\r\n"))
             else:
                 data = b""
@@ -371,7 +369,7 @@ class HTTPProtocol(asyncio.Protocol):
         if not self.closed:
             n = len(body)
             self.transport.write(
-                b"".join((_SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n, body, b"\r\n"))
+                b"".join((SIZE_LINES[n] if n < 4096 else b"%x\r\n" % n, body, b"\r\n"))
             )
         return self.write_paused
 

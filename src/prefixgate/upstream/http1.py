@@ -9,6 +9,11 @@ connections in all and per origin, TLS, bounded buffering (reading pauses past 1
 timeouts through a single timer per wait, and one retry, on a fresh connection, of a
 request whose reused connection turned out to be closed before any response byte (the
 server shut it while idle). Measured against aiohttp and httpx in ``docs/performance.md``.
+
+A stream spliced into a client's response (``pipeline/splice.py``) takes each read's body
+inside ``data_received``; a read that is one whole chunk, while the parser sits between
+two, is framed by the connection itself and not parsed (``tests/upstream/
+test_chunk_reads.py`` holds it to what the parser makes of the same bytes).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from prefixgate import busypoll
+from prefixgate.chunked import SIZE_LINES
 
 _PAUSE_AT = 1 << 20  # stop reading from the socket past this many unread body bytes
 _RESUME_AT = 1 << 18
@@ -227,20 +233,18 @@ class Connection(asyncio.Protocol):
             # A spliced stream's read is most often one whole chunk (an engine writes each
             # event as one), and its parser sits between two: such a read is framed here
             # and its data handed on, without the parser. Taken only when it is exactly
-            # what the parser would take the same way: a size in hex digits alone (no
-            # sign, prefix, space, extension or leading zero, so never the last chunk),
-            # that many bytes, CRLF; the parser is left between two chunks, as it would be.
-            i = data.find(b"\r\n", 0, 10)
-            if i > 0:
-                size = data[:i]
-                if size.isalnum() and data[0] != 48:  # (48: "0")
-                    try:
-                        n = int(size, 16)
-                    except ValueError:
-                        n = -1
-                    if len(data) == i + n + 4 and data.endswith(b"\r\n"):
-                        sink.feed(data[i + 2 : -2])
-                        return
+            # what the parser would take the same way: the size of a chunk the read's
+            # length leaves (1 to 4,095 bytes, so never the last chunk) as its size line,
+            # lower-case hex with no leading zero, sign, space or extension; that many
+            # bytes; CRLF. The parser is left between two chunks, as it would be.
+            n = len(data)
+            n -= 5 if n <= 20 else 6 if n < 262 else 7  # (1, 2 or 3 hex digits)
+            if 0 < n < 4096:
+                line = SIZE_LINES[n]
+                k = len(line)
+                if k + n + 2 == len(data) and data[:k] == line and data[-2:] == b"\r\n":
+                    sink.feed(data[k:-2])
+                    return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
