@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 
 from prefixgate.pipeline.splice import Splice
 from prefixgate.serve.httpserver import HTTPProtocol, _Request
+from prefixgate.upstream import http1
 from tests.pipeline.test_relay_templates import _relays, _run, same_ids, streams
+from tests.upstream.test_chunk_reads import HEAD, _framed
+from tests.upstream.test_chunk_reads import _Transport as _UpstreamTransport
 
 
 class _Transport:
@@ -30,6 +33,7 @@ class _ClientConn:
     closed = write_paused = False
     on_resume = None
     write_chunk = HTTPProtocol.write_chunk  # (the server's own framing)
+    write_framed = HTTPProtocol.write_framed
 
     def __init__(self, loop) -> None:
         self.loop, self.wire = loop, []
@@ -99,6 +103,31 @@ def _spliced(relay, groups: list[list[bytes]]) -> bytes:
         loop.close()
 
 
+def _spliced_by_connection(relay, groups: list[list[bytes]]) -> bytes:
+    """The same through a real upstream connection: each group one read of its chunks,
+    framed as an engine frames them (a read of one chunk framed by the connection itself,
+    ``tests/upstream/test_chunk_reads.py``), then the body's end."""
+    loop = asyncio.new_event_loop()
+    try:
+        client = _ClientConn(loop)
+        req = _Request(client, {"method": "POST", "http_version": "1.1"}, True)
+        req.start(200, [(b"content-type", b"text/event-stream")])
+        up = http1.Connection(http1.Pool(loop), http1.Origin("http", "127.0.0.1", 80))
+        up.connection_made(_UpstreamTransport())
+        up.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        up.data_received(HEAD + _framed(groups[0][0]))
+        sp = Splice(relay, req, up, 60.0)
+        sp.raw.appendleft(up.take())  # x.first, as run() takes it
+        up.attach(sp)
+        for group in groups[1:]:
+            up.data_received(b"".join(_framed(chunk) for chunk in group))
+        up.data_received(b"0\r\n\r\n")
+        assert up.complete and sp.ended
+        return b"".join(client.wire)
+    finally:
+        loop.close()
+
+
 @pytest.mark.parametrize("kind", ["chat", "messages", "responses"])
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams(), data=st.data())
@@ -114,18 +143,20 @@ def test_a_splice_fed_once_a_read_sends_what_the_relay_gives_a_chunk_at_a_time(
         groups.append(reads[i : i + n])
         i += n
     results = []
-    for spliced in (True, False):
+    for spliced in ("flushed", "connection", False):
         with same_ids():
             relay = _relays(kind, model, reads, True)
-            if spliced:
+            if spliced == "flushed":
                 body = _dechunk(_spliced(relay, groups))
+            elif spliced == "connection":
+                body = _dechunk(_spliced_by_connection(relay, groups))
             else:
                 got = _run(relay, reads)
                 parts = [g[2] if isinstance(g, tuple) and len(g) == 3 else g for g in got[:-1]]
                 body = b"".join(parts)
             rec = relay.rec
             results.append((body, rec.status, rec.prompt_tokens, rec.completion_tokens))
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
     assert list(itertools.chain.from_iterable(groups)) == reads
 
 

@@ -95,8 +95,11 @@ class Splice:
         elif self.ended:
             self._write_end(b"")
 
-    def feed(self, data: bytes) -> None:
-        """One read's body bytes through the relay, and what that makes out, in one write."""
+    def feed(self, data: bytes, framed: bytes | None = None) -> None:
+        """One read's body bytes through the relay, and what that makes out, in one write.
+        ``framed``: the read as it came, one chunk framed as the server frames one; when
+        the relay gives its data back as it came (a chat chunk passed through), the read
+        is what the client gets, written as it is."""
         self.fresh = True
         if self.ended:  # (bytes past the stream's end, after [DONE]: dropped)
             self._write_end(b"")
@@ -117,7 +120,10 @@ class Splice:
         elif made:
             wire = self.wire
             if wire is not None:
-                paused = wire.write_chunk(made)
+                if made is data and framed is not None:
+                    paused = wire.write_framed(framed)
+                else:
+                    paused = wire.write_chunk(made)
             else:  # the first bytes (with the head), or a body that is not chunked
                 client = self.client
                 client.write_body(made, True)

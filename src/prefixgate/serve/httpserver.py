@@ -373,6 +373,14 @@ class HTTPProtocol(asyncio.Protocol):
             )
         return self.write_paused
 
+    def write_framed(self, chunk: bytes) -> bool:
+        """One chunk already framed as :meth:`write_chunk` frames one (its size line
+        ``SIZE_LINES``' for its size, its CRLF): a spliced read that the relay passed on as
+        it came. Returns whether writing is paused."""
+        if not self.closed:
+            self.transport.write(chunk)
+        return self.write_paused
+
     def writelines(self, parts) -> None:
         if not self.closed:
             if (poller := self.poller) is not None:

@@ -125,7 +125,9 @@ class Sink(Protocol):
 
     def flush(self) -> None: ...  # the end of one read
 
-    def feed(self, data: bytes) -> None: ...  # one read's body bytes, its chunk framed here
+    # One read's body bytes, its chunk framed here; ``framed``: the read as it came (its
+    # size line the one the gateway's server writes for that many bytes).
+    def feed(self, data: bytes, framed: bytes | None = None) -> None: ...
 
 
 class Connection(asyncio.Protocol):
@@ -243,7 +245,7 @@ class Connection(asyncio.Protocol):
                 line = SIZE_LINES[n]
                 k = len(line)
                 if k + n + 2 == len(data) and data[:k] == line and data[-2:] == b"\r\n":
-                    sink.feed(data[k:-2])
+                    sink.feed(data[k:-2], data)
                     return
         try:
             self.parser.feed_data(data)
