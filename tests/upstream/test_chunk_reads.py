@@ -61,7 +61,9 @@ class _Sink:
             self.reads.append(b"".join(chunks))
             chunks.clear()
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, framed: bytes | None = None) -> None:
+        # (the read as it came: one chunk framed as the gateway's server frames one)
+        assert framed == b"%x\r\n" % len(data) + data + b"\r\n"
         self.reads.append(data)
 
     def news(self) -> None:
