@@ -13,8 +13,15 @@ import prefixgate.upstream
 PACKAGE = Path(prefixgate.upstream.__file__).parent
 
 # What the HTTP hop may use of the project: itself, the error tree, the typed config
-# (timeouts, TLS) and the event loop's busy polling.
-ALLOWED = ("prefixgate.upstream", "prefixgate.errors", "prefixgate.config", "prefixgate.busypoll")
+# (timeouts, TLS), the event loop's busy polling and the chunked framing it shares with
+# the server.
+ALLOWED = (
+    "prefixgate.upstream",
+    "prefixgate.errors",
+    "prefixgate.config",
+    "prefixgate.busypoll",
+    "prefixgate.chunked",
+)
 
 
 def imports_of(path: Path) -> set[str]:
