@@ -33,15 +33,14 @@ GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
 class Splice:
     """One stream spliced from an upstream connection (``conn``) into a client's response
     (``client``: the server's request, with ``write_body``, ``framed`` and ``conn``; once
-    the head is out and the body chunked, each read's bytes go to the connection's
-    ``write_chunk``) through ``relay``."""
+    the head is out and the body chunked (``framed``), each read's bytes go to the
+    connection's ``write_chunk``) through ``relay``."""
 
     __slots__ = (  # what each read touches first (at a thousand streams, each a cache miss)
         "raw",
         "fresh",
         "ended",
         "relay",
-        "wire",
         "client",
         "out",
         "conn",
@@ -60,9 +59,6 @@ class Splice:
         # is fed once a read.
         self.raw = conn.chunks
         self.out: list[bytes] = []  # the answer's last bytes, written by flush
-        # The client's connection once the response's head is out and its body chunked:
-        # each read's bytes are written to it, past the request (None: through the request).
-        self.wire = None
         self.ended = False  # the last bytes are in ``out`` (or written)
         self.done = self.loop.create_future()
         self.last = self.loop.time()  # by the idle timer's checks: when body bytes last came
@@ -118,21 +114,18 @@ class Splice:
         if self.ended:
             self._write_end(made)
         elif made:
-            wire = self.wire
-            if wire is not None:
+            client = self.client
+            if client.framed:  # the head is out, the body chunked: past the request
                 if made is data and framed is not None:
-                    paused = wire.write_framed(framed)
+                    paused = client.conn.write_framed(framed)
                 else:
-                    paused = wire.write_chunk(made)
+                    paused = client.conn.write_chunk(made)
             else:  # the first bytes (with the head), or a body that is not chunked
-                client = self.client
                 client.write_body(made, True)
-                if client.framed:
-                    self.wire = client.conn
                 paused = client.conn.write_paused
             if paused:
                 self.conn.hold(True)  # the client's buffer is full: stop reading upstream
-                self.client.conn.on_resume = self._resume
+                client.conn.on_resume = self._resume
 
     def _write_end(self, made: bytes) -> None:
         out = self.out
