@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from prefixgate.apis.chat.endpoint import ENDPOINT as CHAT
+from prefixgate.apis.chat.steps import ChatRelay
 from prefixgate.pipeline.splice import Splice
 from prefixgate.serve.httpserver import HTTPProtocol, _Request
 from prefixgate.upstream import http1
-from tests.pipeline.test_relay_templates import _relays, _run, same_ids, streams
+from prefixgate.upstream.transport import FakeReply
+from tests.pipeline.test_relay_templates import _relays, _run, _shape, same_ids, streams
+from tests.pipeline.test_relays import MSG, _exchange
 from tests.upstream.test_chunk_reads import HEAD, _framed
 from tests.upstream.test_chunk_reads import _Transport as _UpstreamTransport
 
@@ -31,9 +37,11 @@ class _ClientConn:
     """The server's side of the client's connection, as a request writes to it."""
 
     closed = write_paused = False
-    on_resume = None
+    on_resume = on_pause = _drain = None
     write_chunk = HTTPProtocol.write_chunk  # (the server's own framing)
     write_framed = HTTPProtocol.write_framed
+    pause_writing = HTTPProtocol.pause_writing
+    resume_writing = HTTPProtocol.resume_writing
 
     def __init__(self, loop) -> None:
         self.loop, self.wire = loop, []
@@ -49,7 +57,7 @@ class _UpstreamConn:
     read's HTTP chunks in ``chunks`` (as the parser appends them)."""
 
     complete = closed = paused = False
-    error = None
+    error = transport = poller = None
 
     def __init__(self, loop) -> None:
         self.loop = loop
@@ -103,26 +111,53 @@ def _spliced(relay, groups: list[list[bytes]]) -> bytes:
         loop.close()
 
 
+@contextlib.contextmanager
+def _connection_reads():
+    """The reads that reach the upstream connection meanwhile (not the splice's lane)."""
+    reads: list[bytes] = []
+    inner = http1.Connection.data_received
+
+    def counted(self, data: bytes) -> None:
+        reads.append(data)
+        inner(self, data)
+
+    with mock.patch.object(http1.Connection, "data_received", counted):
+        yield reads
+
+
+def _begun(relay, client, first: bytes, transport=None) -> tuple[Splice, http1.Connection]:
+    """A splice begun on a real upstream connection (over ``transport``) whose response
+    head and first chunk (``first``) came in one read, for the server's request on
+    ``client``."""
+    req = _Request(client, {"method": "POST", "http_version": "1.1"}, True)
+    req.start(200, [(b"content-type", b"text/event-stream")])
+    up = http1.Connection(http1.Pool(client.loop), http1.Origin("http", "127.0.0.1", 80))
+    up.connection_made(transport or _UpstreamTransport())
+    up.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+    up.data_received(HEAD + _framed(first))
+    sp = Splice(relay, req, up, 60.0)
+    sp.raw.appendleft(up.take())  # x.first, as run() takes it
+    sp.begin()
+    assert up.transport.protocol is sp  # every read comes to the splice first
+    return sp, up
+
+
 def _spliced_by_connection(relay, groups: list[list[bytes]]) -> bytes:
     """The same through a real upstream connection: each group one read of its chunks,
     framed as an engine frames them (a read of one chunk framed by the connection itself,
-    ``tests/upstream/test_chunk_reads.py``), then the body's end."""
+    ``tests/upstream/test_chunk_reads.py``), each read given to the transport's protocol
+    (the splice, whose lane takes a read that is one chunk of its relay's template), then
+    the body's end."""
     loop = asyncio.new_event_loop()
     try:
         client = _ClientConn(loop)
-        req = _Request(client, {"method": "POST", "http_version": "1.1"}, True)
-        req.start(200, [(b"content-type", b"text/event-stream")])
-        up = http1.Connection(http1.Pool(loop), http1.Origin("http", "127.0.0.1", 80))
-        up.connection_made(_UpstreamTransport())
-        up.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
-        up.data_received(HEAD + _framed(groups[0][0]))
-        sp = Splice(relay, req, up, 60.0)
-        sp.raw.appendleft(up.take())  # x.first, as run() takes it
-        up.attach(sp)
+        sp, up = _begun(relay, client, groups[0][0])
         for group in groups[1:]:
-            up.data_received(b"".join(_framed(chunk) for chunk in group))
-        up.data_received(b"0\r\n\r\n")
+            up.transport.protocol.data_received(b"".join(_framed(chunk) for chunk in group))
+        up.transport.protocol.data_received(b"0\r\n\r\n")
         assert up.complete and sp.ended
+        sp._stop()
+        assert up.transport.protocol is up
         return b"".join(client.wire)
     finally:
         loop.close()
@@ -189,3 +224,162 @@ def test_what_a_streams_every_read_touches_keeps_its_attributes_in_slots(kind) -
     assert first is not None and not relay.timing
     relay.feed(reads[0])
     assert relay.rec.first_byte_at == first
+
+
+def _pumped(relay, reads: list[bytes]) -> bytes:
+    got = _run(relay, reads)
+    return b"".join(g[2] if isinstance(g, tuple) and len(g) == 3 else g for g in got[:-1])
+
+
+def _swapping_chat(upstream_model: str) -> ChatRelay:
+    """A chat relay whose upstream names the model otherwise than the client did (the
+    name swapped in each chunk's bytes)."""
+    body = {**MSG, "model": "public-name", "stream_options": {"include_usage": True}}
+    x, _, _ = _exchange(CHAT, body, FakeReply.sse(b"{}"))
+    x.out["model"] = upstream_model
+    return ChatRelay(x)
+
+
+def _relay(kind: str, model: str, reads: list[bytes]):
+    return _swapping_chat(model) if kind == "chat-swapped" else _relays(kind, model, reads, True)
+
+
+@pytest.mark.parametrize("kind", ["chat", "chat-swapped", "messages", "responses"])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=streams())
+def test_the_lane_sends_what_the_relay_gives_a_read_at_a_time(kind, stream) -> None:
+    """Every read one chunk (the lane's reads): the client's body and the record are
+    the pumped relay's, odd pieces (escapes, invalid bytes, key-like strings) included."""
+    model, reads = stream
+    results = []
+    for spliced in (True, False):
+        with same_ids():
+            relay = _relay(kind, model, reads)
+            if spliced:
+                body = _dechunk(_spliced_by_connection(relay, [[r] for r in reads]))
+            else:
+                body = _pumped(relay, reads)
+            rec = relay.rec
+            results.append((body, rec.status, rec.prompt_tokens, rec.completion_tokens))
+    assert results[0] == results[1]
+
+
+# Pieces as an upstream may write them: plain, escaped as msgspec escapes, escaped
+# otherwise (a \u escape of a printable letter, an escaped solidus: a converter that
+# encodes the piece again writes them otherwise), and one that spells a key.
+_TOKENS = [
+    b'"Hello"',
+    b'" wor"',
+    b'"\\n"',
+    b'" caf\\u00e9"',
+    b'" \\"q\\""',
+    b'"a\\/b"',
+    b'"usage"',
+    b'" 42"',
+]
+
+
+def _long(engine: str, model: str, n: int, key: str = "content") -> list[bytes]:
+    datas = [_shape(engine, model, {"role": "assistant", "content": ""})]
+    cut = _shape(engine, model, {key: "TOKEN"})
+    datas += [cut.replace(b'"TOKEN"', _TOKENS[i % len(_TOKENS)]) for i in range(n)]
+    usage = {"prompt_tokens": 9, "completion_tokens": n, "total_tokens": 9 + n}
+    datas += [_shape(engine, model, {}, "stop"), _shape(engine, model, None, usage=usage)]
+    return [b"data: " + d + b"\n\n" for d in [*datas, b"[DONE]"]]
+
+
+@pytest.mark.parametrize(
+    ("kind", "engine"),
+    [("chat", "vllm"), ("chat-swapped", "vllm"), ("messages", "vllm"), ("messages", "sglang")],
+)
+def test_once_learned_a_streams_reads_go_by_the_lane(kind, engine) -> None:
+    """A long stream, a chunk a read: after the first few (the template learned, the
+    first byte's time set, the block opened) no read reaches the upstream connection
+    but the last three (the finish, the usage, [DONE]), and the client gets the same.
+    (SGLang's chat chunks each name ``usage``: the chat relay decodes every one.)"""
+    reads = _long(engine, "up/m-1", 60)
+    with same_ids():
+        relay = _relay(kind, "up/m-1", reads)
+        with _connection_reads() as seen:
+            spliced = _dechunk(_spliced_by_connection(relay, [[r] for r in reads]))
+    with same_ids():
+        assert spliced == _pumped(_relay(kind, "up/m-1", reads), reads)
+    # the head with the first read; then the reads of the pieces until the template is
+    # learned and taken once by the relay; the finish, the usage and [DONE]; the end
+    # (and in chat, each piece that spells a key: the relay's search would stop at it)
+    keys = 60 // len(_TOKENS) + 1 if kind.startswith("chat") else 0
+    assert 4 <= len(seen) <= 10 + keys, len(seen)
+    assert seen[-1] == b"0\r\n\r\n"
+    if kind == "chat-swapped":
+        assert b'"model":"public-name"' in spliced and b"up/m-1" not in spliced
+
+
+class _PausingTransport:
+    """The client's transport: full (its protocol told to pause writing, inside the
+    write, as a transport does) once ``room`` bytes were written."""
+
+    def __init__(self, conn, room: int) -> None:
+        self.conn, self.room, self.wire = conn, room, []
+
+    def write(self, data: bytes) -> None:
+        self.wire.append(data)
+        if sum(map(len, self.wire)) > self.room and not self.conn.write_paused:
+            self.conn.pause_writing()
+
+
+def test_a_client_that_fills_its_buffer_closes_the_lane_and_holds_the_upstream() -> None:
+    reads = _long("vllm", "m", 80)
+    loop = asyncio.new_event_loop()
+    try:
+        client = _ClientConn(loop)
+        tr = client.transport = _PausingTransport(client, 4000)
+        client.write = tr.write
+        held: list[bool] = []
+        transport = _UpstreamTransport()
+        transport.pause_reading = lambda: held.append(True)
+        transport.resume_reading = lambda: held.append(False)
+        with same_ids():
+            sp, up = _begun(_relays("chat", "m", reads, True), client, reads[0], transport)
+            i = 1
+            while not held and i < len(reads):
+                transport.protocol.data_received(_framed(reads[i]))
+                i += 1
+            assert held == [True] and up.paused and sp.head is None  # the lane closed
+            assert client.on_resume is not None
+            # (an upstream that sends on while paused: what it sent is still relayed)
+            transport.protocol.data_received(_framed(reads[i]))
+            i += 1
+            tr.room = 10**9
+            client.resume_writing()
+            assert held == [True, False] and not up.paused and sp.head is not None
+            for r in reads[i:]:
+                transport.protocol.data_received(_framed(r))
+            transport.protocol.data_received(b"0\r\n\r\n")
+            assert sp.ended
+            sp._stop()
+            assert client.on_pause is None and client.on_resume is None
+        with same_ids():
+            assert _dechunk(b"".join(tr.wire)) == _pumped(_relays("chat", "m", reads, True), reads)
+    finally:
+        loop.close()
+
+
+def test_a_client_gone_closes_the_lane_and_nothing_more_is_written() -> None:
+    reads = _long("vllm", "m", 40)
+    loop = asyncio.new_event_loop()
+    try:
+        client = _ClientConn(loop)
+        sp, up = _begun(_relays("chat", "m", reads, True), client, reads[0])
+        transport = up.transport
+        for r in reads[1:20]:
+            transport.protocol.data_received(_framed(r))
+        assert sp.head is not None
+        written = len(client.wire)
+        client.closed = True
+        client.on_pause()  # (what HTTPProtocol.connection_lost does)
+        assert sp.head is None
+        for r in reads[20:30]:
+            transport.protocol.data_received(_framed(r))
+        assert len(client.wire) == written
+    finally:
+        loop.close()

@@ -25,6 +25,10 @@ class _Transport:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
         self.closed = False
+        self.protocol = None
+
+    def set_protocol(self, protocol) -> None:
+        self.protocol = protocol
 
     def get_extra_info(self, name, default=None):
         return default

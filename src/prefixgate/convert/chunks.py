@@ -103,6 +103,11 @@ class ChunkWalk:
         self._piece(out, kind, piece)
         return b"".join(out)
 
+    def lane(self, kind: str) -> tuple[bytes, bytes] | None:
+        """What :meth:`one` of a piece of ``kind`` makes around the piece's JSON string,
+        as it stands, when making it changes nothing here (None: it is not so)."""
+        return None
+
     def learn(self, data: bytes, chunk: dict) -> None:
         """After :meth:`feed` of ``chunk`` (``data``, its JSON): when it was one piece of
         a kind not learned yet, its template. The cut is checked: the same bytes with

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 from starlette.responses import Response
@@ -36,6 +37,7 @@ from prefixgate.usage import Usage
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _QUOTE = 34  # ord('"')
+_NO_KEYS: frozenset[str] = frozenset()
 
 
 async def settle_once(x: Exchange) -> None:
@@ -82,6 +84,26 @@ def passthrough(
 
 
 # -- stream relays: what happens to each upstream read, without I/O ---------------------
+class Lane(NamedTuple):
+    """What a relay makes, as it stands, of a read that is its current template's chunk
+    with another piece (``head`` + a JSON string + ``tail``), when making it changes
+    nothing in the relay: the splice takes such reads by itself, framed and all, without
+    a call (``pipeline/splice.py``), and gives them out as the relay's ``feed`` would.
+
+    The piece is taken when it is at least ``least`` bytes (quotes included), decodes
+    (msgspec), and is none of ``keys`` (pieces the relay's search would stop at). It goes
+    out as the read itself when ``out_head`` is None; else as ``out_head`` + the piece +
+    ``out_tail``, the piece encoded again (``recode``) or its bytes as they came."""
+
+    head: bytes
+    tail: bytes
+    least: int
+    keys: frozenset[str]
+    out_head: bytes | None
+    out_tail: bytes
+    recode: bool
+
+
 class Relay:
     """A stream's way from the upstream's bytes to the client's, without I/O: ``feed``
     each body read and write what it returns; once ``done`` (the upstream's end marker
@@ -120,6 +142,10 @@ class Relay:
 
     def error_bytes(self, err: GatewayError) -> bytes:
         raise NotImplementedError
+
+    def lane(self) -> Lane | None:
+        """The lane a read may take past ``feed`` now (None: every read is fed)."""
+        return None
 
     def fail(self, err: GatewayError) -> bytes:
         failed(self.rec, err)
@@ -196,6 +222,14 @@ class Converted(Relay):
         out = self._take()
         self.quiet = not self.dec.buf
         return out
+
+    def lane(self) -> Lane | None:
+        if not self.quiet or self.timing or self.done or not self.head:
+            return None
+        out = self.conv.lane(self.kind)  # (a delta of the open block, its kind's)
+        if out is None:
+            return None
+        return Lane(self.head, self.tail, 3, _NO_KEYS, out[0], out[1], True)
 
     def _events(self, datas) -> None:
         conv, held, secret = self.conv, self.held, self.secret

@@ -23,11 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
+import msgspec
+
+from prefixgate.chunked import SIZE_LINES
 from prefixgate.errors import GatewayError, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("prefixgate.relay")
 GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
+_decode = msgspec.json.decode
+_encode = msgspec.json.encode
+_QUOTE = 34  # ord('"')
 
 
 class Splice:
@@ -37,18 +44,31 @@ class Splice:
     connection's ``write_chunk``) through ``relay``."""
 
     __slots__ = (  # what each read touches first (at a thousand streams, each a cache miss)
-        "raw",
+        "head",
+        "hl",
+        "tail2",
+        "t2",
+        "least",
         "fresh",
+        "wire",
+        "keys",
+        "ohead",
+        "otail",
+        "ol",
+        "recode",
+        "poller",
+        "raw",
         "ended",
+        "out",
         "relay",
         "client",
-        "out",
         "conn",
         "idle",
         "loop",
         "done",
         "last",
         "timer",
+        "swapped",
     )
 
     def __init__(self, relay, client, conn, idle: float) -> None:
@@ -64,17 +84,127 @@ class Splice:
         self.last = self.loop.time()  # by the idle timer's checks: when body bytes last came
         self.fresh = False  # body bytes came since the idle timer's last check
         self.timer: asyncio.TimerHandle | None = None
+        self.poller = conn.poller
+        # The lane (Relay.lane): a read that is one whole chunk of the relay's template,
+        # checked and written here, the upstream connection's protocol meanwhile (see
+        # data_received). ``head`` None: no lane, every read goes the connection's way.
+        self.head: bytes | None = None
+        self.hl = self.t2 = self.least = self.ol = 0
+        self.tail2 = self.otail = b""
+        self.wire: Any = None  # the client's transport (a lane's writes)
+        self.keys: frozenset[str] = frozenset()
+        self.ohead: bytes | None = None
+        self.recode = False
+        self.swapped = False  # the upstream transport's protocol is this splice
 
     async def run(self, first: bytes) -> None:
         """Relay ``first`` and the rest of the body; return once the answer is complete
         (or failed) and written."""
         self.raw.appendleft(first)  # (taken from the connection before the splice began)
         self.timer = self.loop.call_at(self.last + self.idle / 4, self._check_idle)
-        self.conn.attach(self)
+        self.begin()
         try:
             await self.done
         finally:
             self._stop()
+
+    def begin(self) -> None:
+        """Take the upstream connection's body from here on: its sink, and its transport's
+        protocol (every read comes to :meth:`data_received` first)."""
+        self.conn.attach(self)
+        conn = self.conn
+        transport = conn.transport
+        if not self.done.done() and transport is not None and not conn.closed:
+            transport.set_protocol(self)
+            self.swapped = True
+            self.client.conn.on_pause = self._stalled
+            self._arm()
+
+    # -- the upstream transport's protocol, while spliced ------------------------------------
+    def data_received(self, data: bytes) -> None:
+        """A read: one whole chunk of the lane's template (most reads of a stream) is
+        checked and written here, as the relay would make it and the connection would
+        frame it (``Connection.data_received``: the size line the server writes for its
+        size, that many bytes, CRLF; the parser left between two chunks); any other read
+        is the connection's, and the lane is looked at again after it."""
+        head = self.head
+        if head is not None:
+            n = len(data)
+            m = n - (5 if n <= 20 else 6 if n < 262 else 7)  # (1, 2 or 3 hex digits)
+            if 0 < m < 4096:
+                line = SIZE_LINES[m]
+                k = len(line)
+                j = k + self.hl
+                t2 = self.t2
+                if (
+                    k + m + 2 == n
+                    and data[:k] == line
+                    and data[k:j] == head
+                    and data[-t2:] == self.tail2
+                ):
+                    tok = data[j:-t2]
+                    if len(tok) >= self.least and tok[0] == _QUOTE and tok[-1] == _QUOTE:
+                        try:
+                            piece = _decode(tok)
+                        except msgspec.DecodeError:
+                            piece = None
+                        if piece is not None and piece not in self.keys:
+                            self.fresh = True
+                            if (poller := self.poller) is not None:
+                                poller.touch()
+                            ohead = self.ohead
+                            if ohead is None:
+                                self.wire.write(data)
+                            else:
+                                mid = _encode(piece) if self.recode else tok
+                                m = self.ol + len(mid)
+                                size = SIZE_LINES[m] if m < 4096 else b"%x\r\n" % m
+                                self.wire.write(b"".join((size, ohead, mid, self.otail, b"\r\n")))
+                            return
+        self.conn.data_received(data)
+        self._arm()
+
+    def eof_received(self) -> bool:
+        return self.conn.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.head = None
+        self.conn.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.conn.resume_writing()
+
+    def _arm(self) -> None:
+        """The lane, when reads may take it: the relay has one, the upstream's parser sits
+        between two chunks of this splice's body, the client's head is out and its
+        connection open and writable, and the answer not ended."""
+        self.head = None
+        conn, client = self.conn, self.client
+        if self.ended or conn.sink is not self or not conn.between or conn.paused:
+            return
+        if not client.framed or client.conn.closed or client.conn.write_paused:
+            return
+        lane = self.relay.lane()
+        if lane is None:
+            return
+        self.hl, self.tail2 = len(lane.head), lane.tail + b"\r\n"
+        self.t2, self.least, self.keys = len(self.tail2), lane.least, lane.keys
+        self.ohead, self.otail, self.recode = lane.out_head, lane.out_tail, lane.recode
+        self.ol = len(lane.out_head or b"") + len(lane.out_tail)
+        self.wire = client.conn.transport
+        self.head = lane.head
+
+    def _stalled(self) -> None:
+        """The client's connection paused writing (its buffer is full) or was lost: the
+        lane closes; a paused one stops the upstream's reads until it drains."""
+        self.head = None
+        cc = self.client.conn
+        if cc.write_paused and not cc.closed:
+            self.conn.hold(True)
+            cc.on_resume = self._resume
 
     # -- the connection's side (http1.Sink: ``news``, ``flush``, ``feed``) ------------------
     def flush(self) -> None:
@@ -182,6 +312,8 @@ class Splice:
     def _resume(self) -> None:
         self.client.conn.on_resume = None
         self.conn.hold(False)
+        if self.swapped:
+            self._arm()
 
     def _check_idle(self) -> None:
         self.timer = None
@@ -212,6 +344,15 @@ class Splice:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.conn.detach()
-        if self.client.conn.on_resume == self._resume:
-            self.client.conn.on_resume = None
+        self.head = None
+        conn = self.conn
+        if self.swapped:
+            self.swapped = False
+            if conn.transport is not None and not conn.closed:
+                conn.transport.set_protocol(conn)
+        conn.detach()
+        cc = self.client.conn
+        if cc.on_resume == self._resume:
+            cc.on_resume = None
+        if cc.on_pause == self._stalled:
+            cc.on_pause = None

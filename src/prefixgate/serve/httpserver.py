@@ -256,6 +256,7 @@ class HTTPProtocol(asyncio.Protocol):
         "transport",
         "write_paused",
         "on_resume",
+        "on_pause",
         "poller",
         "current",
         "server",
@@ -292,6 +293,9 @@ class HTTPProtocol(asyncio.Protocol):
         self.read_paused = False
         self._drain: asyncio.Future | None = None
         self.on_resume: Callable[[], None] | None = None  # a splice's, while it is paused
+        # A splice's, while it writes to the transport itself: told when writing pauses
+        # and when the connection is lost (pipeline/splice.py, its lane).
+        self.on_pause: Callable[[], None] | None = None
         self.closed = False
         self.requests = 0  # requests begun on this connection
         self._url = bytearray()
@@ -318,6 +322,8 @@ class HTTPProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        if self.on_pause is not None:
+            self.on_pause()
         self.server.connections.discard(self)
         for req in (self.current, self.parsing, *self.pipeline):
             if req is None:
@@ -340,6 +346,8 @@ class HTTPProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self.on_pause is not None:
+            self.on_pause()
 
     def resume_writing(self) -> None:
         self.write_paused = False

@@ -18,7 +18,7 @@ from prefixgate.errors import GatewayError, UpstreamError
 from prefixgate.identify import session_of_chat
 from prefixgate.pipeline.diagnose import extension_tail, look_up
 from prefixgate.pipeline.exchange import Exchange
-from prefixgate.pipeline.relays import Answer, Relay, Stream, json_object, settle_once
+from prefixgate.pipeline.relays import Answer, Lane, Relay, Stream, json_object, settle_once
 from prefixgate.pipeline.steps import set_decoded
 from prefixgate.protocol import openai as openai_proto
 from prefixgate.sse import single
@@ -125,6 +125,14 @@ class ChatRelay(Relay):
     @property
     def usage(self) -> Usage:
         return self._usage
+
+    def lane(self) -> Lane | None:
+        if not self.quiet or self.timing or self.done or not self.head:
+            return None
+        sent = self.sent
+        if sent is None:  # the read as it came
+            return Lane(self.head, self.tail, 2, _LOOKED_FOR, None, b"", False)
+        return Lane(self.head, self.tail, 2, _LOOKED_FOR, sent[0], sent[1], False)
 
     def feed(self, chunk: bytes) -> bytes:
         if self.quiet:

@@ -161,6 +161,11 @@ class AnthropicStream(ChunkWalk):
             return b"".join((self._delta_head, _encode(piece), _DELTA_TAIL))
         return super().one(kind, piece)
 
+    def lane(self, kind: str) -> tuple[bytes, bytes] | None:
+        if self._open == kind and self.saw_content:  # (what ``one`` makes, and only that)
+            return self._delta_head, _DELTA_TAIL
+        return None
+
     def _piece(self, out: list[bytes], kind: str, piece: str) -> None:
         if self._open != kind:
             self._switch(out, kind, _BLOCKS[kind])
