@@ -31,6 +31,10 @@ from tests.upstream.test_chunk_reads import _Transport as _UpstreamTransport
 class _Transport:
     def __init__(self, wire: list[bytes]) -> None:
         self.write = wire.append
+        self.closing = False
+
+    def close(self) -> None:
+        self.closing = True
 
 
 class _ClientConn:
@@ -42,6 +46,7 @@ class _ClientConn:
     write_framed = HTTPProtocol.write_framed
     pause_writing = HTTPProtocol.pause_writing
     resume_writing = HTTPProtocol.resume_writing
+    close = HTTPProtocol.close
 
     def __init__(self, loop) -> None:
         self.loop, self.wire = loop, []
@@ -364,7 +369,8 @@ def test_a_client_that_fills_its_buffer_closes_the_lane_and_holds_the_upstream()
         loop.close()
 
 
-def test_a_client_gone_closes_the_lane_and_nothing_more_is_written() -> None:
+@pytest.mark.parametrize("how", ["closed", "lost"])
+def test_a_client_gone_closes_the_lane_and_nothing_more_is_written(how) -> None:
     reads = _long("vllm", "m", 40)
     loop = asyncio.new_event_loop()
     try:
@@ -375,8 +381,12 @@ def test_a_client_gone_closes_the_lane_and_nothing_more_is_written() -> None:
             transport.protocol.data_received(_framed(r))
         assert sp.head is not None
         written = len(client.wire)
-        client.closed = True
-        client.on_pause()  # (what HTTPProtocol.connection_lost does)
+        if how == "closed":  # by the server (its shutdown, the edge sweep)
+            client.close()
+            assert client.transport.closing
+        else:
+            client.closed = True
+            client.on_pause()  # (what HTTPProtocol.connection_lost does)
         assert sp.head is None
         for r in reads[20:30]:
             transport.protocol.data_received(_framed(r))

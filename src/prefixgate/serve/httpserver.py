@@ -294,7 +294,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._drain: asyncio.Future | None = None
         self.on_resume: Callable[[], None] | None = None  # a splice's, while it is paused
         # A splice's, while it writes to the transport itself: told when writing pauses
-        # and when the connection is lost (pipeline/splice.py, its lane).
+        # and when the connection is closed or lost (pipeline/splice.py, its lane).
         self.on_pause: Callable[[], None] | None = None
         self.closed = False
         self.requests = 0  # requests begun on this connection
@@ -399,6 +399,8 @@ class HTTPProtocol(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.transport.close()
+            if self.on_pause is not None:
+                self.on_pause()  # (a splice's lane writes no more)
 
     # -- the edge sweep (edge.py) -------------------------------------------------------
     def edge_state(self) -> tuple[int, int, int]:
