@@ -9,6 +9,14 @@ relay is pumped by the response's task, a read and a ``send`` per chunk
 (:class:`~prefixgate.pipeline.relays.Stream`). The per-chunk cost of both is in
 docs/performance.md ("Agent-scale streaming").
 
+The lane: while spliced, the splice is the upstream transport's protocol, and a read that
+is one whole chunk of the relay's current template (:class:`~prefixgate.pipeline.relays.
+Lane`: most reads of a stream, once a few have been seen) is checked and written to the
+client's transport right there, in one Python call, touching no object but the splice;
+any other read goes to the connection and its relay as above, and the lane is looked at
+again after it. The lane closes while the client's connection is paused, closed or lost
+(the server's protocol tells the splice: ``on_pause``), and whenever the relay has none.
+
 What the task still does: it starts the splice and waits for its end, and it is cancelled
 when the client leaves (the server's doing), which detaches the splice and closes the
 upstream response. Back-pressure: while the client's connection is past its write buffer's
@@ -35,6 +43,7 @@ GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _QUOTE = 34  # ord('"')
+_ESCAPE = b"\\"
 
 
 class Splice:
@@ -156,7 +165,10 @@ class Splice:
                             if ohead is None:
                                 self.wire.write(data)
                             else:
-                                mid = _encode(piece) if self.recode else tok
+                                # (re-encoded only when it holds an escape: msgspec
+                                # writes a string with none as it came, having refused
+                                # raw control characters and invalid UTF-8 when decoding)
+                                mid = _encode(piece) if self.recode and _ESCAPE in tok else tok
                                 m = self.ol + len(mid)
                                 size = SIZE_LINES[m] if m < 4096 else b"%x\r\n" % m
                                 self.wire.write(b"".join((size, ohead, mid, self.otail, b"\r\n")))
