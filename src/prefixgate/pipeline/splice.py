@@ -101,7 +101,7 @@ class Splice:
         self.hl = self.t2 = self.least = self.ol = 0
         self.tail2 = self.otail = b""
         self.wire: Any = None  # the client's transport (a lane's writes)
-        self.keys: frozenset[str] = frozenset()
+        self.keys: frozenset[str] | None = None
         self.ohead: bytes | None = None
         self.recode = False
         self.swapped = False  # the upstream transport's protocol is this splice
@@ -157,7 +157,8 @@ class Splice:
                             piece = _decode(tok)
                         except msgspec.DecodeError:
                             piece = None
-                        if piece is not None and piece not in self.keys:
+                        keys = self.keys  # (None: none, and no hash of the piece taken)
+                        if piece is not None and (keys is None or piece not in keys):
                             self.fresh = True
                             if (poller := self.poller) is not None:
                                 poller.touch()
@@ -203,7 +204,7 @@ class Splice:
         if lane is None:
             return
         self.hl, self.tail2 = len(lane.head), lane.tail + b"\r\n"
-        self.t2, self.least, self.keys = len(self.tail2), lane.least, lane.keys
+        self.t2, self.least, self.keys = len(self.tail2), lane.least, lane.keys or None
         self.ohead, self.otail, self.recode = lane.out_head, lane.out_tail, lane.recode
         self.ol = len(lane.out_head or b"") + len(lane.out_tail)
         self.wire = client.conn.transport
