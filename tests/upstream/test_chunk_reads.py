@@ -303,3 +303,18 @@ def test_chunks_at_the_edges_of_their_size_lines_lengths() -> None:
     assert sink.reads == datas
     assert conn.complete and conn.error is None
     assert fed == 2 + 2  # the head, the end, and the two chunks of 4 KiB and more
+
+
+def test_a_reads_length_names_the_one_chunk_it_can_be() -> None:
+    """``READ_LINES``: for each read length, the size line of the one chunk of 1 to 4,095
+    bytes that, framed by the server's ``SIZE_LINES`` with its CRLF, is that long."""
+    from prefixgate.chunked import READ_LINES, SIZE_LINES
+
+    framings: dict[int, list[bytes]] = {}
+    for m in range(1, 4096):
+        framings.setdefault(len(SIZE_LINES[m]) + m + 2, []).append(SIZE_LINES[m])
+    assert all(len(lines) == 1 for lines in framings.values())
+    assert len(READ_LINES) == max(framings) + 1
+    for n, line in enumerate(READ_LINES):
+        assert line == (framings[n][0] if n in framings else None), n
+    assert READ_LINES[6] == b"1\r\n" and READ_LINES[21] is None and READ_LINES[4102] == b"fff\r\n"

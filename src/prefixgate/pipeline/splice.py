@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from prefixgate.chunked import SIZE_LINES
+from prefixgate.chunked import READ_LINES, SIZE_LINES
 from prefixgate.errors import GatewayError, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("prefixgate.relay")
@@ -44,6 +44,7 @@ _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _QUOTE = 34  # ord('"')
 _ESCAPE = b"\\"
+_READS = len(READ_LINES)
 
 
 class Splice:
@@ -139,18 +140,11 @@ class Splice:
         head = self.head
         if head is not None:
             n = len(data)
-            m = n - (5 if n <= 20 else 6 if n < 262 else 7)  # (1, 2 or 3 hex digits)
-            if 0 < m < 4096:
-                line = SIZE_LINES[m]
+            if n < _READS and (line := READ_LINES[n]) is not None:
                 k = len(line)
                 j = k + self.hl
                 t2 = self.t2
-                if (
-                    k + m + 2 == n
-                    and data[:k] == line
-                    and data[k:j] == head
-                    and data[-t2:] == self.tail2
-                ):
+                if data[:k] == line and data[k:j] == head and data[-t2:] == self.tail2:
                     tok = data[j:-t2]
                     if len(tok) >= self.least and tok[0] == _QUOTE and tok[-1] == _QUOTE:
                         try:

@@ -31,9 +31,10 @@ from urllib.parse import urlsplit
 import httptools
 
 from prefixgate import busypoll
-from prefixgate.chunked import SIZE_LINES
+from prefixgate.chunked import READ_LINES
 
 _PAUSE_AT = 1 << 20  # stop reading from the socket past this many unread body bytes
+_READS = len(READ_LINES)
 _RESUME_AT = 1 << 18
 
 
@@ -235,16 +236,14 @@ class Connection(asyncio.Protocol):
             # A spliced stream's read is most often one whole chunk (an engine writes each
             # event as one), and its parser sits between two: such a read is framed here
             # and its data handed on, without the parser. Taken only when it is exactly
-            # what the parser would take the same way: the size of a chunk the read's
-            # length leaves (1 to 4,095 bytes, so never the last chunk) as its size line,
-            # lower-case hex with no leading zero, sign, space or extension; that many
-            # bytes; CRLF. The parser is left between two chunks, as it would be.
+            # what the parser would take the same way: the size of the chunk the read's
+            # length leaves (1 to 4,095 bytes, so never the last chunk: READ_LINES) as its
+            # size line, lower-case hex with no leading zero, sign, space or extension;
+            # that many bytes; CRLF. The parser is left between two chunks, as it would be.
             n = len(data)
-            n -= 5 if n <= 20 else 6 if n < 262 else 7  # (1, 2 or 3 hex digits)
-            if 0 < n < 4096:
-                line = SIZE_LINES[n]
+            if n < _READS and (line := READ_LINES[n]) is not None:
                 k = len(line)
-                if k + n + 2 == len(data) and data[:k] == line and data[-2:] == b"\r\n":
+                if data[:k] == line and data[-2:] == b"\r\n":
                     sink.feed(data[k:-2], data)
                     return
         try:
