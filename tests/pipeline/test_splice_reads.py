@@ -12,7 +12,6 @@ import contextlib
 import itertools
 from unittest import mock
 
-import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -394,19 +393,3 @@ def test_a_client_gone_closes_the_lane_and_nothing_more_is_written(how) -> None:
         assert len(client.wire) == written
     finally:
         loop.close()
-
-
-@settings(max_examples=2000, deadline=None)
-@given(inner=st.one_of(st.binary(max_size=24), st.text(max_size=24).map(str.encode)))
-def test_a_string_with_no_escape_is_written_by_msgspec_as_it_came(inner) -> None:
-    """What lets the lane write a converted piece's bytes as they came when they hold no
-    backslash: msgspec refuses raw control characters and invalid UTF-8 when decoding,
-    and escapes nothing else when encoding."""
-    tok = b'"' + inner + b'"'
-    if b"\\" in tok:
-        return
-    try:
-        piece = msgspec.json.decode(tok)
-    except msgspec.DecodeError:
-        return
-    assert msgspec.json.encode(piece) == tok

@@ -42,8 +42,6 @@ log = logging.getLogger("prefixgate.relay")
 GRACE = 1.0  # seconds an upstream has to end its body once the answer went out
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-_QUOTE = 34  # ord('"')
-_ESCAPE = b"\\"
 _READS = len(READ_LINES)
 
 
@@ -145,8 +143,10 @@ class Splice:
                 j = k + self.hl
                 t2 = self.t2
                 if data[:k] == line and data[k:j] == head and data[-t2:] == self.tail2:
-                    tok = data[j:-t2]
-                    if len(tok) >= self.least and tok[0] == _QUOTE and tok[-1] == _QUOTE:
+                    # the string, its quotes included (``head``'s last byte and
+                    # ``tail2``'s first: a shared one leaves a byte, fewer than ``least``)
+                    tok = data[j - 1 : 1 - t2]
+                    if len(tok) >= self.least:
                         try:
                             piece = _decode(tok)
                         except msgspec.DecodeError:
@@ -160,10 +160,7 @@ class Splice:
                             if ohead is None:
                                 self.wire.write(data)
                             else:
-                                # (re-encoded only when it holds an escape: msgspec
-                                # writes a string with none as it came, having refused
-                                # raw control characters and invalid UTF-8 when decoding)
-                                mid = _encode(piece) if self.recode and _ESCAPE in tok else tok
+                                mid = _encode(piece) if self.recode else tok
                                 m = self.ol + len(mid)
                                 size = SIZE_LINES[m] if m < 4096 else b"%x\r\n" % m
                                 self.wire.write(b"".join((size, ohead, mid, self.otail, b"\r\n")))
@@ -197,12 +194,13 @@ class Splice:
         lane = self.relay.lane()
         if lane is None:
             return
-        self.hl, self.tail2 = len(lane.head), lane.tail + b"\r\n"
+        # (the piece's quotes compared with the ends: a read's piece is a string)
+        self.hl, self.tail2 = len(lane.head) + 1, b'"' + lane.tail + b"\r\n"
         self.t2, self.least, self.keys = len(self.tail2), lane.least, lane.keys or None
         self.ohead, self.otail, self.recode = lane.out_head, lane.out_tail, lane.recode
         self.ol = len(lane.out_head or b"") + len(lane.out_tail)
         self.wire = client.conn.transport
-        self.head = lane.head
+        self.head = lane.head + b'"'
 
     def _stalled(self) -> None:
         """The client's connection paused writing (its buffer is full) or was lost: the
