@@ -110,11 +110,11 @@ class Splice:
         (or failed) and written."""
         self.raw.appendleft(first)  # (taken from the connection before the splice began)
         self.timer = self.loop.call_at(self.last + self.idle / 4, self._check_idle)
-        self.begin()
         try:
+            self.begin()
             await self.done
         finally:
-            self._stop()
+            self._stop()  # (the upstream transport's protocol given back, whatever happened)
 
     def begin(self) -> None:
         """Take the upstream connection's body from here on: its sink, and its transport's
