@@ -2,7 +2,11 @@
 read, with all the HTTP chunks that read brought, and writes through the server's
 connection's ``write_chunk`` once the head is out; on generated streams (those of test_relay_templates.py, their events
 grouped into reads of one to four HTTP chunks), the client's body, de-chunked strictly,
-is the bytes the relay gives when fed one chunk at a time, and the record is the same."""
+is the bytes the relay gives when fed one chunk at a time, and the record is the same.
+The same holds through a real upstream connection whose transport's protocol the splice
+becomes, and then for its lane (a read that is one chunk of the relay's template, taken
+by the splice itself): a chunk a read, a long stream's reads past the connection once its
+template is learned, a client that fills its buffer, one closed or lost."""
 
 from __future__ import annotations
 
