@@ -258,9 +258,8 @@ class Splice:
             else:  # the first bytes (with the head), or a body that is not chunked
                 client.write_body(made, True)
                 paused = client.conn.write_paused
-            if paused:
-                self.conn.hold(True)  # the client's buffer is full: stop reading upstream
-                client.conn.on_resume = self._resume
+            if paused:  # the client's buffer is full: stop reading upstream until it drains
+                self._stalled()
 
     def _write_end(self, made: bytes) -> None:
         out = self.out
