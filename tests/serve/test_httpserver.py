@@ -387,6 +387,17 @@ class Probe:
     async def r_no_answer(self, scope, receive, send) -> None:
         return None
 
+    async def r_bad_header(self, scope, receive, send) -> None:
+        """A response header that would inject another: which one the query says."""
+        name, value = {
+            b"crlf": (b"x-evil", b"a\r\nInjected: 1"),
+            b"lf": (b"x-evil", b"a\nInjected: 1"),
+            b"cr": (b"x-evil", b"a\rInjected: 1"),
+            b"name": (b"x-evil\r\nInjected", b"1"),
+            b"name-lf": (b"x-evil\nInjected", b"1"),
+        }[scope["query_string"]]
+        await respond(send, b"evil", headers=((name, value),))
+
     async def r_fail_late(self, scope, receive, send) -> None:
         await start(send, 200)
         await body(send, b"partial", more=True)
@@ -675,6 +686,17 @@ def test_app_failing_before_answering_gets_500_and_close(srv, path):
         r = c.read_response()
         assert (r.status, r.body) == (500, b"Internal Server Error")
         assert r.header("connection") == "close"
+        assert c.wait_closed() == b""
+
+
+@pytest.mark.parametrize("variant", ["crlf", "lf", "cr", "name", "name-lf"])
+def test_a_response_header_that_would_inject_gets_500_and_close(srv, variant):
+    """A CR or LF in a header's name or value is refused before any byte of the head."""
+    with Conn(srv.port) as c:
+        c.send(request("GET", f"/bad_header?{variant}"))
+        r = c.read_response()
+        assert (r.status, r.body) == (500, b"Internal Server Error")
+        assert r.header("injected") is None and r.header("x-evil") is None
         assert c.wait_closed() == b""
 
 

@@ -178,9 +178,11 @@ class _Request:
     # from the upstream connection's data callback, through these two methods, instead of
     # one ``send`` (and one task wake-up) per chunk. Same framing, same bookkeeping.
     def start(self, status: int, headers) -> None:
-        """The response head (written with the first body bytes)."""
-        self.started = True
+        """The response head (written with the first body bytes). A head refused (a header
+        that would inject another) leaves the response not started: the server answers
+        500 in its place."""
         self._start(status, headers)
+        self.started = True
 
     def write_body(self, body: bytes, more: bool) -> None:
         """Body bytes; ``more=False`` ends the response. Dropped once the client is gone."""
@@ -222,9 +224,12 @@ class _Request:
                     close_sent = True
             elif low == b"transfer-encoding":
                 continue  # the framing is this server's
-            if b"\n" in name or b"\r" in name or b"\n" in value or b"\r" in value:
+            line = b"%s: %s\r\n" % (name, value)
+            # its only CR and LF its end (``find``: CPython 3.11's ``bytes in bytes``
+            # first tries the operand as an integer, a TypeError formatted and dropped)
+            if line.find(b"\r") != len(line) - 2 or line.find(b"\n") != len(line) - 1:
                 raise RuntimeError("invalid character in a response header")
-            lines.append(b"%s: %s\r\n" % (name, value))
+            lines.append(line)
         bodiless = self.head_only or status in (204, 304) or 100 <= status < 200
         if not length and not bodiless:
             if self.scope["http_version"] == "1.0":
