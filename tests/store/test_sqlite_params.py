@@ -11,12 +11,11 @@ import sys
 import prefixgate.store.sqlite  # noqa: F401  (registers the adapters)
 
 VALUES = (None, True, False, 0, 1, 2.5, "x", b"\x00b")
-PROBE = """
+PROBE = f"""
 import json, sqlite3, sys
 c = sqlite3.connect(":memory:")
 c.execute("CREATE TABLE t (v)")
-values = (None, True, False, 0, 1, 2.5, "x", b"\\x00b")
-c.executemany("INSERT INTO t VALUES (?)", [(v,) for v in values])
+c.executemany("INSERT INTO t VALUES (?)", [(v,) for v in {VALUES!r}])
 rows = c.execute("SELECT typeof(v), quote(v) FROM t ORDER BY rowid").fetchall()
 json.dump([list(r) for r in rows], sys.stdout)
 """
