@@ -24,12 +24,10 @@ import pytest
 
 from prefixgate.apis.messages.request import ConvertOptions, anthropic_to_openai
 from prefixgate.cache import HFTokenizer, JinjaChatTemplate, PrefixCache
-from prefixgate.config import parse_config
 from prefixgate.doctor import diagnose, render_text
-from prefixgate.serve.app import create_app
-from prefixgate.serve.process import ServerThread
 from tests.real import harness
 from tests.real.engine_gateway import check_render_order
+from tests.real.engine_gateway import gateway as engine_gateway
 
 BLOCK = harness.BLOCK_SIZE
 DOC = Path(__file__).resolve().parents[2] / "docs" / "real-vllm.md"
@@ -106,27 +104,17 @@ def chat(server: harness.VllmServer, messages: list[dict], tools=None, **extra) 
 
 @contextlib.contextmanager
 def gateway(server: harness.VllmServer, tmp_path: Path, *, strip: bool = True) -> Iterator[tuple]:
-    """The gateway (``create_app``, a SQLite store) in front of ``server``; yields
-    ``(url, dsn)``. The store is complete once the block exits (the writer drains)."""
-    dsn = f"sqlite:///{tmp_path / 'store.db'}"
-    config = parse_config(
-        {
-            "channels": [
-                {
-                    "name": "real-vllm",
-                    "base_url": server.base_url,
-                    "strip_anthropic_billing_header": strip,
-                    "timeouts": {"first_byte": 120, "idle": 120},
-                }
-            ],
-            "store": {"dsn": dsn, "journal_path": str(tmp_path / "journal")},
-            # the gateway shares two cores with vLLM and this test's clients: a late loop
-            # here is the machine, not a backlog, and shedding is tested on its own
-            "server": {"shed_loop_lag": None},
-        }
-    )
-    with ServerThread(create_app(config)) as srv:
-        yield srv.url, dsn
+    """The real engines' gateway (``engine_gateway.gateway``: a SQLite store, no shedding
+    on the loop's lag) in front of ``server``; yields ``(url, dsn)``. The store is
+    complete once the block exits (the writer drains)."""
+    channel = {
+        "name": "real-vllm",
+        "base_url": server.base_url,
+        "strip_anthropic_billing_header": strip,
+        "timeouts": {"first_byte": 120, "idle": 120},
+    }
+    with engine_gateway(tmp_path, channel, "store") as gw:
+        yield gw.url, gw.dsn
 
 
 def sdk(url: str, **headers: str) -> anthropic.Anthropic:
