@@ -50,6 +50,7 @@ from prefixgate.record.segments import FirstChange, first_changed, prefix_tokens
 from prefixgate.record.writer import CallThread
 from prefixgate.sequences import common_prefix
 from prefixgate.store.base import Store
+from prefixgate.wake import Wake
 
 from .cachemodel import CAPACITY_TOKENS, ReplicaModels
 from .causes import CAUSES, EVENTS, MODEL, Ledger
@@ -183,7 +184,7 @@ class LedgerWorker:
         self.recent: deque[Ledger] = deque(maxlen=keep_recent)
         self.computed = self.dropped = self.failed = self.written = self.lost = 0
         self.token_mismatches = 0  # token ids whose count differs from prompt_tokens
-        self._wake = asyncio.Event()
+        self._wake = Wake()
         self._task: asyncio.Task | None = None
         self._thread: CallThread | None = None
         self._retry_at = 0.0
@@ -268,12 +269,7 @@ class LedgerWorker:
                     now = time.monotonic()
                     due = max(now if self._hurry else first + self.flush_interval, self._retry_at)
                     timeout = max(0.0, due - now)
-                if timeout is None:  # nothing pending: until fed (no timer to set up)
-                    await self._wake.wait()
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(timeout):
-                            await self._wake.wait()
+                await self._wake.wait(timeout)  # None: nothing pending, until fed
             if self._queue:
                 record, request, then, blocks = self._queue.popleft()
                 try:

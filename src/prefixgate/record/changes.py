@@ -100,9 +100,10 @@ class _Cut:
             gone, new = _outside(base.out, runs), _outside(out, runs)
             sent = base._out_bytes - sum([len(d) for _, d in gone if d is not None])
             sent += sum([len(d) for _, d in new if d is not None])
-            if base._tokens is not None:
-                self._tokens = base._tokens - sum([s.tokens for s, _ in gone])
-                self._tokens += sum([s.tokens for s, _ in new])
+            # the base's count (found once, the first of a session's chain: the turns
+            # after it each go on from their predecessor's over their new pieces only)
+            self._tokens = base.tokens() - sum([s.tokens for s, _ in gone])
+            self._tokens += sum([s.tokens for s, _ in new])
         else:
             sent = sum([len(d) for _, d in out if d is not None])
         self._out_bytes = sent

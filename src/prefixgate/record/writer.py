@@ -55,6 +55,7 @@ from prefixgate.record.journal import SegmentsJson
 from prefixgate.record.record import Record
 from prefixgate.record.roots import SegmentRoots
 from prefixgate.store.base import Store, StoreDataError, StoreError
+from prefixgate.wake import Wake
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,8 @@ class RecordWriter:
             max_bytes=journal_max_bytes,
             segment_bytes=journal_segment_bytes,
         )
-        self._wake = asyncio.Event()  # a record came (when idle) or a batch is full
-        self._stop = asyncio.Event()  # close() was called
+        self._wake = Wake()  # a record came (when idle) or a batch is full
+        self._stop = Wake()  # close() was called
         self._task: asyncio.Task[None] | None = None
         self._closing = self._closed = False
         self._retry_at = 0.0  # monotonic time before which the store is not tried again
@@ -309,12 +310,10 @@ class RecordWriter:
                 log.exception("record writer failed")
                 self._store_failed(exc)
 
-    async def _sleep(self, timeout: float | None, event: asyncio.Event) -> None:
+    async def _sleep(self, timeout: float | None, event: Wake) -> None:
         if event is self._wake:
             event.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await event.wait()
+        await event.wait(timeout)
 
     async def _write_next(self) -> None:
         backlog = self._backlog

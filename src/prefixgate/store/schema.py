@@ -61,6 +61,7 @@ Migrations are append-only: never edit a released one, add the next.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter, itemgetter
 from typing import Any, TypeVar
 
 import msgspec
@@ -356,6 +357,12 @@ _FIELD_INDEX = {name: i for i, name in enumerate(Record.__struct_fields__)}
 _SCALAR_INDEX = [_FIELD_INDEX[name] for name in SCALAR_NAMES]
 _COST_INDEX = [_FIELD_INDEX[name] for name in COST_NAMES]
 _STREAM_POS = SCALAR_NAMES.index("stream")
+# each a tuple of the values at those places, taken in C (of two places or more: a
+# getter of one place gives the value itself)
+if len(_SCALAR_INDEX) < 2 or len(_COST_INDEX) < 2:
+    raise RuntimeError("record_row takes its columns as tuples")
+_SCALARS = itemgetter(*_SCALAR_INDEX)
+_COSTS = itemgetter(*_COST_INDEX)
 
 
 def encode_segments(segments: Sequence[Segment] | None) -> str | None:
@@ -377,7 +384,7 @@ def record_row(
     segment lists already encoded (the journal's), else they are encoded here; ``json``
     makes a segments column's value of their JSON (default: the text)."""
     values = msgspec.structs.astuple(record)
-    row = [values[i] for i in _SCALAR_INDEX]
+    row = list(_SCALARS(values))
     row[_STREAM_POS] = bool(row[_STREAM_POS])
     if segments is None:
         segments = encode_segments_json(record.segments_in, record.segments_out)
@@ -389,7 +396,7 @@ def record_row(
     row.append(None if same or seg_out is None else json(seg_out))
     row.append(same)
     row.append(bool(record.texts))
-    row += [values[i] for i in _COST_INDEX]
+    row += _COSTS(values)
     row.append(record.error_message)
     row.append(record.compared)
     c = record.change
@@ -486,9 +493,12 @@ def segment_hashes(record: Record) -> list[str]:
     return list(hashes)
 
 
+_LEDGER_VALUES = attrgetter(*[name for _, _, name in LEDGER_COLUMNS])  # a tuple, in C
+
+
 def ledger_row(ledger: Ledger) -> tuple[Any, ...]:
     """The ``ledgers`` row of a ledger, in :data:`LEDGER_COLUMNS` order."""
-    return tuple(getattr(ledger, name) for _, _, name in LEDGER_COLUMNS)
+    return _LEDGER_VALUES(ledger)
 
 
 def row_ledger(row: Sequence[Any]) -> Ledger:
