@@ -14,7 +14,7 @@ array, say) go the object way.
 from __future__ import annotations
 
 from itertools import compress
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import Any, NamedTuple
 
 import msgspec
@@ -287,9 +287,9 @@ def cut_of_chat(
     if previous is not None and previous.rest is not None and leading == was:
         j = min(first, len(previous.rest) + leading) - leading
         rest = previous.rest[:j]
-        rest += [p[0] for p in msgs[leading + j :]]
+        rest += map(_first, msgs[leading + j :])
     else:
-        rest = [p[0] for p in msgs[leading:]]
+        rest = list(map(_first, msgs[leading:]))
     # the leading messages as system segments: the previous turn's very ones where equal
     # (a segment made anew each turn would end what the next stages take by identity)
     was_lead = previous.lead if previous is not None and previous.lead is not None else []
@@ -297,8 +297,8 @@ def cut_of_chat(
     for i in range(min(len(lead), len(was_lead))):
         if lead[i][0] is not was_lead[i] and lead[i][0] == was_lead[i]:
             lead[i] = (was_lead[i], lead[i][1])
-    tools_segs = [p[0] for p in tools_part]
-    lead_segs = [p[0] for p in lead]
+    tools_segs = list(map(_first, tools_part))
+    lead_segs = list(map(_first, lead))
     tool_pieces = tools_part[1:]
     segs = tools_segs + lead_segs + rest if tools_first else lead_segs + tools_segs + rest
     pieces = Pieces(tool_pieces + lead if tools_first else lead + tool_pieces)
@@ -314,7 +314,7 @@ def cut_of_chat(
             same = min(first, len(previous.pieces)) - leading
         pieces.runs = [(a, a + k) for a, k in ((at, tools_same), (start, same)) if k > 0]
         pieces.base = previous
-    size += 64 * len(msgs) + sum(len(d or b"") for _, d in tools_part)
+    size += 64 * len(msgs) + sum(map(len, filter(None, map(_second, tools_part))))
     cut = ChatCut(
         messages, msgs, tools, tools_part, size, chars, leading, rest, tools_first, lead_segs
     )
@@ -322,6 +322,7 @@ def cut_of_chat(
 
 
 _encode = msgspec.json.encode
+_first, _second = itemgetter(0), itemgetter(1)  # of a piece: its segment, its bytes
 
 
 def _same_list(data: bytes, previous: list[Piece]) -> bool:
@@ -434,7 +435,7 @@ def _cut(
         whole = tools_part + head if tools_first else head + tools_part
         lead = len(whole)
         whole += msgs
-        segs = [p[0] for p in whole]
+        segs = list(map(_first, whole))
         if type(messages_raw) is list and type(system_raw) is bytes:  # lent by the decode
             split = (
                 tools_first,
@@ -449,7 +450,7 @@ def _cut(
             return segs, Pieces(_pieces(whole), split)
         return segs, _pieces(whole)
     whole = _chat_order(tools_part, msgs, tools_first, _leading(msgs))
-    return [p[0] for p in whole], _pieces(whole)
+    return list(map(_first, whole)), _pieces(whole)
 
 
 def _messages(
@@ -525,12 +526,12 @@ def _cut_on(
     tail = msgs[k:]
     if tools_part is ptools_part and head is phead:  # the front and k messages as they were
         segs = psegs[: lead + k]
-        segs += [p[0] for p in tail]
+        segs += map(_first, tail)
         pieces = Pieces(previous[: skip + k], None, skip + k, previous)
         pieces += tail
     else:
         whole = front + msgs
-        segs = [p[0] for p in whole]
+        segs = list(map(_first, whole))
         pieces = Pieces(_pieces(whole))
     pieces.split = (
         tools_first,
