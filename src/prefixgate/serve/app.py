@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from itertools import chain
+from operator import itemgetter, methodcaller
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -185,6 +187,10 @@ class HotRoutes:
         await self.app(scope, receive, send)
 
 
+_NAME, _VALUE = itemgetter(0), itemgetter(1)
+_LATIN1 = methodcaller("decode", "latin-1")
+
+
 class IndexedHeaders(Headers):
     """Starlette's request headers, looked up in a dict built once instead of a scan of
     the list per lookup (a request handler asks for a dozen, most of them absent). ASGI
@@ -192,12 +198,16 @@ class IndexedHeaders(Headers):
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self._list = raw
-        index: dict[str, str] = {}
-        for name, value in raw:
-            key = name.decode("latin-1")
-            if key not in index:  # the first one, as Headers.get gives
-                index[key] = value.decode("latin-1")
-        self._index = index
+        # built in C; from the last header to the first, so that the first of a name
+        # stays (as Headers.get gives)
+        last_first = raw[::-1]
+        self._index: dict[str, str] = dict(
+            zip(
+                map(_LATIN1, map(_NAME, last_first)),
+                map(_LATIN1, map(_VALUE, last_first)),
+                strict=True,
+            )
+        )
 
     def get(self, key: str, default=None):
         return self._index.get(key.lower(), default)
@@ -222,7 +232,7 @@ class HeaderLimit:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            size = sum(len(k) + len(v) for k, v in scope["headers"])
+            size = sum(map(len, chain.from_iterable(scope["headers"])))
             if size > self.limit:
                 err = HeadersTooLarge(
                     f"request headers are {size} bytes; the limit is {self.limit} bytes"

@@ -82,12 +82,10 @@ class BrowserGuard:
         await self.app(scope, receive, send)
 
     def refusal(self, raw_headers) -> PermissionDenied | None:
-        host = origin = None
-        for name, value in raw_headers:
-            if name == b"host":
-                host = value.decode("latin-1")
-            elif name == b"origin":
-                origin = value.decode("latin-1")
+        named = dict(raw_headers)  # the last of a name, as a walk keeping each would
+        raw_host, raw_origin = named.get(b"host"), named.get(b"origin")
+        host = None if raw_host is None else raw_host.decode("latin-1")
+        origin = None if raw_origin is None else raw_origin.decode("latin-1")
         if host is not None and not allowed_host(host_name(host), self.listen):
             return _refused(
                 "this keyless gateway answers only to its loopback names and listen address "
