@@ -98,6 +98,9 @@ SUBJECTS: dict[str, dict | None] = {
     "no-capture": {"capture_segments": False},
     "no-journal": {"journal_path": None},
     "no-store": None,
+    # the record alone: its row (and its writer), then with the journal too
+    "row-only": {"capture_segments": False, "ledger": False, "journal_path": None},
+    "row-journal": {"capture_segments": False, "ledger": False},
 }
 RELAY = "bare-relay"  # the HTTP hop alone: overhead_floor.py
 COUNT_SETTLE = 3.0  # seconds under valgrind for the work a turn leaves for later
@@ -315,6 +318,7 @@ class Subject(ov.Gateway):
 
     src: Path | None = None
     profile: Path | None = None  # --profile: the gateway under benchmarks/pyprofile.py
+    opcodes: Path | None = None  # --opcodes: the gateway under benchmarks/pyops.py
     reminders = False  # --reminders: the channel delivers later system messages in place
 
     def command(self):
@@ -338,6 +342,8 @@ class Subject(ov.Gateway):
         cmd = [sys.executable, "-m", "prefixgate.cli", "serve", "--config", str(cfg)]
         if self.profile is not None:
             cmd[1:1] = [str(ROOT / "benchmarks" / "pyprofile.py"), str(self.profile)]
+        elif self.opcodes is not None:
+            cmd[1:1] = [str(ROOT / "benchmarks" / "pyops.py"), str(self.opcodes)]
         return [*cmd, "--log-level", "warning"], env, "/healthz"
 
     def start(self) -> None:
@@ -485,7 +491,13 @@ async def run(args) -> dict:
                 try:
                     key = ov.KEY if name == "litellm" else None
                     m = await measure(
-                        gw.url, gw.proc.pid, convo, warm, args.settle, key, gw.profile is not None
+                        gw.url,
+                        gw.proc.pid,
+                        convo,
+                        warm,
+                        args.settle,
+                        key,
+                        (gw.profile or gw.opcodes) is not None,
                     )
                 finally:
                     gw.stop()
@@ -512,6 +524,9 @@ def _subject(args, name: str, upstream: str, tmp: Path, ref_src: Path | None) ->
     if getattr(args, "profile", None) is not None and name not in ("litellm", RELAY):
         args.profile.mkdir(parents=True, exist_ok=True)
         gw.profile = args.profile / f"{name}.pstats"
+    elif getattr(args, "opcodes", None) is not None and name not in ("litellm", RELAY):
+        args.opcodes.mkdir(parents=True, exist_ok=True)
+        gw.opcodes = args.opcodes / f"{name}.json"
     return gw
 
 
@@ -529,7 +544,7 @@ async def _paired(args, names, upstream: str, tmp: Path, ref_src, convo, warm, f
             convo,
             warm,
             args.settle,
-            any(gw.profile is not None for gw in gws),
+            any((gw.profile or gw.opcodes) is not None for gw in gws),
         )
     finally:
         for gw in gws:
@@ -807,6 +822,13 @@ def main() -> None:
         help="run each gateway under benchmarks/pyprofile.py (cProfile, every thread, the "
         "warm-up forgotten) and write SUBJECT.pstats here; its times are cProfile's, not the "
         "gateway's",
+    )
+    ap.add_argument(
+        "--opcodes",
+        type=Path,
+        help="run each gateway under benchmarks/pyops.py (every bytecode counted, by "
+        "function, the warm-up forgotten) and write SUBJECT.json here; compare two with "
+        "`pyops.py --diff A.json B.json --per TURNS`; its times are the tracer's",
     )
     args = ap.parse_args()
     result = ov._arun(run(args))
