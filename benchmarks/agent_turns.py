@@ -246,7 +246,7 @@ async def measure_paired(
     read from that gateway alone, minus its idle share. What moves the machine during the
     run (other load, the clock, the caches) moves every subject alike, so their ratios
     hold where sequential runs drift apart. ``profiled``: the gateways run under
-    pyprofile.py, told to forget the start-up and the warm-up."""
+    pyprofile.py or pyops.py, told to forget the start-up and the warm-up."""
     conns = []
     for url, _, key in gws:
         host, port = url.rsplit("/", 1)[1].split(":")
@@ -317,8 +317,9 @@ class Subject(ov.Gateway):
     in ``src``), or ``litellm``."""
 
     src: Path | None = None
-    profile: Path | None = None  # --profile: the gateway under benchmarks/pyprofile.py
-    opcodes: Path | None = None  # --opcodes: the gateway under benchmarks/pyops.py
+    # --profile / --opcodes: the gateway run by benchmarks/pyprofile.py or pyops.py, which
+    # writes what it counted to the path
+    under: tuple[str, Path] | None = None
     reminders = False  # --reminders: the channel delivers later system messages in place
 
     def command(self):
@@ -340,10 +341,9 @@ class Subject(ov.Gateway):
         if self.src is not None:
             env["PYTHONPATH"] = str(self.src)
         cmd = [sys.executable, "-m", "prefixgate.cli", "serve", "--config", str(cfg)]
-        if self.profile is not None:
-            cmd[1:1] = [str(ROOT / "benchmarks" / "pyprofile.py"), str(self.profile)]
-        elif self.opcodes is not None:
-            cmd[1:1] = [str(ROOT / "benchmarks" / "pyops.py"), str(self.opcodes)]
+        if self.under is not None:
+            tool, out = self.under
+            cmd[1:1] = [str(ROOT / "benchmarks" / tool), str(out)]
         return [*cmd, "--log-level", "warning"], env, "/healthz"
 
     def start(self) -> None:
@@ -497,7 +497,7 @@ async def run(args) -> dict:
                         warm,
                         args.settle,
                         key,
-                        (gw.profile or gw.opcodes) is not None,
+                        gw.under is not None,
                     )
                 finally:
                     gw.stop()
@@ -515,18 +515,21 @@ async def run(args) -> dict:
 
 def _subject(args, name: str, upstream: str, tmp: Path, ref_src: Path | None) -> Subject:
     """The subject ``name``, its work directory in ``tmp`` (``NAME@ref``: the sources in
-    ``ref_src``; with ``--profile``, its profile's file)."""
+    ``ref_src``; with ``--profile`` or ``--opcodes``, the tool it runs under and its file)."""
     work = tmp / name
     work.mkdir()
     gw_args = SimpleNamespace(workers=1, litellm_version=args.litellm_version)
     gw = Subject(name, work, upstream, gw_args)
     gw.src = ref_src if "@" in name else None
-    if getattr(args, "profile", None) is not None and name not in ("litellm", RELAY):
-        args.profile.mkdir(parents=True, exist_ok=True)
-        gw.profile = args.profile / f"{name}.pstats"
-    elif getattr(args, "opcodes", None) is not None and name not in ("litellm", RELAY):
-        args.opcodes.mkdir(parents=True, exist_ok=True)
-        gw.opcodes = args.opcodes / f"{name}.json"
+    for tool, where, suffix in (
+        ("pyprofile.py", "profile", "pstats"),
+        ("pyops.py", "opcodes", "json"),
+    ):
+        folder = getattr(args, where, None)
+        if folder is not None and name not in ("litellm", RELAY):
+            folder.mkdir(parents=True, exist_ok=True)
+            gw.under = (tool, folder / f"{name}.{suffix}")
+            break
     return gw
 
 
@@ -544,7 +547,7 @@ async def _paired(args, names, upstream: str, tmp: Path, ref_src, convo, warm, f
             convo,
             warm,
             args.settle,
-            any((gw.profile or gw.opcodes) is not None for gw in gws),
+            any(gw.under is not None for gw in gws),
         )
     finally:
         for gw in gws:

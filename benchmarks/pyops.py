@@ -21,11 +21,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import runpy
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pyprofile import run_module  # noqa: E402
 
 _counts: collections.Counter[tuple[str, int, str]] = collections.Counter()
 
@@ -48,17 +51,11 @@ def _short(path: str) -> str:
 
 
 def run(out: str, argv: list[str]) -> None:
-    if len(argv) < 2 or argv[0] != "-m":
-        raise SystemExit("usage: pyops.py OUT.json -m MODULE [ARGS...]")
-    module = argv[1]
-    sys.argv = [module, *argv[2:]]
     signal.signal(signal.SIGUSR1, _forget)
     threading.settrace(_trace)
     sys.settrace(_trace)
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit:
-        pass
+        run_module(argv, "usage: pyops.py OUT.json -m MODULE [ARGS...]")
     finally:
         sys.settrace(None)
         threading.settrace(None)

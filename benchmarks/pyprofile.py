@@ -12,6 +12,7 @@ cProfile's own cost is large per call, so read the calls and the shares, not the
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import pstats
 import runpy
@@ -52,19 +53,23 @@ def _write(out: str) -> None:
         merged.dump_stats(out)
 
 
+def run_module(argv: list[str], usage: str) -> None:
+    """Run ``-m MODULE [ARGS...]`` (``argv``) as ``python -m`` would, until it exits;
+    ``usage`` when ``argv`` is not that. For this tool and ``pyops.py``."""
+    if len(argv) < 2 or argv[0] != "-m":
+        raise SystemExit(usage)
+    sys.argv = [argv[1], *argv[2:]]
+    with contextlib.suppress(SystemExit):
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+
+
 def main() -> None:
     out = sys.argv[1]
-    if sys.argv[2] != "-m":
-        raise SystemExit("usage: pyprofile.py OUT -m MODULE [ARGS...]")
-    module = sys.argv[3]
-    sys.argv = [module, *sys.argv[4:]]
     signal.signal(signal.SIGUSR1, _on_usr1)
     threading.setprofile(_thread_hook)
     _start_here()
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit:
-        pass
+        run_module(sys.argv[2:], "usage: pyprofile.py OUT -m MODULE [ARGS...]")
     finally:
         _write(out)
 

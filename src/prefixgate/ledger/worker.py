@@ -38,7 +38,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -90,9 +89,8 @@ class Calibration:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
 
     def note(self, ledger: Ledger) -> None:
-        tokens = self.tokens
-        for c, n in zip(CAUSES, _CAUSE_TOKENS(ledger), strict=True):
-            tokens[c] += n
+        for c in CAUSES:
+            self.tokens[c] += getattr(ledger, c)
         if ledger.engine_cached is None:
             return
         self.requests += 1
@@ -102,9 +100,6 @@ class Calibration:
         if ledger.model_predicted is not None:
             self.model_requests += 1
             self.model_agree += ledger.model_predicted == ledger.engine_cached
-
-
-_CAUSE_TOKENS = attrgetter(*CAUSES)  # a ledger's tokens by cause, in CAUSES' order
 
 
 @dataclass(slots=True)
