@@ -39,11 +39,11 @@ def test_claude_code_two_turns_on_sglang(claude_exe, sglang_agent, tmp_path, say
     turns = converse_again(
         lambda s, where: Claude(claude_exe, s, where, **env), tmp_path, sglang_agent, say
     )
-    _report(say, "Claude Code", turns)
     session = turns.first["session_id"]
     assert turns.second["session_id"] == session
     # SGLang does not drop the billing header itself: the gateway's strip keeps it out
     check_stable_prefix(turns, volatile=(BILLING, session), block=PAGE, slack=1)
+    _report(say, "Claude Code", turns)
     assert turns.records[0].prompt_tokens > 10_000
     for rec, result in zip(turns.records, (turns.first, turns.second), strict=True):
         usage = result["usage"]
