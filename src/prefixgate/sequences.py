@@ -19,7 +19,8 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     """How many leading items (characters, bytes, list items) ``a`` and ``b`` share:
     the whole compared at once, then by halves."""
     lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
+    # (not sliced where the whole is compared: a list's copy writes to each item)
+    if (a if len(a) == hi else a[:hi]) == (b if len(b) == hi else b[:hi]):
         return hi
     while hi - lo > 1:  # a[:lo] == b[:lo], a[lo:hi] != b[lo:hi]
         mid = (lo + hi) // 2

@@ -211,7 +211,9 @@ class BlockPool:
             run = starts.get(hashes[k])
             if run is None or any(r is run for r, _ in taken):
                 break
-            q = common_prefix(hashes[k:limit], run.known)
+            q = common_prefix(
+                hashes if k == 0 and limit == len(hashes) else hashes[k:limit], run.known
+            )
             taken.append((run, q))
             k += q
         cached, free = self._cached, self._free
@@ -225,11 +227,18 @@ class BlockPool:
         blocks: list[int] = []
         known: list[Hashable] = []
         for run, q in taken:  # each run's start taken, the rest left where it stands
-            blocks += run.blocks[:q]
-            known += run.known[:q]
             del starts[run.known[0]]
-            del run.blocks[:q]
-            del run.known[:q]
+            if not blocks:
+                # the first run's lists become the request's, cut after its start: the
+                # blocks and hashes it keeps are not copied (each would be touched)
+                blocks, known = run.blocks, run.known
+                run.blocks, run.known = blocks[q:], known[q:]
+                del blocks[q:], known[q:]
+            else:
+                blocks += run.blocks[:q]
+                known += run.known[:q]
+                del run.blocks[:q]
+                del run.known[:q]
             if run.known:
                 starts[run.known[0]] = run
             if not run.blocks:

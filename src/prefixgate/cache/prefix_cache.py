@@ -211,7 +211,7 @@ class PrefixCache:
         """``begin_blocks`` + ``end``: one untimed request from precomputed hashes (the
         cache left as the two leave it; :meth:`BlockPool.process`)."""
         full = num_full_blocks(num_tokens, self.block_size)
-        hashes = block_hashes[:full]
+        hashes = block_hashes if len(block_hashes) == full else block_hashes[:full]
         extra = num_blocks(num_tokens, self.block_size) - len(hashes)
         with self._lock:
             hit = self.pool.process(

@@ -80,6 +80,7 @@ def name_blocks(
     block: int = MODEL_BLOCK,
     memo: BlockMemo | None = None,
     before: Named | None = None,
+    own: bool = False,
 ) -> Named:
     """:func:`model_blocks`, with where the walk stood at each segment. ``before``: a
     prompt named earlier (a session's previous request): the walk goes on from the first
@@ -94,7 +95,12 @@ def name_blocks(
     j = 0
     if before is not None:
         j = common_prefix(segments, before.segments)
-        if j:
+        if j and own:  # cut back and extended in place: nothing copied
+            names, counts, keys, starts = before.names, before.counts, before.keys, before.starts
+            key, start = keys[j], starts[j]
+            del names[counts[j] :]
+            del counts[j:], keys[j:], starts[j:]
+        elif j:
             names = before.names[: before.counts[j]]
             key, start = before.keys[j], before.starts[j]
             counts, keys, starts = before.counts[:j], before.keys[:j], before.starts[:j]
@@ -186,7 +192,7 @@ class ReplicaModels:
         before = self._named.pop(session, None)
         if before is not None:
             self._named_count -= _size(before)
-        named = name_blocks(segments, self.block_size, self._memo, before)
+        named = name_blocks(segments, self.block_size, self._memo, before, own=True)
         if _size(named) <= self.named_limit:
             self._named[session] = named
             self._named_count += _size(named)
