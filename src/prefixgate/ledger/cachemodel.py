@@ -85,7 +85,9 @@ def name_blocks(
     """:func:`model_blocks`, with where the walk stood at each segment. ``before``: a
     prompt named earlier (a session's previous request): the walk goes on from the first
     segment that differs from its own (compared whole, in C), so a turn names its new
-    tail only."""
+    tail only. ``own``: ``before`` is the caller's to give up (a session's previous
+    prompt, replaced by this one): its lists are cut back and extended in place, where a
+    copy would write to every name of the conversation."""
     names: list[Hashable] = []
     key = b""
     start = 0  # estimated tokens before the current segment
