@@ -397,7 +397,8 @@ def converse_again(make_cli, tmp_path: Path, engine, say, *, tries: int = 8) -> 
     answers, and after some (one token, an empty text) the CLI asks once more within the
     turn, which says nothing of the gateway; every other check stays the caller's. A try
     fails so about one time in four (two turns, a sixteenth of the vocabulary ends an
-    answer) and costs only when it does: three tries let a CI run fail, eight do not."""
+    answer) and costs only when it does: three tries all failed once in CI (a one in 64
+    chance), eight all fail about once in 65,000 runs."""
     for n in range(tries):
         where = tmp_path / f"try-{n}"
         where.mkdir()
