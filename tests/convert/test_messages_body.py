@@ -19,6 +19,7 @@ from prefixgate.protocol import messages_body
 from prefixgate.protocol.anthropic import check_messages_request
 from prefixgate.protocol.common import decode_body
 from prefixgate.protocol.messages_body import MessagesBody, decode_messages_body, typed_request
+from prefixgate.sequences import common_prefix
 from tests.conftest import fixture_names, load_fixture
 from tests.convert.test_properties import ident, json_value, messages_request, text
 
@@ -598,6 +599,14 @@ def test_a_session_told_by_its_headers_decodes_only_what_is_new_in_place(
         alone = decode_messages_body(raw, Limits())
         assert body.typed == alone.typed and dict(body) == dict(alone)
         assert body.pieces is not None
+        if k:  # the previous request's message bytes, and how many lead as its very objects
+            assert body.lent is not None
+            base, same = body.lent
+            parts = body.pieces[2]
+            assert (
+                same == common_prefix(parts, base) == len(parts) - 2
+            )  # the last one edited, one new
+            assert all(parts[i] is base[i] for i in range(same))
         # from turn 2 on, the messages before the last two (whose marker moved) are not
         # read again: the document decoded is the request without them and their commas
         msgs = json.loads(raw)["messages"]
@@ -625,14 +634,34 @@ def test_the_messages_lent_in_place_end_at_the_first_that_differs(monkeypatch):
     first = json.dumps(body, separators=(",", ":")).encode()
     for i in range(1, 37):
         turns = SessionTurns(1 << 24)
-        decode_messages_body(first, Limits(), turns, lambda _small: "s")
+        before = decode_messages_body(first, Limits(), turns, lambda _small: "s")
         edited = first.replace(f"message {i:02d}".encode(), f"message {i:02d}!".encode())
         decoded.clear()
         got = decode_messages_body(edited, Limits(), turns, lambda _small: "s")
         assert got.typed == decode_messages_body(edited, Limits()).typed
+        # the capture is told how many lead as the previous request's very bytes objects
+        assert before.pieces is not None and got.lent == (before.pieces[2], i)
         assert len(decoded) == 1
         left = json.loads(decoded[0])  # the messages decoded (alone): from the edit on
         assert [m["content"][:10] for m in left] == [f"message {j:02d}" for j in range(i, 37)]
+
+
+def test_the_capture_is_told_every_leading_message_lent_not_only_those_found_in_place():
+    """The previous request's last message, re-sent as it was, is found equal after those
+    found in place (its end is not the previous bytes': a comma, not the array's end),
+    lent too, and counted among those the capture need not compare."""
+    from prefixgate.apis.messages.request import SessionTurns
+
+    m = [json.dumps({"role": "user", "content": f"m{i}"}).encode() for i in range(4)]
+    head = b'{"model":"m","max_tokens":9,"messages":['
+    first = head + b",".join(m[:3]) + b"]}"
+    second = head + b",".join(m) + b"]}"
+    turns = SessionTurns(1 << 24)
+    before = decode_messages_body(first, Limits(), turns, lambda _small: "s")
+    got = decode_messages_body(second, Limits(), turns, lambda _small: "s")
+    assert before.pieces is not None and got.pieces is not None
+    assert got.lent == (before.pieces[2], 3)
+    assert all(got.pieces[2][i] is before.pieces[2][i] for i in range(3))
 
 
 def _utf8_turns() -> list[bytes]:

@@ -176,7 +176,7 @@ class MessagesBody(dict):
     gateway reads: ``model``, ``stream``, ``metadata`` ...), with the whole request typed
     in ``typed`` and its bytes in ``raw``."""
 
-    __slots__ = ("typed", "raw", "pieces")
+    __slots__ = ("typed", "raw", "pieces", "lent")
 
     def __init__(self, typed: Request, raw: bytes) -> None:
         super().__init__((k, v) for k in _PLAIN_FIELDS if (v := getattr(typed, k)) is not None)
@@ -185,6 +185,9 @@ class MessagesBody(dict):
         # the tools list's, the system's and each message's JSON bytes, when the decode
         # cut them (a session's previous request lent them): the capture's cut takes them
         self.pieces: tuple[bytes, bytes, list[bytes]] | None = None
+        # the previous request's list of each message's bytes, and how many leading
+        # messages of this one are its very objects (the capture then need not compare)
+        self.lent: tuple[list[bytes], int] | None = None
 
     def whole(self) -> dict:
         """Every top-level field as it came (what an Anthropic upstream receives): the
@@ -504,6 +507,7 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
         messages, parts, structs, raws, counts = [], [], [], [], []
         blocks = 0
     shift = k - skip  # a message's index in the request, beyond its index in tops
+    same = k  # how many leading messages are the previous request's very objects
     for j in range(skip, len(tops)):
         m = tops[j]
         i = j + shift
@@ -512,6 +516,8 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
             if len(m) == len(was[0]) and m == was[3]:  # one memcmp
                 messages.append(was)
                 parts.append(was[0])
+                if same == i:
+                    same += 1
                 structs.append(was[1])
                 raws.append(was[3])
                 blocks += was[2]
@@ -549,6 +555,8 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     lend.keep_decoded(key, decoded)
     body = MessagesBody(typed, raw)
     body.pieces = decoded.pieces()
+    if prev is not None:
+        body.lent = prev.parts, same
     return body
 
 

@@ -269,13 +269,15 @@ def _sent(
     ``runs``: the (start, end) where ``pieces`` are the very pieces ``prev`` was kept
     of, which give what ``prev`` holds there (taken as slices)."""
     if runs:
-        out: list[Piece] = []
+        # ``prev`` up to the last run's end, the gaps before each run made in their place
+        # (one for one: of the same length), then the rest
+        end = runs[-1][1]
+        out = prev[:end] if isinstance(prev, list) else list(prev[:end])
         at = 0
         for a, b in runs:
-            out += _sent(pieces[at:a], by_bytes, prev[at:a])
-            out += prev[a:b]
+            out[at:a] = _sent(pieces[at:a], by_bytes, prev[at:a])
             at = b
-        out += _sent(pieces[at:], by_bytes, prev[at:])
+        out += _sent(pieces[end:], by_bytes, prev[end:])
         return out
     out = []
     n = len(prev)

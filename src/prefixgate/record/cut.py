@@ -151,14 +151,16 @@ def cut_from_pieces(
     *,
     tools_first: bool | None = None,
     previous: list[Piece] | None = None,
+    same: tuple[list[bytes], int] | None = None,
 ) -> tuple[list[Segment], list[Piece]] | None:
     """:func:`cut_from_bytes` of a request whose parts the decode cut already
     (``MessagesBody.pieces``: the tools list's, the system's and each message's JSON
-    bytes): the same result, without a pass over the body."""
+    bytes): the same result, without a pass over the body. ``same``: a list of message
+    bytes and how many leading messages are its very objects (``MessagesBody.lent``)."""
     if tools_first is None:
         tools_first = api == "openai"
     tools, system, messages = pieces
-    return _cut(api, tools, messages, system, tools_first, previous)
+    return _cut(api, tools, messages, system, tools_first, previous, same)
 
 
 def pieces_of(raw: bytes, segs: list[Segment]) -> list[tuple[Segment, bytes]] | None:
@@ -301,8 +303,10 @@ def cut_of_chat(
     lead_segs = list(map(_first, lead))
     tool_pieces = tools_part[1:]
     segs = tools_segs + lead_segs + rest if tools_first else lead_segs + tools_segs + rest
-    pieces = Pieces(tool_pieces + lead if tools_first else lead + tool_pieces)
-    pieces += msgs[leading:]  # (the messages' pieces are of kind ``message``)
+    # the messages' pieces (of kind ``message``) after the front, which takes the place
+    # of the leading ones (a slice of them added would be one more copy)
+    pieces = Pieces(msgs)
+    pieces[:leading] = tool_pieces + lead if tools_first else lead + tool_pieces
     if previous is not None:
         aligned = leading == was and tools_first == previous.tools_first
         tools_same = len(tool_pieces) if aligned and tools_part is previous.tools_part else 0
@@ -402,6 +406,7 @@ def _cut(
     system_raw,
     tools_first: bool,
     previous: list[Piece] | None,
+    same: tuple[list[bytes], int] | None = None,
 ) -> tuple[list[Segment], list[Piece]] | None:
     split = getattr(previous, "split", None)
     if (
@@ -411,7 +416,7 @@ def _cut(
         and type(messages_raw) is list
         and type(system_raw) is bytes
     ):
-        return _cut_on(previous, split, tools_list, messages_raw, system_raw)  # type: ignore[arg-type]
+        return _cut_on(previous, split, tools_list, messages_raw, system_raw, same)  # type: ignore[arg-type]
     prev_tools: list[Piece] = []
     prev_blocks: list[Piece] = []
     prev_messages: list[Piece] = []  # in their order: messages[0], messages[1] …
@@ -426,7 +431,7 @@ def _cut(
     tools_part = tools_and_pieces(api, tools_list, prev_tools)
     if tools_part is None:
         return None
-    msgs = _messages(messages_raw or (), prev_messages, 0, [])
+    msgs = _messages(messages_raw or (), prev_messages)
 
     if api == "anthropic":
         head = _head(system_raw, prev_blocks)
@@ -437,13 +442,15 @@ def _cut(
         whole += msgs
         segs = list(map(_first, whole))
         if type(messages_raw) is list and type(system_raw) is bytes:  # lent by the decode
+            # (its list of each message's bytes kept as it is: the decode does not change
+            # a list it made, and a copy would write to each item)
             split = (
                 tools_first,
                 tools_list,
                 tools_part,
                 system_raw,
                 head,
-                list(messages_raw),
+                messages_raw,
                 segs,
                 lead,
             )
@@ -453,16 +460,16 @@ def _cut(
     return list(map(_first, whole)), _pieces(whole)
 
 
-def _messages(
-    messages_raw, prev_messages: list[Piece], start: int, msgs: list[Piece]
-) -> list[Piece]:
-    """``msgs`` and the pieces of ``messages_raw[start:]``: a message whose bytes equal
-    the previous request's at the same place takes its piece."""
-    n = len(prev_messages)
+def _messages(messages_raw, prev: list[Piece], skip: int = 0, start: int = 0) -> list[Piece]:
+    """The pieces of ``messages_raw[start:]``: a message whose bytes equal the previous
+    request's at the same place (its messages' pieces: ``prev[skip:]``, not sliced) takes
+    its piece."""
+    msgs: list[Piece] = []
+    n = len(prev) - skip
     for i in range(start, len(messages_raw)):
         m = messages_raw[i]
         if i < n:
-            before = prev_messages[i]
+            before = prev[skip + i]
             was = before[1]
             if m is was or (len(was) == len(m) and _equal(m, was)):
                 msgs.append(before)
@@ -493,7 +500,12 @@ def _head(system_raw, prev_blocks: list[Piece]) -> list[Piece] | None:
 
 
 def _cut_on(
-    previous: Pieces, split: tuple, tools_list: bytes, messages_raw: list, system: bytes
+    previous: Pieces,
+    split: tuple,
+    tools_list: bytes,
+    messages_raw: list,
+    system: bytes,
+    same: tuple[list[bytes], int] | None = None,
 ) -> tuple[list[Segment], list[Piece]] | None:
     """:func:`_cut` of an Anthropic request lent by the decode, going on from the
     session's previous request as this cut split it: the tools list and the system taken
@@ -519,18 +531,19 @@ def _cut_on(
         head = got
     front = tools_part + head if tools_first else head + tools_part
     lead = len(front)
-    k = common_prefix(messages_raw, praw)
+    # the messages equal to the previous ones from the start: told by the decode when it
+    # lent them from the same list (a list compared with a longer one is copied first)
+    k = same[1] if same is not None and same[0] is praw else common_prefix(messages_raw, praw)
     skip = plead - (1 if ptools_part else 0)  # where the messages start in the pieces
-    prev_messages = previous[skip:]
-    msgs = _messages(messages_raw, prev_messages, k, prev_messages[:k])
-    tail = msgs[k:]
+    # (the previous pieces are not sliced but where taken: a list's copy writes to each item)
+    tail = _messages(messages_raw, previous, skip, k)
     if tools_part is ptools_part and head is phead:  # the front and k messages as they were
         segs = psegs[: lead + k]
         segs += map(_first, tail)
         pieces = Pieces(previous[: skip + k], None, skip + k, previous)
         pieces += tail
     else:
-        whole = front + msgs
+        whole = front + previous[skip : skip + k] + tail
         segs = list(map(_first, whole))
         pieces = Pieces(_pieces(whole))
     pieces.split = (
@@ -539,7 +552,7 @@ def _cut_on(
         tools_part,
         system,
         head,
-        list(messages_raw),
+        messages_raw,
         segs,
         lead,
     )

@@ -13,7 +13,7 @@ from prefixgate.record.segments import segments_anthropic
 def _cut(raw: bytes, body: Any, previous: list[Piece] | None):
     lent = getattr(body, "pieces", None)
     if lent is not None:  # the decode cut it
-        return cut_from_pieces(lent, "anthropic", previous=previous)
+        return cut_from_pieces(lent, "anthropic", previous=previous, same=body.lent)
     return cut_from_bytes(raw, "anthropic", previous=previous)
 
 
