@@ -49,6 +49,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPS = 10
+# --misses: the simulated caches (pinned, so the counts depend on no machine), and the
+# data written between runs to empty them (well past the last level)
+CACHE_LL = "8388608,16,64"  # (I1 and D1 as relay_chunks.py simulates them)
+COLD_MB = 24
 CJK_ENV = "TURN_STAGES_CJK"
 
 
@@ -240,6 +244,12 @@ def inner(turn: int, stage: str, beside: int = 0, cpu: int = 0, cold: int = 0) -
         return
     _instrument()
     f(), f()  # warm
+    if cold:  # --misses: each run after the simulated caches were filled with other data
+        sweep = bytearray(cold << 20)
+        for _ in range(REPS):
+            sweep[::64] = bytes(len(sweep[::64]))  # (not counted: outside the exec)
+            exec("f()", {"f": f})  # counted
+        return
     exec("for _ in range(REPS): f()", {"REPS": REPS, "f": f})  # counted
 
 
@@ -423,19 +433,36 @@ def _instrument() -> None:
         sum(range(1000))
 
 
-def count(turn: int, stage: str, src: Path | None, beside: int = 0) -> float | None:
+def count(
+    turn: int, stage: str, src: Path | None, beside: int = 0, misses: bool = False
+) -> float | dict[str, float] | None:
+    """The instructions a run of ``stage`` (``misses``: its simulated cache misses, each
+    run cold: a dict of Ir, D1 and LL data misses, I1 misses, a run)."""
+    sys.path.insert(0, str(HERE))
+    from relay_chunks import CACHE_L1, parse_dump
+
     env = {**os.environ, "TURN_STAGES_UNDER_VALGRIND": "1"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                "--toggle-collect=builtin_exec*",
-               f"--callgrind-out-file={tmp}/out", sys.executable, __file__,
-               "--inner", "--turn", str(turn), "--stages", stage,
-               "--beside", str(beside)]  # fmt: skip
+               f"--callgrind-out-file={tmp}/out"]  # fmt: skip
+        if misses:
+            cmd += ["--cache-sim=yes", f"--I1={CACHE_L1}", f"--D1={CACHE_L1}", f"--LL={CACHE_LL}"]
+        cmd += [sys.executable, __file__, "--inner", "--turn", str(turn), "--stages", stage,
+                "--beside", str(beside), "--cold", str(COLD_MB if misses else 0)]  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if "missing" in done.stdout:
-        return None
+        if "missing" in done.stdout:
+            return None
+        if misses:
+            got = parse_dump(Path(f"{tmp}/out").read_text())
+            return {
+                "Ir": got["Ir"] / REPS,
+                "D1": (got["D1mr"] + got["D1mw"]) / REPS,
+                "LL": (got["DLmr"] + got["DLmw"]) / REPS,
+                "I1": got["I1mr"] / REPS,
+            }
     m = re.search(r"Collected : (\d+)", done.stderr)
     if m is None:
         raise SystemExit(f"no count from valgrind:\n{done.stderr[-2000:]}")
@@ -479,6 +506,13 @@ def main() -> None:
         action="store_true",
         help="the session's texts not all ASCII: each ' the ' written as a Chinese word",
     )
+    ap.add_argument(
+        "--misses",
+        action="store_true",
+        help="count each stage's simulated cache misses instead, each run after the "
+        f"caches were filled with {COLD_MB} MB of other data (as --cold): the memory a "
+        "turn touches, as a count no machine's load moves",
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cpu-inner", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -496,6 +530,22 @@ def main() -> None:
                    str(args.turn), "--stages", stage, "--beside", str(args.beside),
                    "--cold", str(args.cold)]  # fmt: skip
             subprocess.run(cmd, env=env, check=True)
+        return
+    if args.misses:
+        base = count(args.turn, "empty", args.src, args.beside, misses=True)
+        assert isinstance(base, dict)
+        print(f"turn {args.turn}: a stage's run, cold (callgrind's simulated caches: "
+              f"LL {CACHE_LL}, after {COLD_MB} MB written)")  # fmt: skip
+        print(f"{'stage':<14}{'M instr':>10}{'D1 misses':>12}{'LL misses':>12}{'I1 misses':>12}")
+        for stage in args.stages.split(","):
+            got = count(args.turn, stage, args.src, args.beside, misses=True)
+            if got is None:
+                print(f"{stage:<14}{'(not in this tree)':>20}")
+                continue
+            assert isinstance(got, dict)
+            d = {k: got[k] - base[k] for k in got}
+            print(f"{stage:<14}{d['Ir'] / 1e6:>10.2f}{d['D1']:>12,.0f}{d['LL']:>12,.0f}"
+                  f"{d['I1']:>12,.0f}", flush=True)  # fmt: skip
         return
     empty = count(args.turn, "empty", args.src, args.beside)
     print(f"turn {args.turn}: M instructions a stage (callgrind)")

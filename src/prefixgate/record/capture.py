@@ -127,7 +127,7 @@ class Capturer:
                 # the conversion lent from the previous turn lends its pieces too
                 previous = None if prev is None else prev.lent
                 if previous is not None and not go_on:
-                    previous = previous._replace(rest=None)
+                    previous = previous._replace(segs=None)
                 segs, pieces_out, lent = cut_of_chat(body_out, tools_first=first, previous=previous)
             elif texts is None and raw_out is not None:
                 cut = cut_from_bytes(raw_out, api_out, tools_first=first)

@@ -228,7 +228,7 @@ class ChatCut(NamedTuple):
     size: int  # ≈ bytes the kept objects hold
     chars: int = 0  # the messages' pieces' characters
     leading: int = 0  # how many messages lead as system ones
-    rest: list[Segment] | None = None  # the segments of the messages after them
+    segs: list[Segment] | None = None  # the segments (the tools', the leading, the rest)
     tools_first: bool = True
     lead: list[Segment] | None = None  # the leading messages' segments, of kind system
 
@@ -286,12 +286,6 @@ def cut_of_chat(
         if i >= leading and msgs[i][1] is not None:
             msgs[i] = (msgs[i][0], None)
     first = next((i for i in other if i >= leading), len(msgs))  # the rest lent up to it
-    if previous is not None and previous.rest is not None and leading == was:
-        j = min(first, len(previous.rest) + leading) - leading
-        rest = previous.rest[:j]
-        rest += map(_first, msgs[leading + j :])
-    else:
-        rest = list(map(_first, msgs[leading:]))
     # the leading messages as system segments: the previous turn's very ones where equal
     # (a segment made anew each turn would end what the next stages take by identity)
     was_lead = previous.lead if previous is not None and previous.lead is not None else []
@@ -302,7 +296,17 @@ def cut_of_chat(
     tools_segs = list(map(_first, tools_part))
     lead_segs = list(map(_first, lead))
     tool_pieces = tools_part[1:]
-    segs = tools_segs + lead_segs + rest if tools_first else lead_segs + tools_segs + rest
+    front = tools_segs + lead_segs if tools_first else lead_segs + tools_segs
+    # the messages' segments after the front: the previous turn's up to the first other
+    # message (taken with its front, which this one's takes the place of: one copy)
+    if previous is not None and previous.segs is not None and leading == was:
+        off = was + len(previous.tools_part)
+        j = min(first, len(previous.segs) - off + leading) - leading
+        segs = previous.segs[: off + j]
+        segs[:off] = front
+    else:
+        segs, j = front, 0
+    segs += map(_first, msgs[leading + j :])
     # the messages' pieces (of kind ``message``) after the front, which takes the place
     # of the leading ones (a slice of them added would be one more copy)
     pieces = Pieces(msgs)
@@ -320,7 +324,7 @@ def cut_of_chat(
         pieces.base = previous
     size += 64 * len(msgs) + sum(map(len, filter(None, map(_second, tools_part))))
     cut = ChatCut(
-        messages, msgs, tools, tools_part, size, chars, leading, rest, tools_first, lead_segs
+        messages, msgs, tools, tools_part, size, chars, leading, segs, tools_first, lead_segs
     )
     return segs, pieces, cut
 
