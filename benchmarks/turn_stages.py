@@ -469,6 +469,11 @@ def count(
     return int(m.group(1)) / REPS
 
 
+def _runs_in(stage: str) -> int:
+    """How many of its turns a stage's run holds (a ``_lent`` stage's: two, see above)."""
+    return 2 if stage.endswith("_lent") else 10 if stage.endswith("_10") else 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turn", type=int, default=60)
@@ -543,7 +548,7 @@ def main() -> None:
                 print(f"{stage:<14}{'(not in this tree)':>20}")
                 continue
             assert isinstance(got, dict)
-            d = {k: got[k] - base[k] for k in got}
+            d = {k: (got[k] - base[k]) / _runs_in(stage) for k in got}
             print(f"{stage:<14}{d['Ir'] / 1e6:>10.2f}{d['D1']:>12,.0f}{d['LL']:>12,.0f}"
                   f"{d['I1']:>12,.0f}", flush=True)  # fmt: skip
         return
@@ -554,7 +559,7 @@ def main() -> None:
         if got is None:
             print(f"{stage:<14}{'(not in this tree)':>20}")
             continue
-        per = (got - empty) / (2 if stage.endswith("_lent") else 10 if stage.endswith("_10") else 1)
+        per = (got - empty) / _runs_in(stage)
         print(f"{stage:<14}{per / 1e6:>10.2f}", flush=True)
 
 

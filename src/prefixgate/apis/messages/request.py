@@ -18,6 +18,7 @@ texts are joined, their JSON is joined (``convert/texts.py``'s ``join``). ``conv
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -82,7 +83,7 @@ class _Encoded:
     __slots__ = ("head", "sent", "data", "ends", "tools", "tools_json")
 
     def __init__(
-        self, head: bytes, sent: list, data: bytes, ends: list[int], tools, tools_json
+        self, head: bytes, sent: list, data: bytes, ends: array, tools, tools_json
     ) -> None:
         self.head, self.sent, self.data, self.ends = head, sent, data, ends
         self.tools, self.tools_json = tools, tools_json
@@ -103,7 +104,7 @@ class _Turn:
         self.messages: list = req.messages
         self.converted: list[list[dict]] = []
         self.flat: list[dict] = []
-        self.ends: list[int] = []
+        self.ends = array("q")  # (ints packed: a slice of them is a copy of bytes)
         self.system: dict | None = None
         self.tools = req.tools
         self.chat_tools: list[dict] = []
@@ -318,7 +319,7 @@ def encode_lent(out: dict, lent: _Encoded | None) -> _Encoded:
     keys = iter(out)
     if next(keys, None) != "model" or next(keys, None) != "messages":
         data = _encode(out)
-        return _Encoded(b"", [], data, [], None, None)
+        return _Encoded(b"", [], data, array("q"), None, None)
     msgs = out["messages"]
     head = b'{"model":' + _encode(out["model"]) + b',"messages":['
     k = same_prefix(msgs, lent.sent) if lent is not None and lent.head == head else 0
@@ -329,7 +330,7 @@ def encode_lent(out: dict, lent: _Encoded | None) -> _Encoded:
         pos = ends[-1]
         pieces.append(memoryview(lent.data)[:pos])
     else:
-        ends, pos = [], len(head)
+        ends, pos = array("q"), len(head)
         pieces.append(head)
     for i in range(k, len(msgs)):
         if i:
