@@ -21,7 +21,6 @@ depth limit means the same on both paths for what the gateway decodes.
 
 from __future__ import annotations
 
-from array import array
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -288,8 +287,8 @@ class Decoded:
         messages: list,
         parts: list,
         size: int,
-        columns: tuple[list, list, array],
-        kept: tuple[bytes, array, int] | None = None,
+        columns: tuple[list, list, list[int]],
+        kept: tuple[bytes, list[int], int] | None = None,
         top: Any = None,
     ) -> None:
         """``messages``: per message (its bytes, its struct, its blocks, its bytes as
@@ -306,7 +305,7 @@ class Decoded:
         self.messages, self.parts, self.size = messages, parts, size
         self.structs, self.raws, self.blocks = columns
         self.raw: bytes | None = kept[0] if kept is not None else None
-        self.starts: array = kept[1] if kept is not None else array("q")
+        self.starts: list[int] = kept[1] if kept is not None else []
         self.rest: int = kept[2] if kept is not None else 0
         self.top = top
 
@@ -458,7 +457,7 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     early = key_of({})  # the session's key from the headers alone, when they tell it
     prev = _previous(lend, early, lkey) if early is not None else None
     placed = _by_place(raw, prev, top_dec, limits) if prev is not None else None
-    starts: tuple[array, int] | None = None
+    starts: tuple[list[int], int] | None = None
     same_top = False
     if placed is not None:
         top, k, places, rest, same_top = placed
@@ -505,7 +504,7 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
         blocks = prev.blocks[k - 1]
         counts = prev.blocks[:k]
     else:
-        messages, parts, structs, raws, counts = [], [], [], [], array("q")
+        messages, parts, structs, raws, counts = [], [], [], [], []
         blocks = 0
     shift = k - skip  # a message's index in the request, beyond its index in tops
     same = k  # how many leading messages are the previous request's very objects

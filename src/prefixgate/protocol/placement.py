@@ -8,7 +8,6 @@ anything not as expected sends the request to the whole decode."""
 from __future__ import annotations
 
 import re
-from array import array
 
 import msgspec
 from msgspec import Raw, Struct
@@ -41,7 +40,7 @@ _BLANKS = (b" ", b"\t", b"\n", b"\r", b"")
 _ESCAPED_LETTER = re.compile(rb"\\u00(?:6[dD157]|73)")
 
 
-def places_of(raw: bytes, pos: int, msgs: list[Raw], places: array) -> int:
+def places_of(raw: bytes, pos: int, msgs: list[Raw], places: list[int]) -> int:
     """Append to ``places`` where each of ``msgs`` begins in ``raw``, the first at
     ``pos``: each one's very bytes there, a comma between each and the next, the array's
     end after the last. Where the array ends (just after its ``]``); -1 when ``raw``
@@ -67,14 +66,14 @@ def places_of(raw: bytes, pos: int, msgs: list[Raw], places: array) -> int:
     return pos if last >= 0 else -1
 
 
-def starts_of(raw: bytes, msgs: list[Raw]) -> tuple[array, int] | None:
+def starts_of(raw: bytes, msgs: list[Raw]) -> tuple[list[int], int] | None:
     """Where each of the request's messages begins in its body, and where what follows
     them begins (``None``: not known, when anything but plain values comes before them,
     they are not where they should be, or a second messages key follows them)."""
     head = _HEAD.match(raw)
     if head is None or not msgs:
         return None
-    places = array("q")  # (ints packed: the next request takes a slice of them, bytes copied)
+    places: list[int] = []
     end = places_of(raw, head.end(), msgs, places)
     if end < 0 or not single(raw, end):
         return None

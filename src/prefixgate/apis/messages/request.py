@@ -18,7 +18,6 @@ texts are joined, their JSON is joined (``convert/texts.py``'s ``join``). ``conv
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -83,7 +82,7 @@ class _Encoded:
     __slots__ = ("head", "sent", "data", "ends", "tools", "tools_json")
 
     def __init__(
-        self, head: bytes, sent: list, data: bytes, ends: array, tools, tools_json
+        self, head: bytes, sent: list, data: bytes, ends: list[int], tools, tools_json
     ) -> None:
         self.head, self.sent, self.data, self.ends = head, sent, data, ends
         self.tools, self.tools_json = tools, tools_json
@@ -104,7 +103,7 @@ class _Turn:
         self.messages: list = req.messages
         self.converted: list[list[dict]] = []
         self.flat: list[dict] = []
-        self.ends = array("q")  # (ints packed: a slice of them is a copy of bytes)
+        self.ends: list[int] = []
         self.system: dict | None = None
         self.tools = req.tools
         self.chat_tools: list[dict] = []
@@ -319,7 +318,7 @@ def encode_lent(out: dict, lent: _Encoded | None) -> _Encoded:
     keys = iter(out)
     if next(keys, None) != "model" or next(keys, None) != "messages":
         data = _encode(out)
-        return _Encoded(b"", [], data, array("q"), None, None)
+        return _Encoded(b"", [], data, [], None, None)
     msgs = out["messages"]
     head = b'{"model":' + _encode(out["model"]) + b',"messages":['
     k = same_prefix(msgs, lent.sent) if lent is not None and lent.head == head else 0
@@ -330,7 +329,7 @@ def encode_lent(out: dict, lent: _Encoded | None) -> _Encoded:
         pos = ends[-1]
         pieces.append(memoryview(lent.data)[:pos])
     else:
-        ends, pos = array("q"), len(head)
+        ends, pos = [], len(head)
         pieces.append(head)
     for i in range(k, len(msgs)):
         if i:
