@@ -1,7 +1,7 @@
 """Instructions of each stage of a Claude Code turn, in-process, counted by callgrind.
 
     python benchmarks/turn_stages.py [--turn 60] [--stages capture,convert,…] [--src DIR] [--cjk]
-                                     [--beside N] [--cpu RUNS]
+                                     [--beside N] [--cpu RUNS [--cold MB]] [--misses]
 
 One session of ``agent_turns.py`` (the traffic generator's Claude Code shape) is run
 through the request path's stages in one process up to turn ``--turn`` - 1 (so the
@@ -10,7 +10,9 @@ session's memories hold what a gateway's would), then each stage is run ten time
 ``exec`` that runs the stage is counted, imports done before it; the session's turns run
 uninstrumented, ``--instr-atstart=no``, instrumentation switched on after them); an empty
 stage's count is subtracted (``--cpu RUNS``: each stage timed instead, by
-``time.process_time`` over RUNS runs, best of 5, not under valgrind). ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
+``time.process_time`` over RUNS runs, best of 5, not under valgrind; ``--misses``: its
+simulated cache misses instead, each run after the caches were filled with other data,
+the memory a run touches as a count no machine's load moves). ``--src`` runs another tree's sources (a checkout's ``src``): stages a tree
 does not have are skipped. ``--cjk``: the session's texts not all ASCII (``agent_turns.in_cjk``), as
 a team writing in Chinese sends them.
 
