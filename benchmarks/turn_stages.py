@@ -440,9 +440,6 @@ def count(
 ) -> float | dict[str, float] | None:
     """The instructions a run of ``stage`` (``misses``: its simulated cache misses, each
     run cold: a dict of Ir, D1 and LL data misses, I1 misses, a run)."""
-    sys.path.insert(0, str(HERE))
-    from relay_chunks import CACHE_L1, parse_dump
-
     env = {**os.environ, "TURN_STAGES_UNDER_VALGRIND": "1"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
@@ -451,14 +448,15 @@ def count(
                "--toggle-collect=builtin_exec*",
                f"--callgrind-out-file={tmp}/out"]  # fmt: skip
         if misses:
-            cmd += ["--cache-sim=yes", f"--I1={CACHE_L1}", f"--D1={CACHE_L1}", f"--LL={CACHE_LL}"]
+            cmd += ["--cache-sim=yes", f"--I1={_relay_chunks().CACHE_L1}",
+                    f"--D1={_relay_chunks().CACHE_L1}", f"--LL={CACHE_LL}"]  # fmt: skip
         cmd += [sys.executable, __file__, "--inner", "--turn", str(turn), "--stages", stage,
                 "--beside", str(beside), "--cold", str(COLD_MB if misses else 0)]  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if "missing" in done.stdout:
             return None
         if misses:
-            got = parse_dump(Path(f"{tmp}/out").read_text())
+            got = _relay_chunks().parse_dump(Path(f"{tmp}/out").read_text())
             return {
                 "Ir": got["Ir"] / REPS,
                 "D1": (got["D1mr"] + got["D1mw"]) / REPS,
@@ -469,6 +467,16 @@ def count(
     if m is None:
         raise SystemExit(f"no count from valgrind:\n{done.stderr[-2000:]}")
     return int(m.group(1)) / REPS
+
+
+def _relay_chunks():
+    """relay_chunks.py (its simulated caches and its reading of a callgrind dump), imported
+    only where --misses needs it: the plain count does not load its imports."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import relay_chunks
+
+    return relay_chunks
 
 
 def _runs_in(stage: str) -> int:
