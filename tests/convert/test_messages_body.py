@@ -790,3 +790,43 @@ def test_a_second_messages_key_is_found_in_any_spelling(rest, expected):
 
     head = b'{"model":"m","messages":[{"role":"user","content":"a"}]'
     assert single(head + rest, len(head)) is expected
+
+
+def test_the_tools_a_session_lends_are_not_checked_again_and_new_ones_are(monkeypatch):
+    """A turn whose tools are the previous request's bytes takes its very structs, checked
+    when it was decoded under the same limits: they are not walked again. Tools that
+    differ are decoded and checked, and a bad one is refused as the decode alone refuses
+    it."""
+    from prefixgate.apis.messages.request import SessionTurns
+    from prefixgate.protocol import messages_body as mb
+
+    tools = [
+        {"name": f"t{i}", "description": "d", "input_schema": {"type": "object"}} for i in range(5)
+    ]
+
+    def body(n: int, tools=tools) -> bytes:
+        msgs = [{"role": "user", "content": f"q{i}"} for i in range(n)]
+        return json.dumps(
+            {"model": "m", "max_tokens": 5, "tools": tools, "messages": msgs}
+        ).encode()
+
+    turns = SessionTurns(1 << 24)
+    first = decode_messages_body(body(1), Limits(), turns, lambda _small: "s")
+    walked: list[object] = []
+    real = mb._deep
+    monkeypatch.setattr(mb, "_deep", lambda v, room, at: (walked.append(at), real(v, room, at)))
+    second = decode_messages_body(body(2), Limits(), turns, lambda _small: "s")
+    assert second.typed.tools[0] is first.typed.tools[0]
+    assert 4 not in walked  # no tool's type walked
+    assert second.typed == decode_messages_body(body(2), Limits()).typed
+    walked.clear()
+    other = [*tools, {"name": "u", "description": "d", "input_schema": {"type": "object"}}]
+    third = decode_messages_body(body(3, other), Limits(), turns, lambda _small: "s")
+    assert walked.count(4) == len(other)  # new tools: each checked
+    assert third.typed == decode_messages_body(body(3, other), Limits()).typed
+    bad = [*tools, {"name": "u", "description": "d", "input_schema": [1]}]
+    with pytest.raises(InvalidRequest) as lent:
+        decode_messages_body(body(4, bad), Limits(), turns, lambda _small: "s")
+    with pytest.raises(InvalidRequest) as alone:
+        decode_messages_body(body(4, bad), Limits())
+    assert str(lent.value) == str(alone.value)

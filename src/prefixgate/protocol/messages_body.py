@@ -536,7 +536,9 @@ def _lent_path(raw: bytes, limits: Limits, lend: Lender, key_of) -> MessagesBody
     fields = {f: getattr(top, f) for f in _FIELDS}
     fields["tools"], fields["system"], fields["messages"] = tools[1], system[1], structs
     typed = kind(**fields)
-    _walk_top(typed, limits, blocks)
+    # the tools lent are the previous request's very structs, checked when it was decoded
+    # (under the same limits: ``lkey``): not walked again
+    _walk_top(typed, limits, blocks, tools_checked=prev is not None and tools is prev.tools)
     # the parts are disjoint pieces of the body: their bytes are at most its size
     size = Decoded.ENTRY + len(raw) + Decoded.PART * (len(messages) + blocks)
     if early is not None and key == early and starts is None:
@@ -610,8 +612,11 @@ def _message_blocks(m: Message, room: int | None) -> int:
     return 0
 
 
-def _walk_top(typed: Request, limits: Limits | None, blocks: int) -> None:
-    """:func:`_walk` but for the messages, whose blocks (``blocks`` of them) are checked."""
+def _walk_top(
+    typed: Request, limits: Limits | None, blocks: int, *, tools_checked: bool = False
+) -> None:
+    """:func:`_walk` but for the messages, whose blocks (``blocks`` of them) are checked.
+    ``tools_checked``: the tools are structs a decode under the same limits checked."""
     if limits is not None and (not typed.model or not 1 <= typed.max_tokens <= MAX_TOKENS):
         raise _Plain
     room = limits.max_json_depth if limits is not None else None
@@ -625,7 +630,8 @@ def _walk_top(typed: Request, limits: Limits | None, blocks: int) -> None:
         return
     if blocks > limits.max_blocks:
         raise _Plain
-    for t in typed.tools or ():
+    tools = () if tools_checked or not typed.tools else typed.tools
+    for t in tools:
         schema = t.input_schema
         if schema and not (memoryview(schema)[0] == 123 or bytes(schema) == b"null"):  # '{'
             raise _Plain
@@ -638,7 +644,7 @@ def _walk_top(typed: Request, limits: Limits | None, blocks: int) -> None:
     _deep(typed.metadata, room, 2)
     _deep(typed.thinking, room, 2)
     _deep(typed.output_config, room, 2)
-    for t in typed.tools or ():
+    for t in tools:
         _deep(t.type, room, 4)
 
 
