@@ -28,8 +28,9 @@ from prefixgate.apis.responses.compaction import unseal
 from prefixgate.config import Limits
 from prefixgate.errors import InvalidRequest
 from prefixgate.protocol.common import check_body_bytes, json_depth, too_deep
-from prefixgate.protocol.messages_body import is_string
+from prefixgate.protocol.messages_body import Lender, is_string
 from prefixgate.protocol.validate import MAX_TOKENS, check_count, not_json
+from prefixgate.sequences import common_prefix
 
 
 class Part(Struct):
@@ -167,8 +168,52 @@ _PARTS = msgspec.json.Decoder(list[Part])
 _AT = re.compile(r"(?: - at )?`\$\.?([^`]*)`")
 
 
-def decode_responses_body(raw: bytes, limits: Limits) -> ResponsesBody:
-    """Decode and check a Responses request (``InvalidRequest`` names what is wrong)."""
+class _Bytes(Struct):
+    """The top level as the lent check reads it: the input's and the tools' bytes."""
+
+    input: Raw = Raw(b"null")
+    tools: Raw = Raw(b"null")
+
+
+_BYTES = msgspec.json.Decoder(_Bytes)
+_RAWS = msgspec.json.Decoder(list[Raw])
+_CALLS = frozenset(("function_call", "custom_tool_call"))
+
+
+class Checked:
+    """A session's latest request as checked, for its next one to go on from: each input
+    item's bytes and its checked struct, what the walk had counted after each item (the
+    parts; the index of the first item with an image; each call seen, with its index),
+    and the tools' bytes. Kept by a :class:`~prefixgate.protocol.messages_body.Lender`
+    (``SessionTurns``), within its budget (``size``)."""
+
+    __slots__ = ("limits", "raws", "items", "parts", "images", "calls", "tools", "size")
+
+    ENTRY = 512  # bytes an entry costs beyond its items' bytes
+    ITEM = 160  # and each item: its bytes' object, the list slots, its count
+
+    def __init__(self, limits, raws, items, parts, images, calls, tools) -> None:
+        self.limits = limits
+        self.raws: list[Raw] = raws  # each its own bytes (no view of a request's body)
+        self.items: list[Item] = items
+        self.parts: list[int] = parts  # parts counted after item i
+        self.images: int = images  # the first item holding an image (len(items): none)
+        self.calls: list[tuple[int, str, str]] = calls  # (index, call_id, kind)
+        self.tools: bytes = tools
+        self.size = self.ENTRY + len(tools) + sum(map(len, raws)) + self.ITEM * len(raws)
+
+
+def decode_responses_body(
+    raw: bytes, limits: Limits, lend: Lender | None = None, key_of=None
+) -> ResponsesBody:
+    """Decode and check a Responses request (``InvalidRequest`` names what is wrong).
+
+    ``lend`` and ``key_of`` (the session's key from the request's small fields, or None):
+    the session's latest request as checked (:class:`Checked`) lends its leading input
+    items whose bytes are the same, the very structs checked then, and its tools when
+    theirs are: those are not checked again, the walk goes on from what it had counted.
+    The whole request is decoded all the same (in C), so what is refused, and how, is
+    what the check alone says."""
     check_body_bytes(raw, limits)
     try:
         typed = _DECODER.decode(raw)
@@ -178,8 +223,60 @@ def decode_responses_body(raw: bytes, limits: Limits) -> ResponsesBody:
         raise not_json(raw, exc) from None
     except RecursionError:
         raise too_deep(limits) from None
-    images = check_request(typed, limits)
-    return ResponsesBody(typed, raw, images)
+    key = None
+    if lend is not None and key_of is not None and type(typed.input) is list:
+        key = key_of({f: v for f in _PLAIN_FIELDS if (v := getattr(typed, f)) is not None})
+    if key is None:
+        return ResponsesBody(typed, raw, check_request(typed, limits))
+    return _lent(typed, raw, limits, lend, key)
+
+
+def _lent(typed: Request, raw: bytes, limits: Limits, lend: Lender, key) -> ResponsesBody:
+    items = typed.input
+    assert type(items) is list
+    top = _BYTES.decode(raw)  # (the typed decode read the same body: no error here)
+    raws = _RAWS.decode(top.input)
+    tools = bytes(top.tools)
+    lkey = (limits.max_blocks, limits.max_json_depth, limits.max_messages, limits.max_tools)
+    got = lend.decoded(key)
+    prev = got if isinstance(got, Checked) and got.limits == lkey else None
+    if len(raws) != len(items):  # (never: the two decodes read the same input)
+        prev = None
+    k = 0
+    if prev is not None:
+        k = common_prefix(raws, prev.raws)
+        if k and prev.items[k - 1].type == TRIGGER:  # the last item only: not so here
+            k -= 1
+        items[:k] = prev.items[:k]
+    state = _Walk(limits)
+    state.last = f"input[{len(items) - 1}]"
+    if k:
+        assert prev is not None
+        state.parts = prev.parts[k - 1]
+        state.images = prev.images < k
+        if k == len(prev.items):
+            calls = prev.calls
+            parts = prev.parts
+        else:
+            calls = [c for c in prev.calls if c[0] < k]
+            parts = prev.parts[:k]
+        state.calls = {cid: kind for _, cid, kind in calls}
+        images = prev.images if prev.images < k else len(items)
+    else:
+        calls, parts, images = [], [], len(items)
+    tools_checked = prev is not None and tools == prev.tools
+    check_request(typed, limits, state, k, tools_checked)
+    for i in range(k, len(items)):  # what the walk counted after each new item
+        item = items[i]
+        if item.type in _CALLS:
+            calls.append((i, item.call_id, item.type))
+    parts += state.counted
+    if images == len(items) and state.images:
+        images = state.first_image
+    kept = prev.raws[:k] if prev is not None else []
+    kept += [Raw(bytes(r)) for r in raws[k:]]
+    lend.keep_decoded(key, Checked(lkey, kept, items, parts, images, calls, tools))
+    return ResponsesBody(typed, raw, state.images)
 
 
 def _shape_error(text: str) -> InvalidRequest:
@@ -197,8 +294,18 @@ def _shape_error(text: str) -> InvalidRequest:
     return InvalidRequest(f"{where}: {what}", param=where)
 
 
-def check_request(req: Request, limits: Limits) -> bool:
-    """What the structs cannot say; returns whether the request holds an image."""
+def check_request(
+    req: Request,
+    limits: Limits,
+    state: _Walk | None = None,
+    start: int = 0,
+    tools_checked: bool = False,
+) -> bool:
+    """What the structs cannot say; returns whether the request holds an image.
+    ``state``, ``start``: the input's first ``start`` items were checked (as the very
+    structs of a session's previous request), the walk's counts after them in ``state``,
+    which then counts the parts after each further item (``counted``); ``tools_checked``:
+    the tools were, under the same limits."""
     if not req.model:
         raise InvalidRequest("model: a non-empty string is required", param="model")
     for name, why in (
@@ -223,7 +330,8 @@ def check_request(req: Request, limits: Limits) -> bool:
     for name in ("tool_choice", "reasoning", "text", "metadata"):
         _deep(getattr(req, name), room, 2, name)
     _check_tool_choice(req.tool_choice)
-    _check_tools(req.tools, limits)
+    if not tools_checked:
+        _check_tools(req.tools, limits)
     items = req.input
     if type(items) is str:
         return False
@@ -233,15 +341,23 @@ def check_request(req: Request, limits: Limits) -> bool:
         raise InvalidRequest(
             f"input: at most {limits.max_messages} items are accepted", param="input"
         )
-    state = _Walk(limits)
-    state.last = f"input[{len(items) - 1}]"
-    for i, item in enumerate(items):
-        _check_item(item, f"input[{i}]", state)
+    if state is None:
+        state = _Walk(limits)
+        state.last = f"input[{len(items) - 1}]"
+        for i, item in enumerate(items):
+            _check_item(item, f"input[{i}]", state)
+        return state.images
+    counted = state.counted
+    for i in range(start, len(items)):
+        _check_item(items[i], f"input[{i}]", state)
+        counted.append(state.parts)
+        if state.images and state.first_image < 0:
+            state.first_image = i
     return state.images
 
 
 class _Walk:
-    __slots__ = ("limits", "parts", "calls", "images", "last")
+    __slots__ = ("limits", "parts", "calls", "images", "last", "counted", "first_image")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
@@ -249,6 +365,10 @@ class _Walk:
         self.parts = 0
         self.calls: dict[str, str] = {}  # call id -> the kind of its call, seen so far
         self.images = False
+        # (the lent check's) the parts counted after each item walked, and the first
+        # item walked that holds an image
+        self.counted: list[int] = []
+        self.first_image = -1
 
     def count(self, n: int, where: str) -> None:
         self.parts += n

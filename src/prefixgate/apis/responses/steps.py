@@ -49,8 +49,18 @@ _encode = msgspec.json.encode
 
 async def decode_responses(x: Exchange) -> None:
     """A Responses request, decoded into typed structs (texts raw) and checked as it is:
-    what a stateless gateway cannot serve is refused here, before anything is sent."""
-    set_decoded(x, decode_responses_body(x.raw, x.live.config.limits), session_of_responses)
+    what a stateless gateway cannot serve is refused here, before anything is sent. The
+    session's previous request lends the input items it checked (the same bytes)."""
+    turns, headers, who = x.gateway.turns, x.request.headers, getattr(x.principal, "name", None)
+
+    def key_of(small: dict) -> tuple | None:
+        session = session_of_responses(small, headers)[0]
+        return None if session is None else ("responses", who, session)
+
+    lend = turns if turns.budget > 0 else None
+    set_decoded(
+        x, decode_responses_body(x.raw, x.live.config.limits, lend, key_of), session_of_responses
+    )
     typed = x.body.typed
     if typed.prompt_cache_options is not None:
         x.ask = responses_ask(typed.prompt_cache_options)
