@@ -125,6 +125,7 @@ def test_a_turn_checks_its_new_items_alone_and_takes_the_checked_ones(monkeypatc
     monkeypatch.setattr(rp, "_check_tools", lambda t, lim: (tools.append(t), real_tools(t, lim)))
     two = decode_responses_body(json.dumps(second).encode(), Limits(), turns, lambda _: "s")
     assert walked == ["input[3]", "input[4]"] and tools == []
+    assert two.typed.tools is one.typed.tools  # the very list
     assert two.typed.input[:3] == one.typed.input and two.typed.input[0] is one.typed.input[0]
     assert two.images  # the lent image counts
     # an output whose call is not among the lent ones is refused as alone

@@ -187,7 +187,10 @@ class Checked:
     and the tools' bytes. Kept by a :class:`~prefixgate.protocol.messages_body.Lender`
     (``SessionTurns``), within its budget (``size``)."""
 
-    __slots__ = ("limits", "raws", "items", "parts", "images", "calls", "tools", "size")
+    __slots__ = (
+        "limits", "raws", "items", "parts", "images", "calls", "call_map", "tools",
+        "typed_tools", "size",
+    )  # fmt: skip
 
     ENTRY = 512  # bytes an entry costs beyond its items' bytes
     ITEM = 160  # and each item: its bytes' object, the list slots, its count
@@ -199,7 +202,9 @@ class Checked:
         self.parts: list[int] = parts  # parts counted after item i
         self.images: int = images  # the first item holding an image (len(items): none)
         self.calls: list[tuple[int, str, str]] = calls  # (index, call_id, kind)
+        self.call_map: dict[str, str] = {}  # call_id -> kind after the last item
         self.tools: bytes = tools
+        self.typed_tools: list[Tool] | None = None  # the tools as checked
         self.size = self.ENTRY + len(tools) + sum(map(len, raws)) + self.ITEM * len(raws)
 
 
@@ -254,17 +259,19 @@ def _lent(typed: Request, raw: bytes, limits: Limits, lend: Lender, key) -> Resp
         assert prev is not None
         state.parts = prev.parts[k - 1]
         state.images = prev.images < k
-        if k == len(prev.items):
-            calls = prev.calls
-            parts = prev.parts
+        if k == len(prev.items):  # (its lists and map given up: taken as they are)
+            calls, parts, state.calls = prev.calls, prev.parts, prev.call_map
         else:
             calls = [c for c in prev.calls if c[0] < k]
             parts = prev.parts[:k]
-        state.calls = {cid: kind for _, cid, kind in calls}
+            state.calls = {cid: kind for _, cid, kind in calls}
         images = prev.images if prev.images < k else len(items)
     else:
         calls, parts, images = [], [], len(items)
     tools_checked = prev is not None and tools == prev.tools
+    if tools_checked:  # the very structs (the conversion finds them by identity)
+        assert prev is not None
+        typed.tools = prev.typed_tools
     check_request(typed, limits, state, k, tools_checked)
     for i in range(k, len(items)):  # what the walk counted after each new item
         item = items[i]
@@ -275,7 +282,9 @@ def _lent(typed: Request, raw: bytes, limits: Limits, lend: Lender, key) -> Resp
         images = state.first_image
     kept = prev.raws[:k] if prev is not None else []
     kept += [Raw(bytes(r)) for r in raws[k:]]
-    lend.keep_decoded(key, Checked(lkey, kept, items, parts, images, calls, tools))
+    checked = Checked(lkey, kept, items, parts, images, calls, tools)
+    checked.typed_tools, checked.call_map = typed.tools, state.calls
+    lend.keep_decoded(key, checked)
     return ResponsesBody(typed, raw, state.images)
 
 

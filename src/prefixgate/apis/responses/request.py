@@ -212,8 +212,8 @@ def _plain_text(content: str | list[Part] | None, sep: str) -> Text:
 
 def _same_tools(a: list[Tool] | None, b: list[Tool]) -> bool:
     """The typed tools are equal, and so are their ``strict`` flags' types (``True == 1``,
-    but only ``true`` is sent on as ``strict``)."""
-    return a == b and _stricts(a) == _stricts(b)
+    but only ``true`` is sent on as ``strict``). The very list (lent by the decode) is."""
+    return a is b or (a == b and _stricts(a) == _stricts(b))
 
 
 def _stricts(tools: list[Tool] | None) -> list[type]:

@@ -14,6 +14,7 @@ the same JSON.
 from __future__ import annotations
 
 from collections.abc import Container
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import msgspec
@@ -94,6 +95,9 @@ def segments_responses_from_bytes(raw: bytes) -> list[Segment] | None:
     return None if cut is None else cut[0]
 
 
+_first = itemgetter(0)  # a piece's segment
+
+
 class _Split(NamedTuple):
     """How :func:`cut_responses` split a request, for the next turn's cut to go on from:
     the tools list's bytes and pieces, the instructions' bytes and piece, each input
@@ -153,7 +157,7 @@ def cut_responses(
         pieces = [(Segment("message", "input:user", digest, chars, (chars + 3) // 4), data)]
     else:
         try:
-            items = [bytes(item) for item in ITEMS.decode(data)]
+            items = list(map(bytes, ITEMS.decode(data)))
         except (msgspec.DecodeError, RecursionError):
             return None
     if before is not None and items:
@@ -172,7 +176,7 @@ def cut_responses(
         pieces.append((seg, item))
     front = head + pieces[:leading]
     whole = tool_part + front + pieces[leading:]
-    segs = [p[0] for p in whole]
+    segs = list(map(_first, whole))  # (in C: a Codex turn holds hundreds)
     out = Pieces(whole[1:] if tool_part else whole)
     if before is not None and previous is not None:
         out.same = same_prefix(out, previous)
