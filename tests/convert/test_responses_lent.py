@@ -51,12 +51,15 @@ _ITEMS = [
     {"type": "reasoning", "summary": [_text("output_text", "bad")]},
     {"type": "item_reference", "id": "r"},
     {"type": "compaction_trigger"},
+    {"type": 7},  # not of the item's shape: refused by the decode
+    "an item that is no object",
 ]
 _TOOLS = [
     {"type": "function", "name": "f", "parameters": {"type": "object"}},
     {"type": "function", "name": "g", "parameters": {"type": "object"}},
     {"type": "custom", "name": "h"},
     {"type": "function", "name": "bad", "parameters": [1]},
+    {"type": "function", "name": 5},
 ]
 
 _item = st.sampled_from(_ITEMS)

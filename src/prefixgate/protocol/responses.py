@@ -168,15 +168,6 @@ _PARTS = msgspec.json.Decoder(list[Part])
 _AT = re.compile(r"(?: - at )?`\$\.?([^`]*)`")
 
 
-class _Bytes(Struct):
-    """The top level as the lent check reads it: the input's and the tools' bytes."""
-
-    input: Raw = Raw(b"null")
-    tools: Raw = Raw(b"null")
-
-
-_BYTES = msgspec.json.Decoder(_Bytes)
-_RAWS = msgspec.json.Decoder(list[Raw])
 _CALLS = frozenset(("function_call", "custom_tool_call"))
 
 
@@ -220,6 +211,10 @@ def decode_responses_body(
     The whole request is decoded all the same (in C), so what is refused, and how, is
     what the check alone says."""
     check_body_bytes(raw, limits)
+    if lend is not None and key_of is not None:
+        got = _lent(raw, limits, lend, key_of)
+        if got is not None:
+            return got
     try:
         typed = _DECODER.decode(raw)
     except msgspec.ValidationError as exc:
@@ -228,31 +223,60 @@ def decode_responses_body(
         raise not_json(raw, exc) from None
     except RecursionError:
         raise too_deep(limits) from None
-    key = None
-    if lend is not None and key_of is not None and type(typed.input) is list:
-        key = key_of({f: v for f in _PLAIN_FIELDS if (v := getattr(typed, f)) is not None})
+    return ResponsesBody(typed, raw, check_request(typed, limits))
+
+
+def _top_type() -> type:
+    """:class:`Request` with its input items and its tools as their bytes."""
+    fields: list = []
+    for f in msgspec.structs.fields(Request):
+        kind = {"input": str | list[Raw], "tools": Raw}.get(f.name, f.type)
+        default = Raw(b"null") if f.name == "tools" else f.default
+        fields.append((f.name, kind) if default is msgspec.NODEFAULT else (f.name, kind, default))
+    return msgspec.defstruct("RequestTop", fields)
+
+
+_TOP_LENT: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_top_type())
+_ITEM = msgspec.json.Decoder(Item)
+_TOOLS = msgspec.json.Decoder(list[Tool] | None)
+_NAMES = Request.__struct_fields__
+
+
+def _lent(raw: bytes, limits: Limits, lend: Lender, key_of) -> ResponsesBody | None:
+    """The decode and check lent by the session's previous request; None: there is no
+    session, the input is a string, or something is off (the decode alone then says
+    what, as it says it)."""
+    try:
+        top = _TOP_LENT.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    raws = top.input
+    if type(raws) is not list:
+        return None
+    key = key_of({f: v for f in _PLAIN_FIELDS if (v := getattr(top, f)) is not None})
     if key is None:
-        return ResponsesBody(typed, raw, check_request(typed, limits))
-    return _lent(typed, raw, limits, lend, key)
-
-
-def _lent(typed: Request, raw: bytes, limits: Limits, lend: Lender, key) -> ResponsesBody:
-    items = typed.input
-    assert type(items) is list
-    top = _BYTES.decode(raw)  # (the typed decode read the same body: no error here)
-    raws = _RAWS.decode(top.input)
+        return None
     tools = bytes(top.tools)
     lkey = (limits.max_blocks, limits.max_json_depth, limits.max_messages, limits.max_tools)
     got = lend.decoded(key)
     prev = got if isinstance(got, Checked) and got.limits == lkey else None
-    if len(raws) != len(items):  # (never: the two decodes read the same input)
-        prev = None
     k = 0
     if prev is not None:
         k = common_prefix(raws, prev.raws)
         if k and prev.items[k - 1].type == TRIGGER:  # the last item only: not so here
             k -= 1
-        items[:k] = prev.items[:k]
+    tools_checked = prev is not None and tools == prev.tools
+    try:
+        items: list[Item] = prev.items[:k] if prev is not None else []
+        items += map(_ITEM.decode, raws[k:])
+        typed_tools = (
+            prev.typed_tools if prev is not None and tools_checked else _TOOLS.decode(tools)
+        )
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    fields = {name: getattr(top, name) for name in _NAMES}
+    fields["input"], fields["tools"] = items, typed_tools
+    typed = Request(**fields)
     state = _Walk(limits)
     state.last = f"input[{len(items) - 1}]"
     if k:
@@ -268,10 +292,6 @@ def _lent(typed: Request, raw: bytes, limits: Limits, lend: Lender, key) -> Resp
         images = prev.images if prev.images < k else len(items)
     else:
         calls, parts, images = [], [], len(items)
-    tools_checked = prev is not None and tools == prev.tools
-    if tools_checked:  # the very structs (the conversion finds them by identity)
-        assert prev is not None
-        typed.tools = prev.typed_tools
     check_request(typed, limits, state, k, tools_checked)
     for i in range(k, len(items)):  # what the walk counted after each new item
         item = items[i]
