@@ -152,3 +152,21 @@ def test_a_call_left_out_of_the_lent_items_is_not_found_by_a_later_output():
     with pytest.raises(InvalidRequest) as alone:
         decode_responses_body(json.dumps(second).encode(), Limits())
     assert str(lent.value) == str(alone.value) and "input[2].call_id" in str(lent.value)
+
+
+def test_what_a_session_keeps_holds_no_request_body_alive():
+    import gc
+    import sys
+
+    turns = SessionTurns(1 << 24)
+    raws = [
+        json.dumps({"model": "m", "input": [_ITEMS[1], _ITEMS[8], _ITEMS[10]][:n]}).encode()
+        for n in (1, 2, 3)
+    ]
+    alone = sys.getrefcount(raws[0])
+    for i in range(3):
+        decode_responses_body(raws[i], Limits(), turns, lambda _: "s")
+    gc.collect()
+    got = [sys.getrefcount(raws[i]) for i in range(3)]  # (not in an assert: pytest's rewriting)
+    assert got == [alone] * 3
+    assert 0 < turns.bytes <= turns.budget

@@ -208,8 +208,10 @@ def decode_responses_body(
     the session's latest request as checked (:class:`Checked`) lends its leading input
     items whose bytes are the same, the very structs checked then, and its tools when
     theirs are: those are not checked again, the walk goes on from what it had counted.
-    The whole request is decoded all the same (in C), so what is refused, and how, is
-    what the check alone says."""
+    The top level is read with the items and the tools as bytes, and only the new items
+    are decoded (each from its own copy: what is kept holds no request's body). What a
+    decode alone would refuse goes its way, so what is refused, and how, is what the
+    decode and the check alone say."""
     check_body_bytes(raw, limits)
     if lend is not None and key_of is not None:
         got = _lent(raw, limits, lend, key_of)
@@ -266,9 +268,10 @@ def _lent(raw: bytes, limits: Limits, lend: Lender, key_of) -> ResponsesBody | N
         if k and prev.items[k - 1].type == TRIGGER:  # the last item only: not so here
             k -= 1
     tools_checked = prev is not None and tools == prev.tools
+    new = list(map(bytes, raws[k:]))  # each its own copy: kept, no view of the body
     try:
         items: list[Item] = prev.items[:k] if prev is not None else []
-        items += map(_ITEM.decode, raws[k:])
+        items += map(_ITEM.decode, new)
         typed_tools = (
             prev.typed_tools if prev is not None and tools_checked else _TOOLS.decode(tools)
         )
@@ -301,7 +304,7 @@ def _lent(raw: bytes, limits: Limits, lend: Lender, key_of) -> ResponsesBody | N
     if images == len(items) and state.images:
         images = state.first_image
     kept = prev.raws[:k] if prev is not None else []
-    kept += [Raw(bytes(r)) for r in raws[k:]]
+    kept += map(Raw, new)
     checked = Checked(lkey, kept, items, parts, images, calls, tools)
     checked.typed_tools, checked.call_map = typed.tools, state.calls
     lend.keep_decoded(key, checked)
