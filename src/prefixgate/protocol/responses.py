@@ -303,7 +303,7 @@ def _lent(raw: bytes, limits: Limits, lend: Lender, key_of) -> ResponsesBody | N
     parts += state.counted
     if images == len(items) and state.images:
         images = state.first_image
-    kept = prev.raws[:k] if prev is not None else []
+    kept: list[Raw] = prev.raws[:k] if prev is not None else []
     kept += map(Raw, new)
     checked = Checked(lkey, kept, items, parts, images, calls, tools)
     checked.typed_tools, checked.call_map = typed.tools, state.calls
