@@ -97,7 +97,9 @@ def main() -> None:
         args = ap.parse_args()
         print(diff(args.diff[0], args.diff[1], args.per, args.top))
         return
-    if len(sys.argv) < 2:
+    # (OUT.json never starts with a dash: ``--help`` and the like print the usage, where
+    # they would have been taken for the file to write)
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         raise SystemExit(__doc__)
     run(sys.argv[1], sys.argv[2:])
 
