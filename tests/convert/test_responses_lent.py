@@ -98,6 +98,16 @@ def _verdict(raw: bytes, limits: Limits, lend=None):
     return ("ok", body.images), body
 
 
+def _refusals(body: dict, turns: SessionTurns) -> tuple[str, str]:
+    """Why ``body`` is refused with what the session lends, and alone (each must be)."""
+    raw = json.dumps(body).encode()
+    with pytest.raises(InvalidRequest) as lent:
+        decode_responses_body(raw, Limits(), turns, lambda _: "s")
+    with pytest.raises(InvalidRequest) as alone:
+        decode_responses_body(raw, Limits())
+    return str(lent.value), str(alone.value)
+
+
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_session(), st.sampled_from([Limits(), TIGHT]))
 def test_a_lent_check_is_the_check_alone(bodies, limits):
@@ -133,11 +143,8 @@ def test_a_turn_checks_its_new_items_alone_and_takes_the_checked_ones(monkeypatc
     assert two.images  # the lent image counts
     # an output whose call is not among the lent ones is refused as alone
     third = {**second, "input": [*second["input"], {**_ITEMS[10], "call_id": "c9"}]}
-    with pytest.raises(InvalidRequest) as lent:
-        decode_responses_body(json.dumps(third).encode(), Limits(), turns, lambda _: "s")
-    with pytest.raises(InvalidRequest) as alone:
-        decode_responses_body(json.dumps(third).encode(), Limits())
-    assert str(lent.value) == str(alone.value) and "input[5].call_id" in str(lent.value)
+    lent, alone = _refusals(third, turns)
+    assert lent == alone and "input[5].call_id" in lent
 
 
 def test_a_call_left_out_of_the_lent_items_is_not_found_by_a_later_output():
@@ -147,11 +154,8 @@ def test_a_call_left_out_of_the_lent_items_is_not_found_by_a_later_output():
     second = {"model": "m", "input": [_ITEMS[0], _ITEMS[2], _ITEMS[10]]}  # the call replaced
     turns = SessionTurns(1 << 24)
     decode_responses_body(json.dumps(first).encode(), Limits(), turns, lambda _: "s")
-    with pytest.raises(InvalidRequest) as lent:
-        decode_responses_body(json.dumps(second).encode(), Limits(), turns, lambda _: "s")
-    with pytest.raises(InvalidRequest) as alone:
-        decode_responses_body(json.dumps(second).encode(), Limits())
-    assert str(lent.value) == str(alone.value) and "input[2].call_id" in str(lent.value)
+    lent, alone = _refusals(second, turns)
+    assert lent == alone and "input[2].call_id" in lent
 
 
 def test_what_a_session_keeps_holds_no_request_body_alive():
