@@ -57,7 +57,14 @@ async def decode_responses(x: Exchange) -> None:
         session = session_of_responses(small, headers)[0]
         return None if session is None else ("responses", who, session)
 
-    lend = turns if turns.budget > 0 else None
+    # a session there can be (one of its headers, or a body field it is read from): else
+    # the decode alone, without a first read of the top level that would find none
+    maybe = (
+        any(headers.get(h) for h in ("session-id", "x-session-affinity", "x-session-id"))
+        or b'"prompt_cache_key"' in x.raw
+        or b'"user"' in x.raw
+    )
+    lend = turns if turns.budget > 0 and maybe else None
     set_decoded(
         x, decode_responses_body(x.raw, x.live.config.limits, lend, key_of), session_of_responses
     )
